@@ -1,0 +1,117 @@
+"""What every launcher shares: the launch request, the torchrun command line, the rank environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest_fabric
+
+from ..fabrics import Fabric
+from .supervisor import LaunchOutcome
+
+# The directory that holds the pytest_fabric package: ranks must import the same code as the harness.
+_PACKAGE_ROOT = str(Path(pytest_fabric.__file__).resolve().parent.parent)
+RDZV_PORT = 29400
+# Clusters whose ranks all run on this machine: past this many ranks per core a launch measures
+# CPU contention, not the fabric.
+MAX_RANKS_PER_CPU = 4
+
+
+class OnThisMachine:
+    """Mixin for clusters whose every rank shares this machine's cores."""
+
+    def max_ranks(self) -> int:
+        return MAX_RANKS_PER_CPU * (os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    nodes: int
+    procs_per_node: int
+    fabric: Fabric
+    # What torchrun runs in each rank, e.g. ["-m", "pytest_fabric.workload.train", "--config", p].
+    program: Sequence[str]
+    workdir: Path  # logs go here
+    deadline_s: float
+    job_id: str
+    env: Mapping[str, str] | None = None
+
+
+class ClusterUnavailable(RuntimeError):
+    """The cluster cannot be used here; the message says what is missing and what to do."""
+
+
+class Cluster(ABC):
+    name: str
+    # False where every fabric runs over the same links (no shaping): fabric comparisons say nothing.
+    realizes_fabrics: bool
+
+    def describe(self) -> str:
+        return self.name
+
+    @abstractmethod
+    def max_nodes(self) -> int:
+        """How many nodes this cluster can run a job on."""
+
+    def max_ranks(self) -> int | None:
+        """How many ranks in all, where that is less than nodes x GPUs (None: no extra limit)."""
+        return None
+
+    def prepare(self) -> None:
+        """Side effects needed before the first launch; raise ClusterUnavailable if it cannot run."""
+
+    @abstractmethod
+    def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
+        """Run one torchrun per node to completion, failure or deadline; leave nothing behind."""
+
+
+def torchrun_argv(
+    request: LaunchRequest,
+    node_rank: int,
+    rdzv_host: str,
+    local_addr: str,
+    rdzv_port: int = RDZV_PORT,
+) -> list[str]:
+    """One node's torchrun command: c10d rendezvous hosted on node 0, no restarts, bounded joins."""
+    join_timeout = max(30, int(request.deadline_s))
+    conf = f"join_timeout={join_timeout}"
+    if node_rank == 0:
+        # The node that hosts the rendezvous store must say so; otherwise every agent tries to
+        # connect to a store nobody started when the hostname does not resolve to the local address.
+        conf += ",is_host=true"
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={request.nodes}",
+        f"--nproc-per-node={request.procs_per_node}",
+        f"--node-rank={node_rank}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rdzv_host}:{rdzv_port}",
+        f"--rdzv-id={request.job_id}",
+        f"--rdzv-conf={conf}",
+        f"--local-addr={local_addr}",
+        "--max-restarts=0",
+        "--monitor-interval=0.5",
+        *request.program,
+    ]
+
+
+def rank_env(request: LaunchRequest, node_name: str, threads: int, extra: Mapping[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["PYTEST_FABRIC_NODE"] = node_name
+    env.update(request.fabric.nccl_env)
+    env.update(request.env or {})
+    env.update(extra)
+    return env
+
+
+def threads_per_rank(total_ranks: int) -> int:
+    """Ranks on one machine share its cores; oversubscribing threads only adds noise."""
+    return max(1, (os.cpu_count() or 1) // max(1, total_ranks))

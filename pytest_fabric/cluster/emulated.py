@@ -1,0 +1,177 @@
+"""The emulated cluster: N nodes are N network namespaces on this machine, wired to one switch.
+
+    node ns "pf<pid>-<k>-n<i>"  fab0 (198.18.0.<i+1>/24) --veth-- n<i> [bridge br0]  ns "pf<pid>-<k>-sw"
+
+Each node's link is shaped in both directions with ``tc tbf`` to the fabric's rate (netem is not
+available here), so a node's NIC has that bandwidth full-duplex, as on a real fabric. Traffic
+between ranks of one node stays inside its namespace (loopback), like NVLink inside a real node.
+Everything lives inside namespaces created for one launch, so deleting them deletes every link;
+namespaces left by a harness that was killed outright are swept on the next start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import count
+
+from .base import Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env, threads_per_rank, torchrun_argv
+from .supervisor import LaunchOutcome, ProcSpec, supervise
+
+# RFC 2544 benchmark range: never routed, never anybody's real network.
+SUBNET = "198.18.0"
+IFNAME = "fab0"
+PREFIX = "pf"
+_launches = count()
+
+
+@dataclass(frozen=True)
+class EmulatedNode:
+    name: str
+    netns: str
+    address: str
+
+
+def _ip(*args: str) -> None:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ClusterUnavailable(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+
+
+def _tbf(netns: str, dev: str, mbit: float) -> None:
+    # tbf needs a bucket of at least one timer tick's worth of bytes at the rate, or it caps low.
+    burst_kb = max(256, int(mbit * 1e6 / 8 / 250 / 1024) * 2)
+    _ip("netns", "exec", netns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+        "rate", f"{mbit}mbit", "burst", f"{burst_kb}kb", "latency", "50ms")
+
+
+def _namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _delete_namespace(netns: str) -> None:
+    # Processes inside keep a namespace's network alive after `ip netns del`: kill them first.
+    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+    subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+
+
+def sweep_stale_namespaces() -> list[str]:
+    """Delete namespaces of harness processes that no longer exist (killed with SIGKILL, say)."""
+    removed = []
+    for netns in _namespaces():
+        owner = netns[len(PREFIX):].split("-", 1)[0] if netns.startswith(PREFIX) else ""
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            _delete_namespace(netns)
+            removed.append(netns)
+    return removed
+
+
+def owned_namespaces(pid: int | None = None) -> list[str]:
+    tag = f"{PREFIX}{pid or os.getpid()}-"
+    return [n for n in _namespaces() if n.startswith(tag)]
+
+
+class EmulatedNetwork:
+    """Namespaces, a switch and shaped links for one launch; a context manager that always cleans up."""
+
+    def __init__(self, nodes: int, mbit: float | None) -> None:
+        self.tag = f"{PREFIX}{os.getpid()}-{next(_launches)}"
+        self.switch = f"{self.tag}-sw"
+        self.mbit = mbit
+        self.nodes = [EmulatedNode(f"node{i}", f"{self.tag}-n{i}", f"{SUBNET}.{i + 1}") for i in range(nodes)]
+        self._created: list[str] = []
+
+    def __enter__(self) -> EmulatedNetwork:
+        try:
+            self._create()
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def _add_namespace(self, netns: str) -> None:
+        _ip("netns", "add", netns)
+        self._created.append(netns)
+        _ip("-n", netns, "link", "set", "lo", "up")
+
+    def _create(self) -> None:
+        self._add_namespace(self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for i, node in enumerate(self.nodes):
+            port = f"n{i}"
+            self._add_namespace(node.netns)
+            _ip("-n", node.netns, "link", "add", IFNAME, "type", "veth", "peer", "name", port, "netns", self.switch)
+            _ip("-n", node.netns, "addr", "add", f"{node.address}/24", "dev", IFNAME)
+            _ip("-n", node.netns, "link", "set", IFNAME, "up")
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
+            if self.mbit:
+                _tbf(node.netns, IFNAME, self.mbit)  # node -> switch
+                _tbf(self.switch, port, self.mbit)  # switch -> node
+
+    def remove(self) -> None:
+        for netns in reversed(self._created):
+            _delete_namespace(netns)
+        self._created.clear()
+
+
+def check_available() -> None:
+    """Raise ClusterUnavailable, saying what is missing, when namespaces clearly cannot be made here.
+
+    Cheap (no side effects): it runs at option parsing. ``EmulatedCluster.prepare`` does the real probe.
+    """
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        raise ClusterUnavailable("the emulated cluster needs `ip` and `tc` (Debian: apt-get install iproute2)")
+    if os.geteuid() != 0:
+        raise ClusterUnavailable("the emulated cluster needs root to create network namespaces "
+                                 "(run as root, or use --cluster local)")
+
+
+class EmulatedCluster(OnThisMachine, Cluster):
+    name = "emulated"
+    realizes_fabrics = True
+
+    def __init__(self) -> None:
+        check_available()
+
+    def prepare(self) -> None:
+        sweep_stale_namespaces()
+        probe = f"{PREFIX}{os.getpid()}-probe"
+        proc = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ClusterUnavailable(f"cannot create a network namespace: {proc.stderr.strip()}")
+        _delete_namespace(probe)
+
+    def describe(self) -> str:
+        return "emulated (network namespaces on this machine, links shaped with tc tbf)"
+
+    def max_nodes(self) -> int:
+        return 250  # one /24 subnet
+
+    def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
+        threads = threads_per_rank(request.nodes * request.procs_per_node)
+        with EmulatedNetwork(request.nodes, request.fabric.emulated_mbit) as net:
+            head = net.nodes[0].address
+            specs = [
+                ProcSpec(
+                    node.name,
+                    ["ip", "netns", "exec", node.netns, "taskset", "-c", str(i % 2), *torchrun_argv(request, i, head, node.address)],
+                    rank_env(request, node.name, threads, {"GLOO_SOCKET_IFNAME": IFNAME}),
+                )
+                for i, node in enumerate(net.nodes)
+            ]
+            return supervise(specs, request.workdir, request.deadline_s, on_tick)

@@ -1,0 +1,43 @@
+"""The local cluster: every node is a torchrun on this machine's loopback, with no link shaping.
+
+It needs no privileges, so it is the fallback where namespaces cannot be made. Every fabric runs
+over the same loopback here, so fabric comparisons on it say nothing and are skipped.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+from .base import Cluster, LaunchRequest, OnThisMachine, rank_env, threads_per_rank, torchrun_argv
+from .supervisor import LaunchOutcome, ProcSpec, supervise
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalCluster(OnThisMachine, Cluster):
+    name = "local"
+    realizes_fabrics = False
+
+    def describe(self) -> str:
+        return "local (processes on this machine's loopback, no link shaping)"
+
+    def max_nodes(self) -> int:
+        return self.max_ranks()
+
+    def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
+        threads = threads_per_rank(request.nodes * request.procs_per_node)
+        port = free_port()
+        specs = [
+            ProcSpec(
+                f"node{i}",
+                torchrun_argv(request, i, "127.0.0.1", "127.0.0.1", rdzv_port=port),
+                rank_env(request, f"node{i}", threads, {"GLOO_SOCKET_IFNAME": "lo"}),
+            )
+            for i in range(request.nodes)
+        ]
+        return supervise(specs, request.workdir, request.deadline_s, on_tick)

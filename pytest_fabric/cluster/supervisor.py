@@ -1,0 +1,152 @@
+"""The one process supervisor every launcher shares.
+
+Launchers only build argv lists; this module owns the process lifecycle: each process starts in its
+own process group with its output in a log file, the whole launch has a deadline, the first failing
+process brings the others down after a short grace, and every exit path (success, failure, deadline,
+Ctrl-C) kills every process group it started before returning or re-raising.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# After the first process fails, the others get this long to fail or finish on their own (their
+# own error messages are usually the useful ones) before they are killed.
+FAILURE_GRACE_S = 5.0
+# Between SIGTERM and SIGKILL.
+TERM_GRACE_S = 3.0
+LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class ProcSpec:
+    name: str  # e.g. "node0": names the log file and the report
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str | None = None
+
+
+@dataclass
+class ProcOutcome:
+    name: str
+    returncode: int | None  # None: killed by the supervisor
+    log_path: Path
+
+    def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as exc:
+            return f"(log unreadable: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class LaunchOutcome:
+    procs: list[ProcOutcome]
+    elapsed_s: float
+    timed_out: bool = False
+    killed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.timed_out and all(p.returncode == 0 for p in self.procs)
+
+    def describe(self) -> str:
+        """A failure report: what happened to each process, with the last lines of its log."""
+        head = "deadline exceeded" if self.timed_out else "launch failed"
+        parts = [f"{head} after {self.elapsed_s:.1f}s"]
+        for p in self.procs:
+            state = "killed" if p.returncode is None else f"exit code {p.returncode}"
+            parts.append(f"--- {p.name}: {state}; last lines of {p.log_path} ---\n{p.tail()}")
+        return "\n".join(parts)
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def supervise(
+    specs: Sequence[ProcSpec],
+    log_dir: Path,
+    deadline_s: float,
+    on_tick: Callable[[float], None] | None = None,
+    tick_s: float = 0.5,
+) -> LaunchOutcome:
+    """Run ``specs`` concurrently to completion, failure or deadline; never leave one running."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started: list[tuple[ProcSpec, subprocess.Popen, Path]] = []
+    start = time.monotonic()
+    try:
+        for spec in specs:
+            log_path = log_dir / f"{spec.name}.log"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    list(spec.argv),
+                    env=dict(spec.env),
+                    cwd=spec.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: killpg reaches its children
+                )
+            started.append((spec, proc, log_path))
+
+        timed_out = False
+        first_failure: float | None = None
+        while True:
+            codes = [p.poll() for _, p, _ in started]
+            now = time.monotonic()
+            if all(c is not None for c in codes):
+                break
+            if first_failure is None and any(c not in (None, 0) for c in codes):
+                first_failure = now
+            if first_failure is not None and now - first_failure > FAILURE_GRACE_S:
+                break
+            if now - start > deadline_s:
+                timed_out = True
+                break
+            if on_tick is not None:
+                on_tick(now - start)
+            time.sleep(tick_s)
+    finally:
+        killed = _stop_all(started)
+
+    return LaunchOutcome(
+        procs=[
+            ProcOutcome(spec.name, None if spec.name in killed else proc.returncode, log_path)
+            for spec, proc, log_path in started
+        ],
+        elapsed_s=time.monotonic() - start,
+        timed_out=timed_out,
+        killed=killed,
+    )
+
+
+def _stop_all(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> list[str]:
+    """Kill what is still running (TERM, then KILL), and reap every process group leader."""
+    killed = [spec.name for spec, proc, _ in started if proc.poll() is None]
+    for _, proc, _ in started:
+        # Even a leader that exited may have left children in its group (torchrun workers).
+        _kill_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + TERM_GRACE_S
+    for _, proc, _ in started:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for _, proc, _ in started:
+        _kill_group(proc, signal.SIGKILL)
+        try:
+            proc.wait(timeout=TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    return killed

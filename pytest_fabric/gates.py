@@ -1,0 +1,76 @@
+"""Gates: plain functions that turn two measurements into a pass or a failure with the numbers.
+
+A failure is ``pytest.fail(..., pytrace=False)``: CI dashboards show the message, so the message
+carries both values, the ratio and the threshold, and no traceback buries it.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import pytest
+
+from .measure import Measurement
+
+Value = Union[Measurement, float, int]
+
+
+def _value(x: Value) -> float:
+    return x.tokens_per_s if isinstance(x, Measurement) else float(x)
+
+
+def _name(x: Value, default: str) -> str:
+    return x.case.fabric if isinstance(x, Measurement) else default
+
+
+def _context(a: Value, b: Value) -> str:
+    for x in (a, b):
+        if isinstance(x, Measurement):
+            return f" [{x.case.model}, {x.case.nodes} node(s), {x.gpus} GPU(s)]"
+    return ""
+
+
+def ratio(candidate: Value, reference: Value) -> float:
+    ref = _value(reference)
+    if ref <= 0:
+        raise ValueError(f"reference throughput must be positive, got {ref}")
+    return _value(candidate) / ref
+
+
+def assert_within(candidate: Value, reference: Value, rel: float = 0.05, unit: str = "tokens/s") -> float:
+    """The candidate is at most ``rel`` slower than the reference (faster never fails).
+
+    Returns the ratio candidate/reference.
+    """
+    if not 0 <= rel < 1:
+        raise ValueError(f"rel must be in [0, 1), got {rel}")
+    r = ratio(candidate, reference)
+    c, ref = _name(candidate, "candidate"), _name(reference, "reference")
+    if r < 1 - rel:
+        pytest.fail(
+            f"{c}/{ref} = {r:.3f} < {1 - rel:.3f}: {c} {_value(candidate):.1f} {unit} is "
+            f"{(1 - r) * 100:.1f}% below {ref} {_value(reference):.1f} {unit} "
+            f"(allowed: {rel * 100:g}% slower){_context(candidate, reference)}",
+            pytrace=False,
+        )
+    return r
+
+
+def assert_ahead(reference: Value, candidate: Value, by: float = 0.20, unit: str = "tokens/s") -> float:
+    """The reference is at least ``by`` faster than the candidate (reference >= (1+by) x candidate).
+
+    This is the gate that catches a degraded fast fabric: where the job is communication-bound the
+    fast fabric must show its advantage. Returns the ratio reference/candidate.
+    """
+    if by < 0:
+        raise ValueError(f"by must be >= 0, got {by}")
+    r = ratio(reference, candidate)
+    ref, c = _name(reference, "reference"), _name(candidate, "candidate")
+    if r < 1 + by:
+        pytest.fail(
+            f"{ref}/{c} = {r:.3f} < {1 + by:.3f}: {ref} {_value(reference):.1f} {unit} is only "
+            f"{(r - 1) * 100:+.1f}% ahead of {c} {_value(candidate):.1f} {unit} "
+            f"(required: at least {by * 100:g}% ahead){_context(reference, candidate)}",
+            pytrace=False,
+        )
+    return r

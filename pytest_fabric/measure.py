@@ -1,0 +1,234 @@
+"""Measuring one (model, nodes, fabric) configuration, once per session.
+
+A ``Measurer`` turns a ``Case`` into a ``Measurement``: it writes the rank program's config, asks
+the cluster to launch it, reads the JSON result, and caches the record in the session's
+``ResultStore`` so that every test (and every xdist worker) comparing against the same
+configuration reuses one launch. A failed launch is cached too: the tests that need it fail at once
+with the same report instead of waiting out the same deadline again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cluster import Cluster, LaunchRequest
+from .fabrics import Fabric, get_fabric
+from .models import get_model
+from .store import ResultStore
+from .workload.config import TrainConfig
+
+
+@dataclass(frozen=True, order=True)
+class Case:
+    model: str
+    nodes: int
+    fabric: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-n{self.nodes}-{self.fabric}"
+
+    def with_fabric(self, fabric: str) -> Case:
+        return Case(self.model, self.nodes, fabric)
+
+    @property
+    def crosses_fabric(self) -> bool:
+        # On one node no traffic crosses the inter-node fabric (NVLink / loopback does the work).
+        return self.nodes > 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything besides the case that decides what a launch measures."""
+
+    gpus_per_node: int = 1
+    steps: int = 6
+    warmup_steps: int = 2
+    batch_size: int | None = None  # None: the model's own default shape
+    seq_len: int | None = None
+    launch_timeout_s: float = 300.0
+    fabric_rates: tuple[tuple[str, float], ...] = ()  # emulated link-rate overrides, Mbit/s
+    device: str = "auto"
+
+    def fabric(self, name: str) -> Fabric:
+        return get_fabric(name, dict(self.fabric_rates))
+
+    def shape(self, model: str) -> tuple[int, int]:
+        spec = get_model(model)
+        return self.batch_size or spec.batch_size, self.seq_len or spec.seq_len
+
+
+class MeasurementError(Exception):
+    """A launch that produced no result; the message carries the ranks' last log lines."""
+
+
+@dataclass
+class Measurement:
+    case: Case
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    median_step_s: float
+    step_s: list[float]
+    gpus: int
+    cluster: str
+    result: dict[str, Any] = field(repr=False)
+    # Set when this measurement was taken for another fabric and serves this one too (one node).
+    shared_with: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.case.fabric} ({self.case.model}, {self.case.nodes} node{'s' * (self.case.nodes > 1)})"
+
+    def summary(self) -> str:
+        shared = f" [one node: shared with {self.shared_with}]" if self.shared_with else ""
+        return (f"{self.case.id}: {self.tokens_per_s:.1f} tokens/s, {self.tokens_per_s_per_gpu:.1f} tokens/s/GPU, "
+                f"median step {self.median_step_s * 1000:.1f} ms over {len(self.step_s)} steps, "
+                f"{self.gpus} GPU(s){shared}")
+
+    def metrics(self) -> dict[str, str]:
+        """Flat name -> value pairs for JUnit properties and system-out."""
+        p = f"fabric.{self.case.id}"
+        r = self.result
+        versions = r.get("versions", {})
+        return {
+            f"{p}.tokens_per_s": f"{self.tokens_per_s:.3f}",
+            f"{p}.tokens_per_s_per_gpu": f"{self.tokens_per_s_per_gpu:.3f}",
+            f"{p}.median_step_s": f"{self.median_step_s:.6f}",
+            f"{p}.steps": str(len(self.step_s)),
+            f"{p}.gpus": str(self.gpus),
+            f"{p}.cluster": self.cluster,
+            f"{p}.nodes": ",".join(r.get("nodes", [])),
+            f"{p}.fabric_settings": json.dumps(r.get("fabric", {}), sort_keys=True),
+            f"{p}.attention": str(r.get("attention")),
+            f"{p}.device": f"{r.get('device')}/{r.get('dtype')}",
+            f"{p}.versions": ", ".join(f"{k} {v}" for k, v in versions.items() if v),
+        }
+
+    def to_record(self) -> dict[str, Any]:
+        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result}
+
+    @classmethod
+    def from_record(cls, case: Case, record: dict[str, Any]) -> Measurement:
+        r = record["result"]
+        measured_for = Case(**record["case"])
+        return cls(
+            case=case,
+            tokens_per_s=r["tokens_per_s"],
+            tokens_per_s_per_gpu=r["tokens_per_s_per_gpu"],
+            median_step_s=r["median_step_s"],
+            step_s=r["step_s"],
+            gpus=r["world_size"],
+            cluster=record["cluster"],
+            result=r,
+            shared_with=measured_for.fabric if measured_for != case else None,
+        )
+
+
+Progress = Callable[[str], None]
+
+
+class Measurer:
+    def __init__(self, cluster: Cluster, settings: Settings, store: ResultStore, workdir: Path,
+                 progress: Progress | None = None, progress_every_s: float = 3.0) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.store = store
+        self.workdir = workdir
+        self.progress = progress
+        self.progress_every_s = progress_every_s
+        self.launched: list[Case] = []  # what this process actually launched
+
+    def key(self, case: Case) -> str:
+        """Cache key: the case plus every setting that changes the measurement."""
+        s = self.settings
+        batch, seq = s.shape(case.model)
+        # One node never touches the fabric: any fabric's measurement serves all of them.
+        fabric = case.fabric if case.crosses_fabric else "any"
+        rate = s.fabric(case.fabric).emulated_mbit if case.crosses_fabric else None
+        knobs = json.dumps([self.cluster.name, s.gpus_per_node, s.steps, s.warmup_steps, batch, seq, rate, s.device])
+        return f"{case.model}-n{case.nodes}-{fabric}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
+
+    def measure(self, case: Case) -> Measurement:
+        record, _ = self.store.get_or_compute(self.key(case), lambda: self._launch(case))
+        if "error" in record:
+            raise MeasurementError(record["error"])
+        return Measurement.from_record(case, record)
+
+    def _launch(self, case: Case) -> dict[str, Any]:
+        s = self.settings
+        fabric = s.fabric(case.fabric)
+        batch, seq = s.shape(case.model)
+        run_dir = self.workdir / f"{case.id}-{time.strftime('%H%M%S')}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config = TrainConfig(
+            model=get_model(case.model).to_dict(),
+            batch_size=batch,
+            seq_len=seq,
+            steps=s.steps,
+            warmup_steps=s.warmup_steps,
+            result_path=str(run_dir / "result.json"),
+            progress_path=str(run_dir / "progress.jsonl"),
+            device=s.device,
+            collective_timeout_s=s.launch_timeout_s,
+            fabric={**fabric.settings(), "crosses_fabric": case.crosses_fabric},
+        )
+        config.dump(run_dir / "config.json")
+        request = LaunchRequest(
+            nodes=case.nodes,
+            procs_per_node=s.gpus_per_node,
+            fabric=fabric,
+            program=["-m", "pytest_fabric.workload.train", "--config", str(run_dir / "config.json")],
+            workdir=run_dir,
+            deadline_s=s.launch_timeout_s,
+            job_id=re.sub(r"[^A-Za-z0-9]", "", case.id)[:40] + str(int(time.time())),
+        )
+        self.launched.append(case)
+        outcome = self.cluster.launch(request, on_tick=self._ticker(case, Path(config.progress_path)))
+        if not outcome.ok:
+            return {"case": asdict(case), "error": f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}"}
+        try:
+            result = json.loads(Path(config.result_path).read_text())
+        except (OSError, ValueError) as exc:
+            return {"case": asdict(case), "error": f"{case.id}: every rank exited 0 but the result is unreadable "
+                                                   f"({exc}).\n{outcome.describe()}"}
+        result["cluster"] = self.cluster.describe()
+        result["launch_s"] = round(outcome.elapsed_s, 2)
+        result["run_dir"] = str(run_dir)
+        return {"case": asdict(case), "cluster": self.cluster.name, "result": result}
+
+    def _ticker(self, case: Case, progress_file: Path) -> Callable[[float], None] | None:
+        if self.progress is None:
+            return None
+        shown = [0.0]
+
+        def tick(elapsed: float) -> None:
+            if elapsed - shown[0] < self.progress_every_s:
+                return
+            shown[0] = elapsed
+            self.progress(f"{case.id}: {_progress_text(progress_file)} ({elapsed:.0f}s)")
+
+        return tick
+
+
+def _progress_text(progress_file: Path) -> str:
+    try:
+        lines = progress_file.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    if not lines:
+        return "starting ranks"
+    try:
+        last = json.loads(lines[-1])
+    except ValueError:  # a line being written right now
+        last = json.loads(lines[-2]) if len(lines) > 1 else None
+    if last is None:
+        return "starting ranks"
+    phase = "warm-up" if last["phase"] == "warmup" else "measuring"
+    return f"step {last['step']}/{last['of']} ({phase}), {last['tokens_per_s']:.0f} tokens/s"

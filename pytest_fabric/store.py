@@ -1,0 +1,74 @@
+"""Results shared by every pytest process of one session: a JSON file guarded by a file lock.
+
+Under pytest-xdist each worker is a separate process; the first worker that needs a configuration
+measures it while holding the lock and the others read the result. The lock also serialises
+launches: two jobs on the same machines at once would measure each other, not the fabric.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+
+class ResultStore:
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / "measurements.json"
+        self._lock = FileLock(str(directory / "measurements.lock"))
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        # Writes are atomic (os.replace), so a partial file means someone else wrote it.
+        data = json.loads(text) if text.strip() else {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{self.path} is not a pytest-fabric results file (expected a JSON object)")
+        return data
+
+    def _write(self, data: dict[str, Any]) -> None:
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._read().get(key)
+
+    def put(self, key: str, record: dict[str, Any]) -> None:
+        with self._lock:
+            data = self._read()
+            data[key] = record
+            self._write(data)
+
+    def get_or_compute(self, key: str, compute: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        """The record for ``key``, computing and storing it under the lock if absent.
+
+        Returns (record, computed_here).
+        """
+        with self._lock:
+            data = self._read()
+            if key in data:
+                return data[key], False
+            record = compute()
+            data = self._read()
+            data[key] = record
+            self._write(data)
+            return record, True
+
+    def all(self) -> dict[str, Any]:
+        with self._lock:
+            return self._read()

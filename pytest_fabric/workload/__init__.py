@@ -1,0 +1,1 @@
+"""What runs inside each rank. Plain PyTorch and transformers; never imports pytest."""

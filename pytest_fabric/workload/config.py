@@ -1,0 +1,32 @@
+"""The typed contract between the harness and the rank program: a config in, a JSON result out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    model: dict[str, Any]  # ModelSpec.to_dict(): name, arch, config
+    batch_size: int
+    seq_len: int
+    steps: int  # measured steps, after the warm-up
+    warmup_steps: int
+    result_path: str  # written by global rank 0
+    progress_path: str  # one JSON line per step, appended by global rank 0
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    seed: int = 0
+    # Seconds a collective (and process-group init) may take before the rank gives up.
+    collective_timeout_s: float = 300.0
+    attention: str = "auto"  # "auto", "sdpa", "eager", "flash_attention_2"
+    fabric: dict[str, Any] = field(default_factory=dict)  # recorded with the result
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        return cls(**json.loads(Path(path).read_text()))
