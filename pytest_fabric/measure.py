@@ -49,7 +49,7 @@ class Settings:
     """Everything besides the case that decides what a launch measures."""
 
     gpus_per_node: int = 1
-    steps: int = 6
+    steps: int = 8
     warmup_steps: int = 2
     batch_size: int | None = None  # None: the model's own default shape
     seq_len: int | None = None

@@ -110,10 +110,10 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("qwen2.5-72b", "qwen2", _qwen25(8192, 29568, 80, 64, 8, eps=1e-5), "Qwen2.5-72B"),
         ModelSpec("llama-3.1-8b", "llama", _llama31(4096, 14336, 32, 32), "Llama-3.1-8B"),
         ModelSpec("llama-3.1-70b", "llama", _llama31(8192, 28672, 80, 64), "Llama-3.1-70B"),
-        # CPU-sized: compute-bound. ~0.1 M parameters, 16 x 256 tokens per rank per step.
-        ModelSpec("qwen2-tiny", "qwen2", _qwen25(64, 128, 2, 4, 2, vocab=512, tied=True, max_pos=1024),
+        # CPU-sized: compute-bound. ~25 k parameters, 2 x 2048 tokens per rank per step.
+        ModelSpec("qwen2-tiny", "qwen2", _qwen25(32, 64, 2, 2, 1, vocab=256, tied=True, max_pos=4096),
                   "CPU-sized Qwen2, compute-bound (many tokens, few parameters)",
-                  batch_size=16, seq_len=256, cpu_sized=True),
+                  batch_size=8, seq_len=2048, cpu_sized=True),
         # CPU-sized: communication-bound. ~7.5 M parameters, 1 x 32 tokens per rank per step.
         ModelSpec("llama-wide", "llama",
                   {**_llama31(384, 1536, 2, 6, kv=2, vocab=4096), "max_position_embeddings": 1024,

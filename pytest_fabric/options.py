@@ -25,7 +25,7 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
      ",".join(DEFAULT_FABRICS)),
     ("models", f"comma-separated models, from: {', '.join(MODELS)} (default {','.join(DEFAULT_CPU_MODELS)})", None),
     ("cluster", f"how ranks start: {', '.join(CLUSTER_KINDS)} (default auto)", "auto"),
-    ("steps", "measured training steps per launch, after warm-up (default 6)", "6"),
+    ("steps", "measured training steps per launch, after warm-up (default 8)", "8"),
     ("warmup-steps", "warm-up steps per launch, excluded from the figures (default 2)", "2"),
     ("batch-size", "micro-batch per rank (default: the model's own)", None),
     ("seq-len", "sequence length (default: the model's own)", None),
@@ -102,7 +102,6 @@ class FabricOptions:
     nodes: int
     fabrics: tuple[str, ...]
     models: tuple[str, ...]
-    models_explicit: bool
     cluster: str
     settings: Settings
 
@@ -113,7 +112,7 @@ def parse(config: pytest.Config) -> FabricOptions:
     if cluster not in CLUSTER_KINDS:
         raise pytest.UsageError(f"--cluster: unknown cluster {cluster!r}; choose from: {', '.join(CLUSTER_KINDS)}")
     fabrics, _ = _names(config, "fabrics", FABRICS)
-    models, models_explicit = _names(config, "models", MODELS)
+    models, _ = _names(config, "models", MODELS)
     timeout_value, _ = _raw(config, "launch-timeout")
     try:
         timeout = float(timeout_value or 300)
@@ -123,7 +122,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         raise pytest.UsageError(f"--launch-timeout must be a positive number of seconds, got {timeout_value!r}")
     settings = Settings(
         gpus_per_node=_int(config, "gpus-per-node", 1, default=1),
-        steps=_int(config, "steps", 1, default=6),
+        steps=_int(config, "steps", 1, default=8),
         warmup_steps=_int(config, "warmup-steps", 0, default=2),
         batch_size=_int(config, "batch-size", 1),
         seq_len=_int(config, "seq-len", 1),
@@ -134,7 +133,6 @@ def parse(config: pytest.Config) -> FabricOptions:
         nodes=_int(config, "nodes", 1, default=DEFAULT_NODES),
         fabrics=fabrics or DEFAULT_FABRICS,
         models=models or DEFAULT_CPU_MODELS,
-        models_explicit=models_explicit,
         cluster=cluster,
         settings=settings,
     )

@@ -169,7 +169,8 @@ class EmulatedCluster(OnThisMachine, Cluster):
             specs = [
                 ProcSpec(
                     node.name,
-                    ["ip", "netns", "exec", node.netns, "taskset", "-c", str(i % 2), *torchrun_argv(request, i, head, node.address)],
+                    ["ip", "netns", "exec", node.netns,
+                     *self.pin(i, request.nodes, torchrun_argv(request, i, head, node.address))],
                     rank_env(request, node.name, threads, {"GLOO_SOCKET_IFNAME": IFNAME}),
                 )
                 for i, node in enumerate(net.nodes)

@@ -1,0 +1,308 @@
+"""pytest glue: options, markers, parametrization, fixtures and reporting hooks.
+
+The work lives in plain modules (``measure``, ``cluster``, ``gates``, ``report``); this module only
+wires them into pytest. State lives in ``pytest.StashKey``s.
+"""
+
+from __future__ import annotations
+
+import getpass
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import options as fabric_options
+from .cluster import Cluster, ClusterUnavailable, make_cluster
+from .cluster.local import LocalCluster
+from .matrix import expand
+from .measure import Case, Measurement, MeasurementError, Measurer
+from .report import SECTION, add_to_junit, summary_tables, testcase_text
+from .store import ResultStore
+
+
+@dataclass
+class FabricSession:
+    """One pytest process's view of the fabric run (controller or xdist worker)."""
+
+    config: pytest.Config
+    options: fabric_options.FabricOptions
+    cluster: Cluster
+    note: str | None  # why `auto` fell back, shown in the header and in skip reasons
+    directory: Path  # shared by the controller and every worker of this session
+    outputs: dict[str, str] = field(default_factory=dict)  # nodeid -> testcase text (controller)
+    _measurer: Measurer | None = None
+    _prepared: bool = False
+
+    def prepared_cluster(self) -> Cluster:
+        if not self._prepared:
+            try:
+                self.cluster.prepare()
+            except ClusterUnavailable as exc:
+                if self.options.cluster != "auto":
+                    raise pytest.UsageError(f"--cluster {self.options.cluster}: {exc}") from None
+                self.cluster = LocalCluster()
+                self.note = f"emulated cluster unavailable ({exc}); using local processes without link shaping"
+            self._prepared = True
+        return self.cluster
+
+    @property
+    def store(self) -> ResultStore:
+        return ResultStore(self.directory)
+
+    def measurer(self) -> Measurer:
+        if self._measurer is None:
+            self._measurer = Measurer(self.prepared_cluster(), self.options.settings, self.store,
+                                      self.directory / "launches", progress=_progress_writer(self.config))
+        return self._measurer
+
+    def recorded(self) -> list[Measurement]:
+        """Every measurement of the session, one per (model, nodes, fabric) in the tested fabrics."""
+        out = []
+        for record in self.store.all().values():
+            if "error" in record:
+                continue
+            case = Case(**record["case"])
+            fabrics = [case.fabric] if case.crosses_fabric else self.options.fabrics
+            out.extend(Measurement.from_record(case.with_fabric(f), record) for f in fabrics)
+        return out
+
+
+SESSION_KEY = pytest.StashKey[FabricSession]()
+MEASURED_KEY = pytest.StashKey[list[Measurement]]()
+REPORTER_NAME = "fabric-reporter"
+
+
+def _session_directory(config: pytest.Config) -> Path:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "fabric_dir" in workerinput:
+        return Path(workerinput["fabric_dir"])
+    root = Path(tempfile.gettempdir()) / f"pytest-fabric-{getpass.getuser()}"
+    return root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def _progress_writer(config: pytest.Config):
+    """Lines on the terminal while a launch runs; workers have no terminal, so none there."""
+    if hasattr(config, "workerinput"):
+        return None
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if terminal is None:
+        return None
+
+    def show(text: str) -> None:
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                terminal.write_line(f"[fabric] {text}")
+        else:
+            terminal.write_line(f"[fabric] {text}")
+
+    return show
+
+
+# -- options and configuration ---------------------------------------------------------------
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    fabric_options.add_options(parser)
+
+
+@pytest.hookimpl
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "fabric_matrix(models=None, nodes=None, fabrics=None, min_nodes=1): parametrize the `fabric_case` "
+        "fixture over model x nodes x fabric (each axis restricted to what the session selects)")
+    config.addinivalue_line(
+        "markers",
+        "fabric_comparison: the test compares fabrics; it is skipped on a cluster where every fabric "
+        "runs over the same links (the local cluster)")
+    opts = fabric_options.parse(config)
+    try:
+        cluster, note = make_cluster(opts.cluster)
+    except ClusterUnavailable as exc:
+        raise pytest.UsageError(f"--cluster {opts.cluster}: {exc}") from None
+    if opts.nodes > cluster.max_nodes():
+        raise pytest.UsageError(
+            f"--nodes {opts.nodes}: the {cluster.name} cluster has {cluster.max_nodes()} nodes; "
+            f"use --nodes {cluster.max_nodes()} or fewer")
+    ranks = opts.nodes * opts.settings.gpus_per_node
+    max_ranks = cluster.max_ranks()
+    if max_ranks is not None and ranks > max_ranks:
+        raise pytest.UsageError(
+            f"--nodes {opts.nodes} x --gpus-per-node {opts.settings.gpus_per_node} = {ranks} ranks, but the "
+            f"{cluster.name} cluster runs every rank on this machine and allows at most {max_ranks}; "
+            f"lower --nodes or --gpus-per-node")
+    session = FabricSession(config, opts, cluster, note, _session_directory(config))
+    config.stash[SESSION_KEY] = session
+    config.pluginmanager.register(FabricReporter(session), REPORTER_NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reporter = config.pluginmanager.get_plugin(REPORTER_NAME)
+    if reporter is not None:
+        config.pluginmanager.unregister(reporter)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist: every worker shares the controller's results directory."""
+    session = node.config.stash[SESSION_KEY]
+    session.directory.mkdir(parents=True, exist_ok=True)
+    node.workerinput["fabric_dir"] = str(session.directory)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = config.stash[SESSION_KEY]
+    o = session.options
+    rates = ", ".join(f"{f} {o.settings.fabric(f).emulated_mbit:g} Mbit/s" for f in o.fabrics)
+    lines = [
+        f"fabric: cluster {session.cluster.describe()}; nodes up to {o.nodes} x {o.settings.gpus_per_node} per node",
+        f"fabric: fabrics {', '.join(o.fabrics)}"
+        + (f" (emulated links: {rates})" if session.cluster.realizes_fabrics else ""),
+        f"fabric: models {', '.join(o.models)}; {o.settings.warmup_steps} warm-up + {o.settings.steps} measured steps; "
+        f"results in {session.directory}",
+    ]
+    if session.note:
+        lines.append(f"fabric: NOTE {session.note}")
+    return lines
+
+
+# -- parametrization -------------------------------------------------------------------------
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "fabric_case" not in metafunc.fixturenames:
+        return
+    o = metafunc.config.stash[SESSION_KEY].options
+    marker = metafunc.definition.get_closest_marker("fabric_matrix")
+    kw = dict(marker.kwargs) if marker else {}
+    unknown = set(kw) - {"models", "nodes", "fabrics", "min_nodes"}
+    if unknown:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: fabric_matrix got unknown argument(s) "
+                                f"{', '.join(sorted(unknown))}; allowed: models, nodes, fabrics, min_nodes")
+    # The session selects (--models/--fabrics); a marker only restricts: a suite lists which models
+    # form its class (compute-bound, communication-bound) and runs those the session selected.
+    models = [m for m in (kw.get("models") or o.models) if m in o.models]
+    fabrics = [f for f in (kw.get("fabrics") or o.fabrics) if f in o.fabrics]
+    cases = expand(models, o.nodes, fabrics, nodes=kw.get("nodes"), min_nodes=kw.get("min_nodes", 1))
+    metafunc.parametrize("fabric_case", cases, ids=[c.id for c in cases])
+
+
+# -- fixtures --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def fabric_session(pytestconfig: pytest.Config) -> FabricSession:
+    return pytestconfig.stash[SESSION_KEY]
+
+
+@pytest.fixture(scope="session")
+def fabric_cluster(fabric_session: FabricSession) -> Cluster:
+    """The cluster ranks start on (prepared: namespaces can be made, stale ones swept)."""
+    return fabric_session.prepared_cluster()
+
+
+class MeasureFixture:
+    """``fabric_measure(case)`` -> Measurement: launched once per session, then served from the cache."""
+
+    def __init__(self, session: FabricSession, item: pytest.Item) -> None:
+        self._session = session
+        self._item = item
+
+    def __call__(self, case: Case) -> Measurement:
+        try:
+            m = self._session.measurer().measure(case)
+        except MeasurementError as exc:
+            pytest.fail(f"measurement failed: {exc}", pytrace=False)
+        self._item.stash.setdefault(MEASURED_KEY, []).append(m)
+        return m
+
+
+@pytest.fixture
+def fabric_measure(fabric_session: FabricSession, request: pytest.FixtureRequest) -> MeasureFixture:
+    return MeasureFixture(fabric_session, request.node)
+
+
+@pytest.fixture
+def fabric_case(request: pytest.FixtureRequest) -> Case:
+    """One (model, nodes, fabric) of the matrix; parametrized by ``pytest_generate_tests``."""
+    return request.param
+
+
+# -- running and reporting -------------------------------------------------------------------
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("fabric_comparison") is None:
+        return
+    session = item.config.stash[SESSION_KEY]
+    cluster = session.prepared_cluster()
+    if not cluster.realizes_fabrics:
+        reason = session.note or f"the {cluster.name} cluster runs every fabric over the same links"
+        pytest.skip(f"fabric comparison needs distinct fabrics: {reason}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    measured = item.stash.get(MEASURED_KEY, [])
+    if call.when == "call" and measured and item.config.getini("junit_family") in ("xunit1", "legacy"):
+        # The xunit2 schema has no testcase properties; there the numbers go to system-out only.
+        for m in measured:
+            item.user_properties.extend(m.metrics().items())
+    report = yield
+    if call.when == "call" and measured:
+        report.sections.append((SECTION, testcase_text(measured)))
+    return report
+
+
+class FabricReporter:
+    """Controller-side reporting, registered per config (it needs the session's state in hooks that
+    receive only a report): collects each test's text, edits the JUnit file, prints the tables."""
+
+    def __init__(self, fabric: FabricSession) -> None:
+        self.fabric = fabric
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, text in report.sections:
+            if name == SECTION:
+                # Under xdist the controller sees every worker's reports here.
+                self.fabric.outputs[report.nodeid] = text
+
+    @pytest.hookimpl(trylast=True)  # after junitxml has written its file
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        config = session.config
+        xmlpath = getattr(config.option, "xmlpath", None)
+        if hasattr(config, "workerinput") or not xmlpath or not self.fabric.outputs:
+            return
+        path = Path(xmlpath)
+        if path.exists():
+            add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix)
+
+    def _suite_properties(self) -> dict[str, str]:
+        measured = self.fabric.recorded()
+        props = {"fabric.cluster": self.fabric.cluster.describe(),
+                 "fabric.fabrics": ",".join(self.fabric.options.fabrics)}
+        if measured:
+            r = measured[0].result
+            props.update({f"fabric.version.{k}": str(v) for k, v in r.get("versions", {}).items() if v})
+            props["fabric.attention"] = str(r.get("attention"))
+        return props
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        fabric = self.fabric
+        if hasattr(fabric.config, "workerinput") or not fabric.directory.exists():
+            return
+        measured = fabric.recorded()
+        errors = [r["error"].splitlines()[0] for r in fabric.store.all().values() if "error" in r]
+        if not measured and not errors:
+            return
+        terminalreporter.write_sep("=", "fabric throughput (tokens/s)")
+        for line in summary_tables(measured, fabric.options.fabrics):
+            terminalreporter.write_line(line)
+        for line in errors:
+            terminalreporter.write_line(f"failed launch: {line}")
+        terminalreporter.write_line(f"launch logs and results: {fabric.directory}")

@@ -1,0 +1,107 @@
+"""What a measured test reports: its testcase text, the terminal tables, and the JUnit additions.
+
+JUnit as dashboards read it: GitLab and most viewers read a testcase's ``system-out`` but not its
+properties, and the xunit2 schema (pytest's default, Jenkins' junit-10.xsd) allows no per-testcase
+properties at all. So every measured testcase gets its numbers in ``system-out``; properties are
+added where the JUnit family allows them (xunit1/legacy), and run-wide facts (versions, cluster)
+go into the testsuite's properties, which every family allows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from .fabrics import REFERENCE_FABRIC
+from .measure import Measurement
+
+SECTION = "pytest-fabric measurements"
+
+
+def testcase_text(measurements: Sequence[Measurement]) -> str:
+    """Human lines first (what a person reads on a dashboard), then name=value lines (for scripts)."""
+    lines = [m.summary() for m in measurements]
+    by_fabric = {(m.case.model, m.case.nodes, m.case.fabric): m for m in measurements}
+    for m in measurements:
+        ref = by_fabric.get((m.case.model, m.case.nodes, REFERENCE_FABRIC))
+        if ref is not None and m is not ref:
+            r = m.tokens_per_s / ref.tokens_per_s
+            lines.append(f"{m.case.fabric}/{REFERENCE_FABRIC} tokens/s ratio ({m.case.model}, {m.case.nodes} nodes): "
+                         f"{r:.3f} ({(r - 1) * 100:+.1f}%)")
+    if measurements:
+        first = measurements[0].result
+        lines.append(f"ran with: {first.get('cluster', measurements[0].cluster)}; attention {first.get('attention')}; "
+                     + ", ".join(f"{k} {v}" for k, v in first.get("versions", {}).items() if v))
+    lines.append("")
+    for m in measurements:
+        lines.extend(f"{k}={v}" for k, v in m.metrics().items())
+    return "\n".join(lines)
+
+
+def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) -> list[str]:
+    """Per model: nodes, GPUs, tokens/s per fabric, delta % against the reference, tokens/s/GPU."""
+    table: dict[str, dict[int, dict[str, Measurement]]] = {}
+    for m in measurements:
+        table.setdefault(m.case.model, {}).setdefault(m.case.nodes, {})[m.case.fabric] = m
+    cols = [f for f in fabrics if any(f in row for rows in table.values() for row in rows.values())]
+    ref = REFERENCE_FABRIC if REFERENCE_FABRIC in cols else (cols[0] if cols else None)
+    out: list[str] = []
+    for model, rows in sorted(table.items()):
+        header = ["nodes", "GPUs"] + [f"{f} tok/s" for f in cols]
+        header += [f"{f} vs {ref}" for f in cols if f != ref] + [f"{f} tok/s/GPU" for f in cols]
+        body = []
+        for nodes in sorted(rows):
+            row = rows[nodes]
+            any_m = next(iter(row.values()))
+            cells = [str(nodes), str(any_m.gpus)]
+            cells += [f"{row[f].tokens_per_s:.1f}" if f in row else "-" for f in cols]
+            for f in cols:
+                if f == ref:
+                    continue
+                if f in row and ref in row:
+                    cells.append(f"{(row[f].tokens_per_s / row[ref].tokens_per_s - 1) * 100:+.1f}%")
+                else:
+                    cells.append("-")
+            cells += [f"{row[f].tokens_per_s_per_gpu:.1f}" if f in row else "-" for f in cols]
+            body.append(cells)
+        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+        out.append(f"{model}:")
+        for r in [header, *body]:
+            out.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    return out
+
+
+def _junit_names(nodeid: str, prefix: str | None) -> tuple[str, str]:
+    """(classname, name) exactly as pytest's junitxml derives them from a node id."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    classnames = names[:-1]
+    if prefix:
+        classnames.insert(0, prefix)
+    return ".".join(classnames), names[-1]
+
+
+def add_to_junit(path: Path, outputs: Mapping[str, str], suite_properties: Mapping[str, str],
+                 prefix: str | None = None) -> int:
+    """Add each test's measurement text to its testcase's system-out (appending to any captured
+    output already there) and run-wide properties to the testsuite. Returns testcases updated."""
+    from junitparser import JUnitXml, TestSuite
+
+    xml = JUnitXml.fromfile(str(path))
+    suites = [xml] if isinstance(xml, TestSuite) else list(xml)
+    wanted = {_junit_names(nodeid, prefix): text for nodeid, text in outputs.items()}
+    updated = 0
+    for suite in suites:
+        for name, value in suite_properties.items():
+            suite.add_property(name, value)
+        for case in suite:
+            key = (case.classname, case.name)
+            if key in wanted:
+                text = wanted[key]
+                case.system_out = f"{case.system_out}\n{text}" if case.system_out else text
+                updated += 1
+    xml.write(str(path))
+    return updated

@@ -1,0 +1,18 @@
+"""Advantage: where the job is communication-bound, InfiniBand must be clearly ahead.
+
+This is the test that catches a degraded fast fabric (a bad cable, a driver update, NCCL silently
+falling back to sockets): parity tests stay green when IB slows down to Ethernet's level; this fails.
+"""
+
+import pytest
+from workloads import CANDIDATES, COMMUNICATION_BOUND
+
+from pytest_fabric import REFERENCE_FABRIC, assert_ahead
+
+
+@pytest.mark.fabric_comparison
+@pytest.mark.fabric_matrix(models=COMMUNICATION_BOUND, fabrics=CANDIDATES, min_nodes=2)
+def test_ib_at_least_20_percent_ahead(fabric_case, fabric_measure):
+    reference = fabric_measure(fabric_case.with_fabric(REFERENCE_FABRIC))
+    candidate = fabric_measure(fabric_case)
+    assert_ahead(reference, candidate, by=0.20)

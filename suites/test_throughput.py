@@ -1,0 +1,15 @@
+"""Throughput of every selected model x nodes x fabric: the summary table is built from these runs."""
+
+import math
+
+import pytest
+
+
+@pytest.mark.fabric_matrix()
+def test_training_step(fabric_case, fabric_measure, fabric_session):
+    m = fabric_measure(fabric_case)
+    # The job really spanned the nodes and ranks it was asked for, and trained (finite loss).
+    assert len(m.result["nodes"]) == fabric_case.nodes, m.result["nodes"]
+    assert m.gpus == fabric_case.nodes * fabric_session.options.settings.gpus_per_node
+    assert math.isfinite(m.result["final_loss"]), m.result["final_loss"]
+    assert m.tokens_per_s > 0
