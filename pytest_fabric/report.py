@@ -59,7 +59,9 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
             for f in cols:
                 if f == ref:
                     continue
-                if f in row and ref in row:
+                if nodes == 1 and f in row:
+                    cells.append("n/a")  # one node: no traffic crosses the fabric
+                elif f in row and ref in row:
                     cells.append(f"{(row[f].tokens_per_s / row[ref].tokens_per_s - 1) * 100:+.1f}%")
                 else:
                     cells.append("-")

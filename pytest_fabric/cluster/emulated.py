@@ -171,7 +171,7 @@ class EmulatedCluster(OnThisMachine, Cluster):
                     node.name,
                     ["ip", "netns", "exec", node.netns,
                      *self.pin(i, request.nodes, torchrun_argv(request, i, head, node.address))],
-                    rank_env(request, node.name, threads, {"GLOO_SOCKET_IFNAME": IFNAME}),
+                    rank_env(request, f"{node.name}/{node.address}", threads, {"GLOO_SOCKET_IFNAME": IFNAME}),
                 )
                 for i, node in enumerate(net.nodes)
             ]

@@ -36,7 +36,7 @@ class LocalCluster(OnThisMachine, Cluster):
             ProcSpec(
                 f"node{i}",
                 self.pin(i, request.nodes, torchrun_argv(request, i, "127.0.0.1", "127.0.0.1", rdzv_port=port)),
-                rank_env(request, f"node{i}", threads, {"GLOO_SOCKET_IFNAME": "lo"}),
+                rank_env(request, f"node{i}/127.0.0.1", threads, {"GLOO_SOCKET_IFNAME": "lo"}),
             )
             for i in range(request.nodes)
         ]

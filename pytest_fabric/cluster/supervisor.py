@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ def supervise(
     log_dir.mkdir(parents=True, exist_ok=True)
     started: list[tuple[ProcSpec, subprocess.Popen, Path]] = []
     start = time.monotonic()
+    previous = _interrupt_on_sigterm()
     try:
         for spec in specs:
             log_path = log_dir / f"{spec.name}.log"
@@ -119,6 +121,8 @@ def supervise(
             time.sleep(tick_s)
     finally:
         killed = _stop_all(started)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
     return LaunchOutcome(
         procs=[
@@ -129,6 +133,18 @@ def supervise(
         timed_out=timed_out,
         killed=killed,
     )
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum} while ranks were running")
+
+
+def _interrupt_on_sigterm():
+    """While ranks run, SIGTERM (a CI job cancelled, `timeout`) unwinds like Ctrl-C, so the
+    ``finally`` blocks kill the ranks and remove namespaces instead of the interpreter just dying."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 def _stop_all(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> list[str]:
