@@ -8,6 +8,8 @@ Both live here so that a fabric's meaning is written down once.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -42,7 +44,8 @@ FABRICS: dict[str, Fabric] = {
             "ib",
             "InfiniBand (RDMA)",
             emulated_mbit=4000,
-            nccl_env={"NCCL_IB_DISABLE": "0", "NCCL_NET": "IB", "NCCL_NET_GDR_LEVEL": "SYS"},
+            nccl_env={"NCCL_IB_DISABLE": "0", "NCCL_NET": "IB", "NCCL_NET_GDR_LEVEL": "SYS",
+                      "NCCL_IB_TIMEOUT": "22"},
         ),
         Fabric(
             "roce",
@@ -52,6 +55,8 @@ FABRICS: dict[str, Fabric] = {
                 "NCCL_IB_DISABLE": "0",
                 "NCCL_NET": "IB",
                 "NCCL_NET_GDR_LEVEL": "SYS",
+                "NCCL_IB_TIMEOUT": "22",
+                # Auto-detected since NCCL 2.21; 3 is the usual RoCEv2 IPv4 index for older NCCL.
                 "NCCL_IB_GID_INDEX": "3",
             },
         ),
@@ -65,7 +70,7 @@ FABRICS: dict[str, Fabric] = {
             "eth",
             "TCP Ethernet through the kernel",
             emulated_mbit=400,
-            nccl_env={"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket"},
+            nccl_env={"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "=eth0"},
         ),
     )
 }
@@ -75,11 +80,63 @@ DEFAULT_FABRICS = ("ib", "eth")
 REFERENCE_FABRIC = "ib"
 
 
-def get_fabric(name: str, rates: Mapping[str, float] | None = None) -> Fabric:
+_NAME = re.compile(r"^[a-z][a-z0-9_.-]{0,31}$")
+_ENV_VAR = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+class FabricConfigError(ValueError):
+    """A fabric definition or override that cannot be used; the message says how to write it."""
+
+
+def build_table(
+    defines: Iterable[str] = (),
+    env_overrides: Iterable[str] = (),
+    rates: Mapping[str, float] | None = None,
+) -> dict[str, Fabric]:
+    """The session's fabrics: the presets, plus user-defined ones, with the user's overrides.
+
+    ``defines``: ``NAME: BASE`` lines (a new fabric that starts as a copy of BASE), e.g.
+    ``roce-dc2: roce``. ``env_overrides``: ``FABRIC.VAR=VALUE`` lines, e.g.
+    ``ib.NCCL_IB_HCA==mlx5_0,mlx5_1`` (the value may itself start with ``=``, NCCL's exact match;
+    an empty value removes the variable). ``rates``: emulated link rates in Mbit/s by name.
+    """
+    table = dict(FABRICS)
+    for line in (d.strip() for d in defines):
+        if not line or line.startswith("#"):
+            continue
+        name, sep, base = (x.strip() for x in line.partition(":"))
+        if not sep or not _NAME.match(name) or base not in table:
+            raise FabricConfigError(
+                f"fabric definition {line!r}: write 'NAME: BASE' with NAME in lowercase letters, digits, '-', '_' "
+                f"and BASE one of {', '.join(table)} (e.g. 'roce-dc2: roce')")
+        table[name] = replace(table[base], name=name, description=f"{table[base].description}, as {name}")
+    for line in (e.strip() for e in env_overrides):
+        if not line or line.startswith("#"):
+            continue
+        target, sep, value = line.partition("=")
+        fabric, dot, var = target.strip().partition(".")
+        if not sep or not dot or fabric not in table or not _ENV_VAR.match(var):
+            raise FabricConfigError(
+                f"fabric setting {line!r}: write 'FABRIC.VARIABLE=VALUE' with FABRIC one of {', '.join(table)} "
+                f"(e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1' or 'eth.NCCL_SOCKET_IFNAME==ens5')")
+        env = dict(table[fabric].nccl_env)
+        if value.strip():
+            env[var] = value.strip()
+        else:
+            env.pop(var, None)
+        table[fabric] = replace(table[fabric], nccl_env=env)
+    for name, mbit in (rates or {}).items():
+        if name not in table:
+            raise FabricConfigError(f"fabric rate for unknown fabric {name!r}; known fabrics: {', '.join(table)}")
+        if mbit <= 0:
+            raise FabricConfigError(f"fabric rate for {name!r} must be positive Mbit/s, got {mbit}")
+        table[name] = table[name].with_rate(mbit)
+    return table
+
+
+def get_fabric(name: str, table: Mapping[str, Fabric] | None = None) -> Fabric:
+    table = FABRICS if table is None else table
     try:
-        fabric = FABRICS[name]
+        return table[name]
     except KeyError:
-        raise KeyError(f"unknown fabric {name!r}; known fabrics: {', '.join(FABRICS)}") from None
-    if rates and name in rates:
-        fabric = fabric.with_rate(rates[name])
-    return fabric
+        raise KeyError(f"unknown fabric {name!r}; known fabrics: {', '.join(table)}") from None

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from . import preflight
 from .cluster import Cluster, LaunchRequest
 from .fabrics import Fabric, get_fabric
 from .models import get_model
@@ -54,11 +56,21 @@ class Settings:
     batch_size: int | None = None  # None: the model's own default shape
     seq_len: int | None = None
     launch_timeout_s: float = 300.0
-    fabric_rates: tuple[tuple[str, float], ...] = ()  # emulated link-rate overrides, Mbit/s
+    # The session's fabrics (presets + user definitions and overrides); None: the presets.
+    fabric_table: Mapping[str, Fabric] | None = field(default=None, compare=False)
     device: str = "auto"
+    fsdp: int = 2
+    mixed_precision: str = "auto"
+    activation_checkpointing: bool = False
+    model_path: str | None = None
+
+    def workload_knobs(self) -> dict[str, Any]:
+        """The TrainConfig fields these settings decide (beyond model, shape and steps)."""
+        return {"device": self.device, "fsdp": self.fsdp, "mixed_precision": self.mixed_precision,
+                "activation_checkpointing": self.activation_checkpointing, "model_path": self.model_path}
 
     def fabric(self, name: str) -> Fabric:
-        return get_fabric(name, dict(self.fabric_rates))
+        return get_fabric(name, self.fabric_table)
 
     def shape(self, model: str) -> tuple[int, int]:
         spec = get_model(model)
@@ -151,8 +163,9 @@ class Measurer:
         batch, seq = s.shape(case.model)
         # One node never touches the fabric: any fabric's measurement serves all of them.
         fabric = case.fabric if case.crosses_fabric else "any"
-        rate = s.fabric(case.fabric).emulated_mbit if case.crosses_fabric else None
-        knobs = json.dumps([self.cluster.name, s.gpus_per_node, s.steps, s.warmup_steps, batch, seq, rate, s.device])
+        fabric_settings = s.fabric(case.fabric).settings() if case.crosses_fabric else None
+        knobs = json.dumps([self.cluster.name, s.gpus_per_node, s.steps, s.warmup_steps, batch, seq,
+                            fabric_settings, s.workload_knobs()], sort_keys=True)
         return f"{case.model}-n{case.nodes}-{fabric}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
 
     def measure(self, case: Case) -> Measurement:
@@ -175,9 +188,10 @@ class Measurer:
             warmup_steps=s.warmup_steps,
             result_path=str(run_dir / "result.json"),
             progress_path=str(run_dir / "progress.jsonl"),
-            device=s.device,
             collective_timeout_s=s.launch_timeout_s,
-            fabric={**fabric.settings(), "crosses_fabric": case.crosses_fabric},
+            **s.workload_knobs(),
+            fabric={**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric),
+                    "crosses_fabric": case.crosses_fabric},
         )
         config.dump(run_dir / "config.json")
         request = LaunchRequest(
@@ -189,6 +203,11 @@ class Measurer:
             deadline_s=s.launch_timeout_s,
             job_id=re.sub(r"[^A-Za-z0-9]", "", case.id)[:40] + str(int(time.time())),
         )
+        if self._runs_on_gpus() and self.cluster.checks_here:
+            problems = preflight.check(fabric, s.gpus_per_node, network=case.crosses_fabric)
+            if problems:
+                return {"case": asdict(case),
+                        "error": f"{case.id}: pre-flight failed on {platform.node()}: " + "; ".join(problems)}
         self.launched.append(case)
         outcome = self.cluster.launch(request, on_tick=self._ticker(case, Path(config.progress_path)))
         if not outcome.ok:
@@ -202,6 +221,10 @@ class Measurer:
         result["launch_s"] = round(outcome.elapsed_s, 2)
         result["run_dir"] = str(run_dir)
         return {"case": asdict(case), "cluster": self.cluster.name, "result": result}
+
+    def _runs_on_gpus(self) -> bool:
+        device = self.settings.device
+        return device == "cuda" or (device == "auto" and self.cluster.checks_here and preflight.visible_gpus() > 0)
 
     def _ticker(self, case: Case, progress_file: Path) -> Callable[[float], None] | None:
         if self.progress is None:

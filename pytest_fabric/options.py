@@ -7,11 +7,12 @@ the command line wins. Bad values raise ``pytest.UsageError`` naming what is all
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from .cluster import CLUSTER_KINDS
-from .fabrics import DEFAULT_FABRICS, FABRICS
+from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
 
@@ -19,42 +20,69 @@ DEFAULT_NODES = 2
 
 # name, help, default (as the ini string)
 _OPTIONS: list[tuple[str, str, str | None]] = [
-    ("nodes", "cluster size N: the matrix's nodes axis is the powers of two up to N (default 2)", None),
+    ("nodes", "cluster size N: the matrix's nodes axis is the powers of two up to N "
+              "(default: the Slurm allocation or hostfile size, else 2)", None),
     ("gpus-per-node", "ranks per node (GPUs per node; processes per emulated node) (default 1)", "1"),
-    ("fabrics", f"comma-separated fabrics to test, from: {', '.join(FABRICS)} (default {','.join(DEFAULT_FABRICS)})",
-     ",".join(DEFAULT_FABRICS)),
+    ("fabrics", f"comma-separated fabrics to test: {', '.join(FABRICS)} or one defined in fabric_define "
+                f"(default {','.join(DEFAULT_FABRICS)})", ",".join(DEFAULT_FABRICS)),
     ("models", f"comma-separated models, from: {', '.join(MODELS)} (default {','.join(DEFAULT_CPU_MODELS)})", None),
-    ("cluster", f"how ranks start: {', '.join(CLUSTER_KINDS)} (default auto)", "auto"),
+    ("cluster", f"how ranks start: {', '.join(CLUSTER_KINDS)} (default auto: slurm inside an allocation, "
+                "ssh with --hostfile, else emulated)", "auto"),
+    ("hostfile", "ssh cluster: file with one host per line", None),
     ("steps", "measured training steps per launch, after warm-up (default 8)", "8"),
     ("warmup-steps", "warm-up steps per launch, excluded from the figures (default 2)", "2"),
     ("batch-size", "micro-batch per rank (default: the model's own)", None),
     ("seq-len", "sequence length (default: the model's own)", None),
     ("launch-timeout", "seconds one launch may take before every rank is killed (default 300)", "300"),
     ("fabric-rate", "emulated link rate override NAME=MBIT, comma-separated (e.g. eth=200)", None),
+    ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
+    ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
+     "2"),
+    ("mixed-precision", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32 (default auto)", "auto"),
+    ("model-path", "directory of a Hugging Face checkpoint to load (global rank 0 reads it and broadcasts); "
+                   "default: random weights from the config", None),
 ]
+_FLAGS = [
+    ("activation-checkpointing", "recompute each decoder layer's activations in backward (non-reentrant)"),
+]
+_LINELISTS = [
+    ("fabric_define", "user fabrics, one 'NAME: BASE' per line (e.g. 'roce-dc2: roce')"),
+    ("fabric_env", "fabric settings, one 'FABRIC.VARIABLE=VALUE' per line (e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1')"),
+]
+_CHOICES = {"device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32")}
 
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("fabric", "pytest-fabric: interconnect fabric comparisons")
     for name, help_text, default in _OPTIONS:
-        dest = "fabric_" + name.replace("-", "_")
-        flag = f"--{name}"
-        group.addoption(flag, dest=dest, default=None, help=help_text)
-        parser.addini(dest, help=f"default for {flag}: {help_text}", default=default)
+        dest = _dest(name)
+        group.addoption(f"--{name}", dest=dest, default=None, help=help_text)
+        parser.addini(dest, help=f"default for --{name}: {help_text}", default=default)
+    for name, help_text in _FLAGS:
+        dest = _dest(name)
+        group.addoption(f"--{name}", dest=dest, action="store_true", default=None, help=help_text)
+        parser.addini(dest, help=f"default for --{name}: {help_text}", type="bool", default=False)
+    group.addoption("--fabric-env", dest="fabric_env_cli", action="append", default=[],
+                    metavar="FABRIC.VAR=VALUE", help="override one fabric setting (repeatable); adds to ini fabric_env")
+    for dest, help_text in _LINELISTS:
+        parser.addini(dest, help=help_text, type="linelist", default=[])
 
 
-def _raw(config: pytest.Config, name: str) -> tuple[str | None, bool]:
-    """(value, given_on_command_line)."""
-    dest = "fabric_" + name.replace("-", "_")
-    cli = config.getoption(dest)
+def _dest(name: str) -> str:
+    return "fabric_" + name.replace("-", "_")
+
+
+def _raw(config: pytest.Config, name: str) -> str | None:
+    """The command line's value, else the ini's; None when neither gives one."""
+    cli = config.getoption(_dest(name))
     if cli is not None:
-        return str(cli), True
-    ini = config.getini(dest)
-    return (str(ini) if ini not in (None, "") else None), False
+        return str(cli)
+    ini = config.getini(_dest(name))
+    return str(ini) if ini not in (None, "") else None
 
 
 def _int(config: pytest.Config, name: str, minimum: int, default: int | None = None) -> int | None:
-    value, _ = _raw(config, name)
+    value = _raw(config, name)
     if value is None:
         return default
     try:
@@ -66,60 +94,80 @@ def _int(config: pytest.Config, name: str, minimum: int, default: int | None = N
     return n
 
 
-def _names(config: pytest.Config, name: str, known: dict) -> tuple[tuple[str, ...] | None, bool]:
-    value, explicit = _raw(config, name)
+def _choice(config: pytest.Config, name: str) -> str:
+    value = _raw(config, name) or _CHOICES[name][0]
+    if value not in _CHOICES[name]:
+        raise pytest.UsageError(f"--{name}: {value!r} is not one of {', '.join(_CHOICES[name])}")
+    return value
+
+
+def _names(config: pytest.Config, name: str, known: dict) -> tuple[str, ...] | None:
+    value = _raw(config, name)
     if value is None:
-        return None, explicit
+        return None
     names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
     unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise pytest.UsageError(
             f"--{name}: unknown {', '.join(map(repr, unknown)) or 'empty value'}; choose from: {', '.join(known)}")
-    return names, explicit
+    return names
 
 
-def _rates(config: pytest.Config) -> tuple[tuple[str, float], ...]:
-    value, _ = _raw(config, "fabric-rate")
-    if not value:
-        return ()
-    rates = []
-    for item in value.split(","):
+def _rates(config: pytest.Config) -> dict[str, float]:
+    value = _raw(config, "fabric-rate")
+    rates: dict[str, float] = {}
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
         name, sep, mbit = item.strip().partition("=")
         try:
-            rate = float(mbit)
+            rates[name.strip()] = float(mbit) if sep else -1.0
         except ValueError:
-            rate = -1.0
-        if not sep or name not in FABRICS or rate <= 0:
-            raise pytest.UsageError(
-                f"--fabric-rate: {item.strip()!r} is not NAME=MBIT with NAME one of {', '.join(FABRICS)} "
-                f"and MBIT a positive number (e.g. --fabric-rate eth=200)")
-        rates.append((name, rate))
-    return tuple(rates)
+            rates[name.strip()] = -1.0
+        if rates[name.strip()] <= 0:
+            raise pytest.UsageError(f"--fabric-rate: {item.strip()!r} is not NAME=MBIT with MBIT a positive "
+                                    f"number (e.g. --fabric-rate eth=200)")
+    return rates
 
 
 @dataclass(frozen=True)
 class FabricOptions:
-    nodes: int
+    nodes: int | None  # None: the cluster's own size (Slurm allocation, hostfile), else DEFAULT_NODES
     fabrics: tuple[str, ...]
     models: tuple[str, ...]
     cluster: str
+    hostfile: str | None
     settings: Settings
 
 
 def parse(config: pytest.Config) -> FabricOptions:
-    cluster, _ = _raw(config, "cluster")
-    cluster = cluster or "auto"
+    cluster = _raw(config, "cluster") or "auto"
     if cluster not in CLUSTER_KINDS:
         raise pytest.UsageError(f"--cluster: unknown cluster {cluster!r}; choose from: {', '.join(CLUSTER_KINDS)}")
-    fabrics, _ = _names(config, "fabrics", FABRICS)
-    models, _ = _names(config, "models", MODELS)
-    timeout_value, _ = _raw(config, "launch-timeout")
+    try:
+        table = build_table(config.getini("fabric_define"),
+                            [*config.getini("fabric_env"), *config.getoption("fabric_env_cli")],
+                            _rates(config))
+    except FabricConfigError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    fabrics = _names(config, "fabrics", table)
+    models = _names(config, "models", MODELS)
+    timeout_value = _raw(config, "launch-timeout")
     try:
         timeout = float(timeout_value or 300)
     except ValueError:
         timeout = -1.0
     if timeout <= 0:
         raise pytest.UsageError(f"--launch-timeout must be a positive number of seconds, got {timeout_value!r}")
+    model_path = _raw(config, "model-path")
+    if model_path is not None and not (Path(model_path) / "config.json").is_file():
+        raise pytest.UsageError(f"--model-path {model_path}: no config.json there; give the directory of a "
+                                f"Hugging Face checkpoint (config.json + *.safetensors)")
+    device = _choice(config, "device")
+    fsdp = int(_choice(config, "fsdp"))
+    if fsdp == 1 and device == "cpu":
+        raise pytest.UsageError("--fsdp 1 needs GPUs (FSDP1 refuses to run without an accelerator); "
+                                "use --fsdp 2 on CPU")
     settings = Settings(
         gpus_per_node=_int(config, "gpus-per-node", 1, default=1),
         steps=_int(config, "steps", 1, default=8),
@@ -127,12 +175,21 @@ def parse(config: pytest.Config) -> FabricOptions:
         batch_size=_int(config, "batch-size", 1),
         seq_len=_int(config, "seq-len", 1),
         launch_timeout_s=timeout,
-        fabric_rates=_rates(config),
+        fabric_table=table,
+        device=device,
+        fsdp=fsdp,
+        mixed_precision=_choice(config, "mixed-precision"),
+        activation_checkpointing=bool(_raw(config, "activation-checkpointing") in ("True", "true", "1")),
+        model_path=str(Path(model_path).resolve()) if model_path else None,
     )
+    hostfile = _raw(config, "hostfile")
+    if hostfile is not None and not Path(hostfile).is_file():
+        raise pytest.UsageError(f"--hostfile {hostfile}: no such file; write one host per line")
     return FabricOptions(
-        nodes=_int(config, "nodes", 1, default=DEFAULT_NODES),
+        nodes=_int(config, "nodes", 1),
         fabrics=fabrics or DEFAULT_FABRICS,
         models=models or DEFAULT_CPU_MODELS,
         cluster=cluster,
+        hostfile=hostfile,
         settings=settings,
     )

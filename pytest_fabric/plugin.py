@@ -31,6 +31,7 @@ class FabricSession:
 
     config: pytest.Config
     options: fabric_options.FabricOptions
+    nodes: int  # the cluster size this session tests up to (--nodes, or the cluster's own)
     cluster: Cluster
     note: str | None  # why `auto` fell back, shown in the header and in skip reasons
     directory: Path  # shared by the controller and every worker of this session
@@ -122,21 +123,22 @@ def pytest_configure(config: pytest.Config) -> None:
         "runs over the same links (the local cluster)")
     opts = fabric_options.parse(config)
     try:
-        cluster, note = make_cluster(opts.cluster)
+        cluster, note = make_cluster(opts.cluster, opts.hostfile)
     except ClusterUnavailable as exc:
         raise pytest.UsageError(f"--cluster {opts.cluster}: {exc}") from None
-    if opts.nodes > cluster.max_nodes():
+    nodes = opts.nodes or cluster.default_nodes()
+    if nodes > cluster.max_nodes():
         raise pytest.UsageError(
-            f"--nodes {opts.nodes}: the {cluster.name} cluster has {cluster.max_nodes()} nodes; "
+            f"--nodes {nodes}: the {cluster.name} cluster has {cluster.max_nodes()} nodes; "
             f"use --nodes {cluster.max_nodes()} or fewer")
-    ranks = opts.nodes * opts.settings.gpus_per_node
+    ranks = nodes * opts.settings.gpus_per_node
     max_ranks = cluster.max_ranks()
     if max_ranks is not None and ranks > max_ranks:
         raise pytest.UsageError(
-            f"--nodes {opts.nodes} x --gpus-per-node {opts.settings.gpus_per_node} = {ranks} ranks, but the "
+            f"--nodes {nodes} x --gpus-per-node {opts.settings.gpus_per_node} = {ranks} ranks, but the "
             f"{cluster.name} cluster runs every rank on this machine and allows at most {max_ranks}; "
             f"lower --nodes or --gpus-per-node")
-    session = FabricSession(config, opts, cluster, note, _session_directory(config))
+    session = FabricSession(config, opts, nodes, cluster, note, _session_directory(config))
     config.stash[SESSION_KEY] = session
     config.pluginmanager.register(FabricReporter(session), REPORTER_NAME)
 
@@ -160,7 +162,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     o = session.options
     rates = ", ".join(f"{f} {o.settings.fabric(f).emulated_mbit:g} Mbit/s" for f in o.fabrics)
     lines = [
-        f"fabric: cluster {session.cluster.describe()}; nodes up to {o.nodes} x {o.settings.gpus_per_node} per node",
+        f"fabric: cluster {session.cluster.describe()}; nodes up to {session.nodes} x {o.settings.gpus_per_node} per node",
         f"fabric: fabrics {', '.join(o.fabrics)}"
         + (f" (emulated links: {rates})" if session.cluster.realizes_fabrics else ""),
         f"fabric: models {', '.join(o.models)}; {o.settings.warmup_steps} warm-up + {o.settings.steps} measured steps; "
@@ -176,7 +178,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fabric_case" not in metafunc.fixturenames:
         return
-    o = metafunc.config.stash[SESSION_KEY].options
+    session = metafunc.config.stash[SESSION_KEY]
+    o = session.options
     marker = metafunc.definition.get_closest_marker("fabric_matrix")
     kw = dict(marker.kwargs) if marker else {}
     unknown = set(kw) - {"models", "nodes", "fabrics", "min_nodes"}
@@ -187,7 +190,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # form its class (compute-bound, communication-bound) and runs those the session selected.
     models = [m for m in (kw.get("models") or o.models) if m in o.models]
     fabrics = [f for f in (kw.get("fabrics") or o.fabrics) if f in o.fabrics]
-    cases = expand(models, o.nodes, fabrics, nodes=kw.get("nodes"), min_nodes=kw.get("min_nodes", 1))
+    cases = expand(models, session.nodes, fabrics, nodes=kw.get("nodes"), min_nodes=kw.get("min_nodes", 1))
     metafunc.parametrize("fabric_case", cases, ids=[c.id for c in cases])
 
 

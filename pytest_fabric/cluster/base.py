@@ -63,13 +63,23 @@ class Cluster(ABC):
     name: str
     # False where every fabric runs over the same links (no shaping): fabric comparisons say nothing.
     realizes_fabrics: bool
+    # True where this host is one of the job's nodes, so pre-flight checks here mean something.
+    checks_here: bool = True
 
     def describe(self) -> str:
         return self.name
 
+    def nccl_env(self, fabric: Fabric) -> dict[str, str]:
+        """The NCCL settings ranks get for ``fabric`` on this cluster (recorded with the result)."""
+        return dict(fabric.nccl_env)
+
     @abstractmethod
     def max_nodes(self) -> int:
         """How many nodes this cluster can run a job on."""
+
+    def default_nodes(self) -> int:
+        """--nodes when the user gives none: a real cluster's own size; 2 for one on this machine."""
+        return min(2, self.max_nodes())
 
     def max_ranks(self) -> int | None:
         """How many ranks in all, where that is less than nodes x GPUs (None: no extra limit)."""
@@ -114,6 +124,8 @@ def torchrun_argv(
 
 
 def rank_env(request: LaunchRequest, node_name: str, threads: int, extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment plus what every rank needs; ``extra`` (the launcher's: fabric
+    settings, interface names) wins."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"

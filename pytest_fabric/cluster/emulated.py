@@ -144,6 +144,13 @@ def check_available() -> None:
 class EmulatedCluster(OnThisMachine, Cluster):
     name = "emulated"
     realizes_fabrics = True
+    # The fabric here is the shaped link, not an HCA: NCCL pre-flight and transport proof do not apply.
+    checks_here = False
+
+    def nccl_env(self, fabric) -> dict[str, str]:
+        # Whatever the fabric, the only network between emulated nodes is the shaped veth link,
+        # so NCCL (on a GPU host) must use sockets on it; gloo is told the same interface.
+        return {**fabric.nccl_env, "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": f"={IFNAME}"}
 
     def __init__(self) -> None:
         check_available()
@@ -171,7 +178,8 @@ class EmulatedCluster(OnThisMachine, Cluster):
                     node.name,
                     ["ip", "netns", "exec", node.netns,
                      *self.pin(i, request.nodes, torchrun_argv(request, i, head, node.address))],
-                    rank_env(request, f"{node.name}/{node.address}", threads, {"GLOO_SOCKET_IFNAME": IFNAME}),
+                    rank_env(request, f"{node.name}/{node.address}", threads,
+                             {**self.nccl_env(request.fabric), "GLOO_SOCKET_IFNAME": IFNAME}),
                 )
                 for i, node in enumerate(net.nodes)
             ]

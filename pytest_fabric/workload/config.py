@@ -23,6 +23,10 @@ class TrainConfig:
     collective_timeout_s: float = 300.0
     attention: str = "auto"  # "auto", "sdpa", "eager", "flash_attention_2"
     fabric: dict[str, Any] = field(default_factory=dict)  # recorded with the result
+    fsdp: int = 2  # 2: fully_shard; 1: FullyShardedDataParallel (GPU only)
+    mixed_precision: str = "auto"  # "auto" (bf16 on cuda, fp32 on cpu), "bf16", "fp32"
+    activation_checkpointing: bool = False
+    model_path: str | None = None  # HF checkpoint directory; None: random weights
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
