@@ -15,6 +15,7 @@ from .cluster import CLUSTER_KINDS
 from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
+from .references import ReferenceError, References
 
 DEFAULT_NODES = 2
 
@@ -39,6 +40,7 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
      "2"),
     ("mixed-precision", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32 (default auto)", "auto"),
+    ("fabric-suite", "TOML file of gate thresholds and expected values per model x nodes x fabric", None),
     ("model-path", "directory of a Hugging Face checkpoint to load (global rank 0 reads it and broadcasts); "
                    "default: random weights from the config", None),
 ]
@@ -69,7 +71,9 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 def _dest(name: str) -> str:
-    return "fabric_" + name.replace("-", "_")
+    """The option's dest and ini key: fabric_<name> (``--fabric-rate`` is ``fabric_rate``)."""
+    name = name.replace("-", "_")
+    return name if name.startswith("fabric_") else f"fabric_{name}"
 
 
 def _raw(config: pytest.Config, name: str) -> str | None:
@@ -138,6 +142,7 @@ class FabricOptions:
     cluster: str
     hostfile: str | None
     settings: Settings
+    references: References
 
 
 def parse(config: pytest.Config) -> FabricOptions:
@@ -182,6 +187,11 @@ def parse(config: pytest.Config) -> FabricOptions:
         activation_checkpointing=bool(_raw(config, "activation-checkpointing") in ("True", "true", "1")),
         model_path=str(Path(model_path).resolve()) if model_path else None,
     )
+    suite = _raw(config, "fabric-suite")
+    try:
+        references = References.load(suite) if suite else References()
+    except ReferenceError as exc:
+        raise pytest.UsageError(f"--fabric-suite: {exc}") from None
     hostfile = _raw(config, "hostfile")
     if hostfile is not None and not Path(hostfile).is_file():
         raise pytest.UsageError(f"--hostfile {hostfile}: no such file; write one host per line")
@@ -192,4 +202,5 @@ def parse(config: pytest.Config) -> FabricOptions:
         cluster=cluster,
         hostfile=hostfile,
         settings=settings,
+        references=references,
     )

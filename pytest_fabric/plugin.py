@@ -21,6 +21,7 @@ from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .cluster.local import LocalCluster
 from .matrix import expand
 from .measure import Case, Measurement, MeasurementError, Measurer
+from .references import References
 from .report import SECTION, add_to_junit, summary_tables, testcase_text
 from .store import ResultStore
 
@@ -199,6 +200,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="session")
 def fabric_session(pytestconfig: pytest.Config) -> FabricSession:
     return pytestconfig.stash[SESSION_KEY]
+
+
+@pytest.fixture(scope="session")
+def fabric_references(fabric_session: FabricSession) -> References:
+    """Thresholds and expected values from --fabric-suite (empty without one: suites use their defaults)."""
+    return fabric_session.options.references
 
 
 @pytest.fixture(scope="session")

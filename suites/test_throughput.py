@@ -1,4 +1,7 @@
-"""Throughput of every selected model x nodes x fabric: the summary table is built from these runs."""
+"""Throughput of every selected model x nodes x fabric: the summary table is built from these runs.
+
+With a --fabric-suite file, each case is also held to its expected values ([[expect]] entries).
+"""
 
 import math
 
@@ -6,10 +9,15 @@ import pytest
 
 
 @pytest.mark.fabric_matrix()
-def test_training_step(fabric_case, fabric_measure, fabric_session):
+def test_training_step(fabric_case, fabric_measure, fabric_session, fabric_references):
     m = fabric_measure(fabric_case)
     # The job really spanned the nodes and ranks it was asked for, and trained (finite loss).
     assert len(m.result["nodes"]) == fabric_case.nodes, m.result["nodes"]
     assert m.gpus == fabric_case.nodes * fabric_session.options.settings.gpus_per_node
     assert math.isfinite(m.result["final_loss"]), m.result["final_loss"]
     assert m.tokens_per_s > 0
+    misses = fabric_references.violations(fabric_case, {
+        "tokens_per_s": m.tokens_per_s, "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
+        "median_step_s": m.median_step_s})
+    if misses:
+        pytest.fail("\n".join(misses), pytrace=False)
