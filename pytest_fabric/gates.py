@@ -6,21 +6,40 @@ carries both values, the ratio and the threshold, and no traceback buries it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Union
 
 import pytest
 
-from .measure import Measurement
+from .measure import BandwidthMeasurement, Measurement
 
-Value = Union[Measurement, float, int]
+
+@dataclass(frozen=True)
+class Figure:
+    """A named number for the gates, when it is not a training Measurement's tokens/s."""
+
+    name: str
+    value: float
+
+
+Value = Union[Measurement, Figure, float, int]
+
+
+def busbw(m: BandwidthMeasurement, op: str = "all_reduce") -> Figure:
+    """The busbw (Gbit/s) of ``op`` at its largest payload, named by the fabric, for the gates."""
+    return Figure(m.case.fabric, m.busbw_gbit(op))
 
 
 def _value(x: Value) -> float:
-    return x.tokens_per_s if isinstance(x, Measurement) else float(x)
+    if isinstance(x, Measurement):
+        return x.tokens_per_s
+    return x.value if isinstance(x, Figure) else float(x)
 
 
 def _name(x: Value, default: str) -> str:
-    return x.case.fabric if isinstance(x, Measurement) else default
+    if isinstance(x, Measurement):
+        return x.case.fabric
+    return x.name if isinstance(x, Figure) else default
 
 
 def _context(a: Value, b: Value) -> str:
@@ -54,6 +73,15 @@ def assert_within(candidate: Value, reference: Value, rel: float = 0.05, unit: s
             pytrace=False,
         )
     return r
+
+
+def assert_at_least(measured: Value, floor: float, what: str, unit: str = "Gbit/s") -> float:
+    """``measured`` reaches ``floor`` (e.g. busbw >= 85% of the link rate). Returns measured/floor."""
+    value = _value(measured)
+    if value < floor:
+        pytest.fail(f"{_name(measured, 'measured')}: {value:.3f} {unit} < {floor:.3f} {unit} ({what}); "
+                    f"ratio {value / floor:.3f}", pytrace=False)
+    return value / floor
 
 
 def assert_ahead(reference: Value, candidate: Value, by: float = 0.20, unit: str = "tokens/s") -> float:

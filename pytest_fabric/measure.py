@@ -24,7 +24,7 @@ from .cluster import Cluster, LaunchRequest
 from .fabrics import Fabric, get_fabric
 from .models import get_model
 from .store import ResultStore
-from .workload.config import TrainConfig
+from .workload.config import CollectivesConfig, TrainConfig
 
 
 @dataclass(frozen=True, order=True)
@@ -143,6 +143,46 @@ class Measurement:
         )
 
 
+BANDWIDTH = "collectives"  # the model name of a collective-bandwidth case
+
+
+@dataclass
+class BandwidthMeasurement:
+    """Collective bandwidth of one (nodes, fabric), nccl-tests semantics (see workload/collectives.py)."""
+
+    case: Case
+    rows: list[dict[str, Any]]
+    cluster: str
+    result: dict[str, Any] = field(repr=False)
+
+    def largest(self, op: str) -> dict[str, Any]:
+        """The row gates read: the largest payload of ``op``."""
+        rows = [r for r in self.rows if r["op"] == op]
+        if not rows:
+            raise KeyError(f"{op} was not measured; measured: {', '.join(sorted({r['op'] for r in self.rows}))}")
+        return max(rows, key=lambda r: r["bytes"])
+
+    def busbw_gbit(self, op: str) -> float:
+        return self.largest(op)["busbw_GBps"] * 8
+
+    def summary(self) -> str:
+        ops = sorted({r["op"] for r in self.rows})
+        parts = [f"{op} {self.busbw_gbit(op):.3f} Gbit/s at {self.largest(op)['bytes'] / 2**20:g} MiB" for op in ops]
+        return f"{self.case.id}: busbw " + ", ".join(parts)
+
+    def metrics(self) -> dict[str, str]:
+        p = f"fabric.{self.case.id}"
+        out = {f"{p}.{r['op']}.{r['bytes']}.busbw_gbit": f"{r['busbw_GBps'] * 8:.4f}" for r in self.rows}
+        out[f"{p}.fabric_settings"] = json.dumps(self.result.get("fabric", {}), sort_keys=True)
+        out[f"{p}.versions"] = ", ".join(f"{k} {v}" for k, v in self.result.get("versions", {}).items() if v)
+        return out
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> BandwidthMeasurement:
+        r = record["result"]
+        return cls(Case(**record["case"]), r["rows"], record["cluster"], r)
+
+
 Progress = Callable[[str], None]
 
 
@@ -176,10 +216,8 @@ class Measurer:
 
     def _launch(self, case: Case) -> dict[str, Any]:
         s = self.settings
-        fabric = s.fabric(case.fabric)
         batch, seq = s.shape(case.model)
-        run_dir = self.workdir / f"{case.id}-{time.strftime('%H%M%S')}"
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = self._run_dir(case)
         config = TrainConfig(
             model=get_model(case.model).to_dict(),
             batch_size=batch,
@@ -190,15 +228,48 @@ class Measurer:
             progress_path=str(run_dir / "progress.jsonl"),
             collective_timeout_s=s.launch_timeout_s,
             **s.workload_knobs(),
-            fabric={**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric),
-                    "crosses_fabric": case.crosses_fabric},
+            fabric=self._fabric_record(case),
         )
+        return self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
+
+    def measure_bandwidth(self, case: Case) -> BandwidthMeasurement:
+        """Collective bandwidth over ``case``'s nodes and fabric (``case.model`` is ignored)."""
+        case = Case(BANDWIDTH, case.nodes, case.fabric)
+        s = self.settings
+        knobs = json.dumps([self.cluster.name, s.gpus_per_node, s.fabric(case.fabric).settings(), s.device],
+                           sort_keys=True)
+        key = f"{case.id}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
+        record, _ = self.store.get_or_compute(key, lambda: self._launch_bandwidth(case))
+        if "error" in record:
+            raise MeasurementError(record["error"])
+        return BandwidthMeasurement.from_record(record)
+
+    def _launch_bandwidth(self, case: Case) -> dict[str, Any]:
+        run_dir = self._run_dir(case)
+        config = CollectivesConfig(result_path=str(run_dir / "result.json"), device=self.settings.device,
+                                   collective_timeout_s=self.settings.launch_timeout_s,
+                                   fabric=self._fabric_record(case))
+        return self._run(case, "pytest_fabric.workload.collectives", config, run_dir, None)
+
+    def _run_dir(self, case: Case) -> Path:
+        run_dir = self.workdir / f"{case.id}-{time.strftime('%H%M%S')}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+
+    def _fabric_record(self, case: Case) -> dict[str, Any]:
+        fabric = self.settings.fabric(case.fabric)
+        return {**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric), "crosses_fabric": case.crosses_fabric}
+
+    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None) -> dict[str, Any]:
+        """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error."""
+        s = self.settings
+        fabric = s.fabric(case.fabric)
         config.dump(run_dir / "config.json")
         request = LaunchRequest(
             nodes=case.nodes,
             procs_per_node=s.gpus_per_node,
             fabric=fabric,
-            program=["-m", "pytest_fabric.workload.train", "--config", str(run_dir / "config.json")],
+            program=["-m", module, "--config", str(run_dir / "config.json")],
             workdir=run_dir,
             deadline_s=s.launch_timeout_s,
             job_id=re.sub(r"[^A-Za-z0-9]", "", case.id)[:40] + str(int(time.time())),
@@ -209,7 +280,8 @@ class Measurer:
                 return {"case": asdict(case),
                         "error": f"{case.id}: pre-flight failed on {platform.node()}: " + "; ".join(problems)}
         self.launched.append(case)
-        outcome = self.cluster.launch(request, on_tick=self._ticker(case, Path(config.progress_path)))
+        ticker = self._ticker(case, progress_file) if progress_file else None
+        outcome = self.cluster.launch(request, on_tick=ticker)
         if not outcome.ok:
             return {"case": asdict(case), "error": f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}"}
         try:

@@ -20,9 +20,9 @@ from . import options as fabric_options
 from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .cluster.local import LocalCluster
 from .matrix import expand
-from .measure import Case, Measurement, MeasurementError, Measurer
+from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement, MeasurementError, Measurer
 from .references import References
-from .report import SECTION, add_to_junit, summary_tables, testcase_text
+from .report import SECTION, add_to_junit, bandwidth_table, summary_tables, testcase_text
 from .store import ResultStore
 
 
@@ -66,7 +66,7 @@ class FabricSession:
         """Every measurement of the session, one per (model, nodes, fabric) in the tested fabrics."""
         out = []
         for record in self.store.all().values():
-            if "error" in record:
+            if "error" in record or record["case"]["model"] == BANDWIDTH:
                 continue
             case = Case(**record["case"])
             fabrics = [case.fabric] if case.crosses_fabric else self.options.fabrics
@@ -74,8 +74,13 @@ class FabricSession:
         return out
 
 
+    def recorded_bandwidth(self) -> list[BandwidthMeasurement]:
+        return [BandwidthMeasurement.from_record(r) for r in self.store.all().values()
+                if "error" not in r and r["case"]["model"] == BANDWIDTH]
+
+
 SESSION_KEY = pytest.StashKey[FabricSession]()
-MEASURED_KEY = pytest.StashKey[list[Measurement]]()
+MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
 REPORTER_NAME = "fabric-reporter"
 
 
@@ -177,6 +182,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 # -- parametrization -------------------------------------------------------------------------
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "fabric_link" in metafunc.fixturenames:
+        # Collective bandwidth needs two nodes at least: one node never touches the fabric.
+        session = metafunc.config.stash[SESSION_KEY]
+        links = expand([BANDWIDTH], session.nodes, session.options.fabrics, min_nodes=2)
+        metafunc.parametrize("fabric_link", links, ids=[c.id for c in links])
     if "fabric_case" not in metafunc.fixturenames:
         return
     session = metafunc.config.stash[SESSION_KEY]
@@ -229,10 +239,25 @@ class MeasureFixture:
         self._item.stash.setdefault(MEASURED_KEY, []).append(m)
         return m
 
+    def bandwidth(self, case: Case) -> BandwidthMeasurement:
+        """Collective bandwidth over ``case``'s nodes and fabric (all_reduce, all_gather, reduce_scatter)."""
+        try:
+            m = self._session.measurer().measure_bandwidth(case)
+        except MeasurementError as exc:
+            pytest.fail(f"measurement failed: {exc}", pytrace=False)
+        self._item.stash.setdefault(MEASURED_KEY, []).append(m)
+        return m
+
 
 @pytest.fixture
 def fabric_measure(fabric_session: FabricSession, request: pytest.FixtureRequest) -> MeasureFixture:
     return MeasureFixture(fabric_session, request.node)
+
+
+@pytest.fixture
+def fabric_link(request: pytest.FixtureRequest) -> Case:
+    """One (nodes, fabric) for collective bandwidth; parametrized by ``pytest_generate_tests``."""
+    return request.param
 
 
 @pytest.fixture
@@ -308,10 +333,13 @@ class FabricReporter:
             return
         measured = fabric.recorded()
         errors = [r["error"].splitlines()[0] for r in fabric.store.all().values() if "error" in r]
-        if not measured and not errors:
+        bandwidth = fabric.recorded_bandwidth()
+        if not measured and not errors and not bandwidth:
             return
         terminalreporter.write_sep("=", "fabric throughput (tokens/s)")
         for line in summary_tables(measured, fabric.options.fabrics):
+            terminalreporter.write_line(line)
+        for line in bandwidth_table(bandwidth):
             terminalreporter.write_line(line)
         for line in errors:
             terminalreporter.write_line(f"failed launch: {line}")

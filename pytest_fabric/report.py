@@ -14,16 +14,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .fabrics import REFERENCE_FABRIC
-from .measure import Measurement
+from .measure import BandwidthMeasurement, Measurement
 
 SECTION = "pytest-fabric measurements"
 
 
-def testcase_text(measurements: Sequence[Measurement]) -> str:
+def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement]) -> str:
     """Human lines first (what a person reads on a dashboard), then name=value lines (for scripts)."""
     lines = [m.summary() for m in measurements]
-    by_fabric = {(m.case.model, m.case.nodes, m.case.fabric): m for m in measurements}
-    for m in measurements:
+    training = [m for m in measurements if isinstance(m, Measurement)]
+    by_fabric = {(m.case.model, m.case.nodes, m.case.fabric): m for m in training}
+    for m in training:
         ref = by_fabric.get((m.case.model, m.case.nodes, REFERENCE_FABRIC))
         if ref is not None and m is not ref:
             r = m.tokens_per_s / ref.tokens_per_s
@@ -31,7 +32,8 @@ def testcase_text(measurements: Sequence[Measurement]) -> str:
                          f"{r:.3f} ({(r - 1) * 100:+.1f}%)")
     if measurements:
         first = measurements[0].result
-        lines.append(f"ran with: {first.get('cluster', measurements[0].cluster)}; attention {first.get('attention')}; "
+        attention = f"; attention {first['attention']}" if "attention" in first else ""
+        lines.append(f"ran with: {first.get('cluster', measurements[0].cluster)}{attention}; "
                      + ", ".join(f"{k} {v}" for k, v in first.get("versions", {}).items() if v))
     lines.append("")
     for m in measurements:
@@ -72,6 +74,23 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
         for r in [header, *body]:
             out.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
     return out
+
+
+def bandwidth_table(measurements: Iterable[BandwidthMeasurement]) -> list[str]:
+    """Per nodes x fabric: busbw (Gbit/s) of each collective at its largest payload, and the link rate."""
+    ms = sorted(measurements, key=lambda m: (m.case.nodes, m.case.fabric))
+    if not ms:
+        return []
+    ops = sorted({r["op"] for m in ms for r in m.rows})
+    header = ["nodes", "fabric", "link Gbit/s", *(f"{op} busbw" for op in ops), "MiB"]
+    body = []
+    for m in ms:
+        link = m.result.get("fabric", {}).get("emulated_mbit")
+        body.append([str(m.case.nodes), m.case.fabric, f"{link / 1000:g}" if link else "-",
+                     *(f"{m.busbw_gbit(op):.3f}" for op in ops), f"{m.largest(ops[0])['bytes'] / 2**20:g}"])
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    return ["collective bandwidth (Gbit/s, largest payload):",
+            *("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [header, *body])]
 
 
 def _junit_names(nodeid: str, prefix: str | None) -> tuple[str, str]:

@@ -34,3 +34,22 @@ class TrainConfig:
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:
         return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclass
+class CollectivesConfig:
+    result_path: str
+    ops: list[str] = field(default_factory=lambda: ["all_reduce", "all_gather", "reduce_scatter"])
+    sizes: list[int] = field(default_factory=lambda: [1 << k for k in range(12, 25, 2)])  # 4 KiB .. 16 MiB
+    iters: int = 5
+    warmup_iters: int = 2
+    device: str = "auto"
+    collective_timeout_s: float = 300.0
+    fabric: dict[str, Any] = field(default_factory=dict)
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CollectivesConfig:
+        return cls(**json.loads(Path(path).read_text()))

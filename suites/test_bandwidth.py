@@ -1,0 +1,34 @@
+"""Collective bandwidth per fabric, nccl-tests semantics: busbw of the largest payload.
+
+On the emulated cluster each link's rate is known exactly, so busbw must reach 85% of it: less means
+the harness, not the link, is the bottleneck (or the link is not shaped as configured). On a real
+cluster give the nominal per-node rate in the --fabric-suite file or skip that gate. The ratio gate
+is the bandwidth counterpart of the advantage suite: the fast fabric must really be faster.
+"""
+
+import pytest
+
+from pytest_fabric import REFERENCE_FABRIC
+from pytest_fabric.gates import assert_ahead, assert_at_least, busbw
+
+# gloo's all_gather and reduce_scatter are not bandwidth-optimal algorithms (reduce_scatter moves
+# the whole buffer), so on CPU only all_reduce is held to the link rate; NCCL's are all optimal.
+LINK_GATED_OPS = {"gloo": ["all_reduce"], "nccl": ["all_reduce", "all_gather", "reduce_scatter"]}
+
+
+def test_busbw_reaches_the_link_rate(fabric_link, fabric_measure, fabric_cluster):
+    if not fabric_cluster.realizes_fabrics:
+        pytest.skip(f"the {fabric_cluster.name} cluster has no known link rate to compare with")
+    bw = fabric_measure.bandwidth(fabric_link)
+    link_gbit = bw.result["fabric"]["emulated_mbit"] / 1000
+    for op in LINK_GATED_OPS[bw.result["backend"]]:
+        assert_at_least(busbw(bw, op), 0.85 * link_gbit, f"{op} busbw >= 85% of the {link_gbit:g} Gbit/s link")
+
+
+@pytest.mark.fabric_comparison
+def test_reference_fabric_has_more_bandwidth(fabric_link, fabric_measure):
+    if fabric_link.fabric == REFERENCE_FABRIC:
+        pytest.skip(f"{REFERENCE_FABRIC} is the reference")
+    reference = fabric_measure.bandwidth(fabric_link.with_fabric(REFERENCE_FABRIC))
+    candidate = fabric_measure.bandwidth(fabric_link)
+    assert_ahead(busbw(reference), busbw(candidate), by=0.20, unit="Gbit/s busbw")
