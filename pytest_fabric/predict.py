@@ -1,0 +1,455 @@
+"""Prediction: what the fabric should cost a configuration, before (or instead of) measuring it.
+
+A comparison is only worth running, and a gate only worth its threshold, if the configuration can
+show the fabric at all. This module is the analytical model that says which: from the model's
+size and FLOPs, the shape of the job, the compute throughput a GPU (or CPU rank) achieves and the
+link rates, it predicts the step time, what bounds it, and how much slower a slower fabric makes it.
+
+The model (CONTEXT.md, "Why the fabric sometimes does not matter"):
+
+- FSDP full-shard moves (n-1)/n x N x (2 b_param + b_grad) bytes per rank per step: an
+  all-gather of the parameters in forward, another in backward, a reduce-scatter of the gradients.
+- NCCL's ring crosses each node boundary once per channel, so a whole node pushes about one rank's
+  share across the fabric, spread over its NICs: the usable inter-node bandwidth is one node's
+  aggregate NIC bandwidth. A ring runs at the pace of its slowest edge, so with several GPUs per
+  node the collective takes max(fabric time, intra-node time).
+- FSDP prefetches the next layer's all-gather while the current layer computes, so per layer the
+  step pays max(compute, transfer). What cannot overlap is the first all-gather (before any
+  compute) and the last reduce-scatter (after all compute). Going from one node to several adds a
+  fixed coordination overhead on any fabric; it is not a bandwidth effect.
+- Bounds: max(T_compute, T_comm) + exposed <= T_step <= T_compute + T_comm + exposed (plus the
+  overhead on both sides), where T_comm is the traffic that can overlap.
+
+Plain standard library; no torch: the plugin predicts while collecting tests, long before any launch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .models import ModelSpec
+
+__all__ = [
+    "BYTES_PER_DTYPE",
+    "Calibration",
+    "Observation",
+    "Penalty",
+    "Prediction",
+    "break_even_premium",
+    "break_even_price",
+    "bytes_per_param",
+    "calibrate",
+    "cost_per_million_tokens",
+    "fsdp_bytes_per_rank",
+    "predict_penalty",
+    "predict_step",
+]
+
+BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+# Fraction of the line rate a large collective reaches: nccl-tests show ~80-90 Gb/s busbw on a
+# healthy 100 GbE link and ~180-190 Gb/s on HDR IB; gloo reached ~88% of a tbf-shaped link here.
+DEFAULT_LINK_EFFICIENCY = 0.9
+
+# Traffic / compute below which a step is compute-bound (the traffic hides behind compute with
+# room to spare), and above which it is communication-bound (no overlap can hide it).
+COMPUTE_BOUND_BELOW = 0.5
+COMMUNICATION_BOUND_ABOVE = 1.0
+
+# A predicted slowdown smaller than this is within launch-to-launch noise: no gate can see it.
+DEFAULT_RESOLUTION = 0.02
+
+
+def bytes_per_param(dtype: str) -> int:
+    try:
+        return BYTES_PER_DTYPE[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(BYTES_PER_DTYPE)}") from None
+
+
+def fsdp_bytes_per_rank(params: float, world: int, param_bytes: float = 2, grad_bytes: float = 2,
+                        root_params: float = 0) -> float:
+    """Bytes one rank sends (and receives) per step under FSDP full-shard.
+
+    (n-1)/n x N x (2 b_param + b_grad): parameters gathered in forward and again in backward,
+    gradients reduce-scattered once. Zero on a single rank. ``root_params`` of the ``params``
+    belong to a unit that stays gathered from forward through backward (FSDP2 does not reshard the
+    root module after forward: the embeddings and head) and are gathered once:
+    (n-1)/n x (N_root (b_param + b_grad) + (N - N_root)(2 b_param + b_grad)).
+    """
+    if world < 1:
+        raise ValueError(f"world size must be at least 1, got {world}")
+    if not 0 <= root_params <= params:
+        raise ValueError(f"root_params must be between 0 and params, got {root_params}")
+    share = (world - 1) / world
+    return share * ((params - root_params) * (2 * param_bytes + grad_bytes) + root_params * (param_bytes + grad_bytes))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_s: float
+    compute_s: float
+    # Traffic that can overlap with compute (prefetched all-gathers, reduce-scatters behind the
+    # next layer's backward).
+    comm_s: float
+    # Traffic that cannot: the first all-gather and the last reduce-scatter.
+    exposed_s: float
+    overhead_s: float
+    tokens_per_s: float
+    bound: str  # "compute", "communication" or "balanced"
+    lower_s: float
+    upper_s: float
+    world: int = 1
+    # What the timing assumes each rank moves: the root unit (embeddings, head) gathered once.
+    bytes_per_rank: float = 0.0
+
+    @property
+    def traffic_s(self) -> float:
+        """All transfer time, overlappable or not."""
+        return self.comm_s + self.exposed_s
+
+    @property
+    def traffic_ratio(self) -> float:
+        """Transfer time over compute time: << 1 hides behind compute, > 1 cannot."""
+        return self.traffic_s / self.compute_s if self.compute_s > 0 else math.inf
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.world
+
+    def summary(self) -> str:
+        return (f"{self.tokens_per_s:.1f} tokens/s, step {self.step_s * 1000:.1f} ms = compute "
+                f"{self.compute_s * 1000:.1f} ms, transfer {self.traffic_s * 1000:.1f} ms "
+                f"({self.exposed_s * 1000:.1f} exposed), overhead {self.overhead_s * 1000:.1f} ms: "
+                f"{self.bound}-bound")
+
+
+def _bound(traffic_s: float, compute_s: float) -> str:
+    if compute_s <= 0:
+        return "communication" if traffic_s > 0 else "compute"
+    r = traffic_s / compute_s
+    if r < COMPUTE_BOUND_BELOW:
+        return "compute"
+    if r > COMMUNICATION_BOUND_ABOVE:
+        return "communication"
+    return "balanced"
+
+
+def predict_step(
+    spec: ModelSpec,
+    nodes: int,
+    gpus_per_node: int = 1,
+    batch: int | None = None,
+    seq: int | None = None,
+    *,
+    flops_per_s: float,
+    inter_gbit: float | None = None,
+    intra_gbit: float | None = None,
+    dtype: str = "bf16",
+    param_bytes: float | None = None,
+    grad_bytes: float | None = None,
+    link_efficiency: float = DEFAULT_LINK_EFFICIENCY,
+    overhead_s: float = 0.0,
+    activation_checkpointing: bool = False,
+) -> Prediction:
+    """Predicted FSDP full-shard step of ``spec`` on ``nodes`` x ``gpus_per_node`` ranks.
+
+    ``batch`` x ``seq`` tokens per rank per step (default: the model's own shape).
+    ``flops_per_s``: the compute throughput one rank achieves (not the datasheet peak).
+    ``inter_gbit``: one node's aggregate NIC rate in Gbit/s (the fabric; required with > 1 node).
+    ``intra_gbit``: per-GPU intra-node rate in Gbit/s (NVLink; H100 ~3600 per direction); None:
+    never the bottleneck. Both are scaled by ``link_efficiency``. ``dtype`` sets the bytes per
+    parameter and per gradient; ``param_bytes`` / ``grad_bytes`` override them (bf16 parameters
+    with fp32 gradient reduction: 2 and 4). ``overhead_s`` is added per step once the job spans
+    more than one node. Activation checkpointing recomputes the forward: 8N instead of 6N.
+    """
+    if nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"nodes and gpus_per_node must be at least 1, got {nodes} and {gpus_per_node}")
+    if flops_per_s <= 0:
+        raise ValueError(f"flops_per_s must be positive, got {flops_per_s}")
+    if nodes > 1 and not (inter_gbit and inter_gbit > 0):
+        raise ValueError(f"{nodes} nodes need a positive inter-node rate inter_gbit, got {inter_gbit}")
+    if not 0 < link_efficiency <= 1:
+        raise ValueError(f"link_efficiency must be in (0, 1], got {link_efficiency}")
+    batch = batch or spec.batch_size
+    seq = seq or spec.seq_len
+    pb = bytes_per_param(dtype) if param_bytes is None else param_bytes
+    gb = bytes_per_param(dtype) if grad_bytes is None else grad_bytes
+    world = nodes * gpus_per_node
+    layers = spec.layers
+    total, non_embedding = spec.param_count()
+    layer_params = non_embedding / layers
+    root_params = total - non_embedding  # embeddings and head: the root FSDP unit
+
+    # Seconds per byte of a collective's per-rank share: the ring's slowest edge sets the pace.
+    rates = []
+    if nodes > 1:
+        rates.append(inter_gbit * 1e9 / 8 * link_efficiency)
+    if gpus_per_node > 1 and intra_gbit:
+        rates.append(intra_gbit * 1e9 / 8 * link_efficiency)
+    spb = 1.0 / min(rates) if rates else 0.0
+    share = (world - 1) / world
+
+    def gather(params: float) -> float:
+        return share * params * pb * spb
+
+    def scatter(params: float) -> float:
+        return share * params * gb * spb
+
+    tokens = batch * seq
+    flops = tokens * spec.flops_per_token(seq)
+    if activation_checkpointing:
+        flops *= 8.0 / 6.0
+    compute_s = flops / flops_per_s
+    compute_l = compute_s / layers
+    a_l, r_l = gather(layer_params), scatter(layer_params)
+    # Exposed: the root unit's and the first layer's all-gather before any compute, the first
+    # layer's and the root's reduce-scatter after all of it (the root stays gathered through
+    # backward, so it is gathered once).
+    exposed_s = gather(root_params) + a_l + r_l + scatter(root_params)
+    # Overlappable, per layer: layer 0 keeps only its backward re-gather, every other layer its
+    # forward gather, backward re-gather and gradient reduce-scatter.
+    comm_layers = [a_l] + [2 * a_l + r_l] * (layers - 1)
+    comm_s = sum(comm_layers)
+    overlapped_s = sum(max(compute_l, m) for m in comm_layers)
+    overhead = overhead_s if nodes > 1 else 0.0
+    step_s = overlapped_s + exposed_s + overhead
+    return Prediction(
+        step_s=step_s,
+        compute_s=compute_s,
+        comm_s=comm_s,
+        exposed_s=exposed_s,
+        overhead_s=overhead,
+        tokens_per_s=world * tokens / step_s,
+        bound=_bound(comm_s + exposed_s, compute_s),
+        lower_s=max(compute_s, comm_s) + exposed_s + overhead,
+        upper_s=compute_s + comm_s + exposed_s + overhead,
+        world=world,
+        bytes_per_rank=fsdp_bytes_per_rank(total, world, pb, gb, root_params=root_params),
+    )
+
+
+@dataclass(frozen=True)
+class Penalty:
+    """What the slow fabric is predicted to cost against the fast one, for one configuration."""
+
+    ratio: float  # slow tokens/s / fast tokens/s (1.0: no difference)
+    label: str  # "single-node", "compute-bound", "balanced" or "communication-bound"
+    message: str
+    fast: Prediction
+    slow: Prediction
+    # False where the predicted gap is below launch-to-launch noise: no gate can see the fabric.
+    distinguishable: bool
+
+    @property
+    def slowdown(self) -> float:
+        """Fraction of tokens/s the slow fabric loses (0.25: 25% fewer tokens/s)."""
+        return 1.0 - self.ratio
+
+    @property
+    def advantage(self) -> float:
+        """How much faster the fast fabric is (fast/slow - 1), the quantity ``assert_ahead`` gates."""
+        return 1.0 / self.ratio - 1.0
+
+
+def predict_penalty(
+    spec: ModelSpec,
+    nodes: int,
+    gpus_per_node: int = 1,
+    batch: int | None = None,
+    seq: int | None = None,
+    *,
+    flops_per_s: float,
+    fast_gbit: float,
+    slow_gbit: float,
+    resolution: float = DEFAULT_RESOLUTION,
+    **options,
+) -> Penalty:
+    """Predicted slow/fast tokens/s ratio and what it means for a gate.
+
+    ``resolution``: the smallest slowdown launch-to-launch noise lets a gate see. A configuration
+    whose predicted slowdown is below it is labelled compute-bound (or single-node): a comparison
+    there "cannot tell the fabrics apart", so it can only check that the slow fabric keeps up
+    (``assert_within``), never that the fast one is worth having (``assert_ahead``). Other
+    ``options`` go to ``predict_step`` for both fabrics.
+    """
+    fast = predict_step(spec, nodes, gpus_per_node, batch, seq, flops_per_s=flops_per_s,
+                        inter_gbit=fast_gbit, **options)
+    slow = predict_step(spec, nodes, gpus_per_node, batch, seq, flops_per_s=flops_per_s,
+                        inter_gbit=slow_gbit, **options)
+    ratio = slow.tokens_per_s / fast.tokens_per_s
+    slowdown = 1.0 - ratio
+    name = spec.name
+    if nodes == 1:
+        label = "single-node"
+        message = f"{name} on one node: no traffic crosses the fabric; cannot tell the fabrics apart"
+    elif slowdown < resolution:
+        label = "compute-bound"
+        message = (f"{name} on {nodes} nodes is compute-bound (slow-fabric transfer "
+                   f"{slow.traffic_ratio * 100:.1f}% of compute): predicted slowdown {slowdown * 100:.1f}% "
+                   f"< {resolution * 100:g}% noise; cannot tell the fabrics apart")
+    else:
+        label = "communication-bound" if slow.bound == "communication" else "balanced"
+        message = (f"{name} on {nodes} nodes is {label} on the slow fabric (transfer "
+                   f"{slow.traffic_ratio:.2f}x compute): predicted {slowdown * 100:.1f}% fewer tokens/s "
+                   f"(fast fabric {(1 / ratio - 1) * 100:.1f}% ahead)")
+    return Penalty(ratio, label, message, fast, slow, distinguishable=label in ("balanced", "communication-bound"))
+
+
+# --------------------------------------------------------------------------------------------
+# Calibration against measurements on the emulated cluster (link rates known)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured configuration: what ran and its median step time."""
+
+    spec: ModelSpec
+    nodes: int
+    step_s: float
+    inter_gbit: float | None = None  # the link rate it ran on (emulated: fabric.emulated_mbit / 1000)
+    gpus_per_node: int = 1
+    batch: int | None = None
+    seq: int | None = None
+    intra_gbit: float | None = None
+    dtype: str = "bf16"
+    param_bytes: float | None = None
+    grad_bytes: float | None = None
+    activation_checkpointing: bool = False
+
+    def predict(self, flops_per_s: float, overhead_s: float, link_efficiency: float) -> Prediction:
+        return predict_step(
+            self.spec, self.nodes, self.gpus_per_node, self.batch, self.seq, flops_per_s=flops_per_s,
+            inter_gbit=self.inter_gbit, intra_gbit=self.intra_gbit, dtype=self.dtype,
+            param_bytes=self.param_bytes, grad_bytes=self.grad_bytes, link_efficiency=link_efficiency,
+            overhead_s=overhead_s, activation_checkpointing=self.activation_checkpointing)
+
+    def flops(self) -> float:
+        """FLOPs one rank computes per step."""
+        seq = self.seq or self.spec.seq_len
+        f = (self.batch or self.spec.batch_size) * seq * self.spec.flops_per_token(seq)
+        return f * (8.0 / 6.0 if self.activation_checkpointing else 1.0)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    flops_per_s: float
+    overhead_s: float
+    link_efficiency: float
+    observations: tuple[Observation, ...]
+    # (predicted - measured) / measured, one per observation, in order.
+    errors: tuple[float, ...]
+
+    @property
+    def max_abs_error(self) -> float:
+        return max(abs(e) for e in self.errors)
+
+    @property
+    def rms_error(self) -> float:
+        return math.sqrt(sum(e * e for e in self.errors) / len(self.errors))
+
+    def predict(self, spec: ModelSpec, nodes: int, gpus_per_node: int = 1, batch: int | None = None,
+                seq: int | None = None, **options) -> Prediction:
+        """``predict_step`` with the fitted throughput, overhead and link efficiency."""
+        options.setdefault("link_efficiency", self.link_efficiency)
+        options.setdefault("overhead_s", self.overhead_s)
+        return predict_step(spec, nodes, gpus_per_node, batch, seq, flops_per_s=self.flops_per_s, **options)
+
+
+def calibrate(
+    observations: Sequence[Observation],
+    link_efficiency: float = DEFAULT_LINK_EFFICIENCY,
+    grid: int = 240,
+) -> Calibration:
+    """Fit the per-rank compute throughput and the multi-node overhead to measured step times.
+
+    The link rates are known (the emulated cluster shapes them), so two parameters remain: the
+    FLOP/s a rank achieves and the fixed per-step overhead of spanning nodes. Single-node
+    observations pin the throughput (their step is compute); multi-node ones the overhead (what
+    the bandwidth model leaves unexplained). The fit minimizes the squared relative errors: for
+    each candidate throughput the best overhead has a closed form (a weighted mean of the
+    multi-node residuals, never negative), and the throughput is found by a log-spaced scan and a
+    golden-section refinement. Returns the fitted values and each observation's relative error,
+    which is the measure of how far the model can be trusted on this machine.
+    """
+    obs = tuple(observations)
+    if not obs:
+        raise ValueError("calibration needs at least one observation")
+    for o in obs:
+        if not o.step_s > 0:
+            raise ValueError(f"observation of {o.spec.name} on {o.nodes} node(s) has step_s {o.step_s}")
+    measured = [o.step_s for o in obs]
+    multi = [i for i, o in enumerate(obs) if o.nodes > 1]
+
+    def fit_overhead(theta: float) -> tuple[float, list[float]]:
+        base = [o.predict(theta, 0.0, link_efficiency).step_s for o in obs]
+        if not multi:
+            return 0.0, base
+        num = sum((measured[i] - base[i]) / measured[i] ** 2 for i in multi)
+        den = sum(1.0 / measured[i] ** 2 for i in multi)
+        return max(0.0, num / den), base
+
+    def loss(log_theta: float) -> float:
+        overhead, base = fit_overhead(math.exp(log_theta))
+        return sum(((base[i] + (overhead if obs[i].nodes > 1 else 0.0) - m) / m) ** 2
+                   for i, m in enumerate(measured))
+
+    # Every step is at least its compute, so theta >= flops / step for each observation; the
+    # largest of those is a lower end, and no CPU or GPU is 1e4 times faster than its slowest step.
+    theta_min = max(o.flops() / o.step_s for o in obs) * 0.5
+    lo, hi = math.log(theta_min), math.log(theta_min * 1e4)
+    xs = [lo + (hi - lo) * k / (grid - 1) for k in range(grid)]
+    losses = [loss(x) for x in xs]
+    best = min(range(grid), key=losses.__getitem__)
+    a, b = xs[max(best - 1, 0)], xs[min(best + 1, grid - 1)]
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = loss(c), loss(d)
+    for _ in range(60):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = loss(d)
+    x = (a + b) / 2
+    if losses[best] < loss(x):
+        x = xs[best]
+    theta = math.exp(x)
+    overhead, _ = fit_overhead(theta)
+    errors = tuple((o.predict(theta, overhead, link_efficiency).step_s - o.step_s) / o.step_s for o in obs)
+    return Calibration(theta, overhead, link_efficiency, obs, errors)
+
+
+# --------------------------------------------------------------------------------------------
+# Cost
+# --------------------------------------------------------------------------------------------
+
+
+def cost_per_million_tokens(tokens_per_s: float, gpus: int, price_per_gpu_hour: float) -> float:
+    """Price of one million tokens: GPU-hours per million tokens x price per GPU-hour."""
+    if tokens_per_s <= 0 or gpus < 1:
+        raise ValueError(f"tokens_per_s must be positive and gpus at least 1, got {tokens_per_s} and {gpus}")
+    return gpus * price_per_gpu_hour / 3600.0 * 1e6 / tokens_per_s
+
+
+def break_even_premium(fast_tps: float, slow_tps: float) -> float:
+    """Relative per-GPU-hour premium at which the fast fabric costs the same per token (same GPUs).
+
+    Per token the cost is price / tokens_per_s, so parity is price_fast / price_slow =
+    fast_tps / slow_tps: 0.25 means the fast fabric is worth up to 25% more per GPU-hour. Negative
+    when the "fast" fabric is in fact slower.
+    """
+    if fast_tps <= 0 or slow_tps <= 0:
+        raise ValueError(f"throughputs must be positive, got {fast_tps} and {slow_tps}")
+    return fast_tps / slow_tps - 1.0
+
+
+def break_even_price(fast_tps: float, slow_tps: float, slow_price_per_gpu_hour: float) -> float:
+    """The fast fabric's per-GPU-hour price at which both fabrics cost the same per token."""
+    return slow_price_per_gpu_hour * (1.0 + break_even_premium(fast_tps, slow_tps))

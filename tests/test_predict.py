@@ -1,0 +1,206 @@
+"""The analytical model: bytes, bounds, labels, calibration and cost, against hand computation."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from pytest_fabric.models import ModelSpec, get_model
+from pytest_fabric.predict import (
+    Observation,
+    break_even_premium,
+    break_even_price,
+    bytes_per_param,
+    calibrate,
+    cost_per_million_tokens,
+    fsdp_bytes_per_rank,
+    predict_penalty,
+    predict_step,
+)
+
+# A Llama small enough to count by hand: hidden 8, MLP 16, 2 layers, 2 heads of 4, 1 KV head,
+# vocabulary 10, untied.
+#   per layer: q 8*8 + kv 2*8*4 + o 8*8 + MLP 3*8*16 + 2 norms of 8 = 64+64+64+384+16 = 592
+#   non-embedding: 2*592 + final norm 8 = 1192; embeddings + head: 2*10*8 = 160; total 1352
+HAND = ModelSpec("hand", "llama", {
+    "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "vocab_size": 10, "tie_word_embeddings": False,
+}, "hand-countable", batch_size=1, seq_len=4)
+
+CPU_FLOPS = 2e10  # what a CPU rank of the emulated cluster achieves, roughly
+
+
+class TestBytes:
+    def test_hand_model_counts(self):
+        assert HAND.param_count() == (1352, 1192)
+
+    def test_headline_formula(self):
+        # (n-1)/n x N x (2 b_param + b_grad), 2 nodes x 2 GPUs.
+        assert fsdp_bytes_per_rank(1352, 4, 2, 2) == pytest.approx(0.75 * 1352 * 6)  # 6084
+        assert fsdp_bytes_per_rank(1352, 4, 4, 4) == pytest.approx(0.75 * 1352 * 12)  # fp32: 12168
+        assert fsdp_bytes_per_rank(1352, 1) == 0
+
+    def test_seven_b_moves_about_six_n_bytes(self):
+        total, _ = get_model("qwen2.5-7b").param_count()
+        assert fsdp_bytes_per_rank(total, 16) == pytest.approx(15 / 16 * 6 * total)
+        assert fsdp_bytes_per_rank(total, 16) / 1e9 == pytest.approx(42.9, abs=0.2)
+
+    def test_prediction_moves_the_root_once_and_times_it_at_the_node_rate(self):
+        p = predict_step(HAND, nodes=2, gpus_per_node=2, flops_per_s=1e9, inter_gbit=1.0,
+                         link_efficiency=1.0)
+        # Embeddings and head stay gathered through backward: 0.75 x (1192 x 6 + 160 x 4) = 5844.
+        assert p.bytes_per_rank == pytest.approx(5844)
+        # One node's NIC carries one rank's share: 5844 bytes at 1 Gbit/s.
+        assert p.traffic_s == pytest.approx(5844 / 1.25e8)
+        assert p.world == 4
+
+    def test_dtype_bytes(self):
+        assert bytes_per_param("bf16") == 2 and bytes_per_param("fp32") == 4
+        fp32 = predict_step(HAND, 2, flops_per_s=1e9, inter_gbit=1.0, dtype="fp32")
+        bf16 = predict_step(HAND, 2, flops_per_s=1e9, inter_gbit=1.0, dtype="bf16")
+        assert fp32.bytes_per_rank == pytest.approx(2 * bf16.bytes_per_rank)
+        with pytest.raises(ValueError):
+            bytes_per_param("int3")
+
+
+class TestStep:
+    def test_compute_time_from_flops(self):
+        p = predict_step(HAND, nodes=1, flops_per_s=1e6)
+        assert p.compute_s == pytest.approx(1 * 4 * HAND.flops_per_token(4) / 1e6)
+        assert p.step_s == pytest.approx(p.compute_s)
+        assert p.traffic_s == 0 and p.tokens_per_s == pytest.approx(4 / p.step_s)
+
+    @pytest.mark.parametrize(("model", "nodes", "gbit"), itertools.product(
+        ["qwen2-tiny", "llama-wide", "qwen2.5-7b", "llama-3.1-70b"], [1, 2, 4, 8], [0.1, 0.4, 4.0, 100.0, 3200.0]))
+    def test_bounds_hold(self, model, nodes, gbit):
+        p = predict_step(get_model(model), nodes, gpus_per_node=2, flops_per_s=CPU_FLOPS, inter_gbit=gbit,
+                         intra_gbit=1000.0, overhead_s=0.01)
+        assert max(p.compute_s, p.comm_s) + p.exposed_s + p.overhead_s == pytest.approx(p.lower_s)
+        assert p.compute_s + p.comm_s + p.exposed_s + p.overhead_s == pytest.approx(p.upper_s)
+        rounding = 1e-12 * p.upper_s  # per-layer terms summed against whole-step totals
+        assert p.lower_s - rounding <= p.step_s <= p.upper_s + rounding
+
+    def test_overhead_only_across_nodes(self):
+        one = predict_step(HAND, 1, flops_per_s=1e9, overhead_s=0.5)
+        two = predict_step(HAND, 2, flops_per_s=1e9, inter_gbit=1e6, overhead_s=0.5)
+        assert one.overhead_s == 0 and two.overhead_s == 0.5
+        assert two.step_s == pytest.approx(one.step_s + 0.5, rel=1e-3)
+
+    def test_tiny_model_with_many_tokens_is_compute_bound(self):
+        p = predict_step(get_model("qwen2-tiny"), 2, flops_per_s=CPU_FLOPS, inter_gbit=0.4, dtype="fp32")
+        assert p.bound == "compute"
+        assert p.traffic_ratio < 0.01
+
+    def test_wide_model_with_few_tokens_is_communication_bound(self):
+        p = predict_step(get_model("llama-wide"), 2, flops_per_s=CPU_FLOPS, inter_gbit=0.4, dtype="fp32")
+        assert p.bound == "communication"
+        assert p.step_s == pytest.approx(p.traffic_s, rel=0.05)
+
+    def test_needs_a_fabric_rate_across_nodes(self):
+        with pytest.raises(ValueError):
+            predict_step(HAND, 2, flops_per_s=1e9)
+
+
+class TestPenalty:
+    def test_compute_bound_cannot_tell_the_fabrics_apart(self):
+        pen = predict_penalty(get_model("qwen2-tiny"), 2, flops_per_s=CPU_FLOPS, fast_gbit=4.0, slow_gbit=0.4,
+                              dtype="fp32")
+        assert pen.label == "compute-bound"
+        assert not pen.distinguishable
+        assert "cannot tell the fabrics apart" in pen.message
+        assert pen.ratio > 0.98
+
+    def test_communication_bound_shows_the_fabric(self):
+        pen = predict_penalty(get_model("llama-wide"), 2, flops_per_s=CPU_FLOPS, fast_gbit=4.0, slow_gbit=0.4,
+                              dtype="fp32")
+        assert pen.label == "communication-bound"
+        assert pen.distinguishable
+        assert pen.ratio < 0.5 and pen.advantage > 1.0
+
+    def test_one_node_never_shows_the_fabric(self):
+        pen = predict_penalty(get_model("llama-wide"), 1, flops_per_s=CPU_FLOPS, fast_gbit=4.0, slow_gbit=0.4)
+        assert pen.label == "single-node" and pen.ratio == 1.0 and not pen.distinguishable
+
+    @pytest.mark.parametrize("model", ["llama-wide", "qwen2.5-7b"])
+    def test_penalty_grows_as_the_slow_link_slows(self, model):
+        ratios = [predict_penalty(get_model(model), 2, gpus_per_node=8 if model == "qwen2.5-7b" else 1,
+                                  flops_per_s=CPU_FLOPS if model == "llama-wide" else 400e12,
+                                  fast_gbit=3200.0, slow_gbit=slow).ratio
+                  for slow in (1600.0, 400.0, 100.0, 25.0, 5.0)]
+        assert all(a > b for a, b in zip(ratios, ratios[1:]))
+        assert ratios[0] <= 1.0
+
+    def test_seven_b_on_tcp_ethernet_against_infiniband(self):
+        # 8 x 400 Gb/s NDR per node against 100 GbE, H100s at 40% of peak: the slow fabric shows.
+        pen = predict_penalty(get_model("qwen2.5-7b"), 2, 8, 2, 2048, flops_per_s=0.4 * 989e12,
+                              fast_gbit=3200.0, slow_gbit=100.0, intra_gbit=3600.0)
+        assert pen.fast.bound == "compute"
+        assert pen.label == "communication-bound"
+
+
+def synthetic(flops_per_s: float, overhead_s: float, efficiency: float, noise: float = 0.0, seed: int = 0):
+    rng = random.Random(seed)
+    obs = []
+    for model, nodes, gbit in [("qwen2-tiny", 1, None), ("llama-wide", 1, None), ("qwen2-tiny", 2, 4.0),
+                               ("qwen2-tiny", 2, 0.4), ("llama-wide", 2, 4.0), ("llama-wide", 2, 0.4),
+                               ("llama-wide", 4, 2.0), ("qwen2-tiny", 4, 0.2)]:
+        spec = get_model(model)
+        template = Observation(spec, nodes, 1.0, inter_gbit=gbit, dtype="fp32")
+        step = template.predict(flops_per_s, overhead_s, efficiency).step_s * (1 + rng.gauss(0, noise))
+        obs.append(Observation(spec, nodes, step, inter_gbit=gbit, dtype="fp32"))
+    return obs
+
+
+class TestCalibrate:
+    def test_recovers_the_parameters_that_generated_the_measurements(self):
+        cal = calibrate(synthetic(3.0e10, 0.08, 0.88), link_efficiency=0.88)
+        assert cal.flops_per_s == pytest.approx(3.0e10, rel=1e-3)
+        assert cal.overhead_s == pytest.approx(0.08, rel=1e-2)
+        assert cal.max_abs_error < 1e-3
+        assert len(cal.errors) == 8
+
+    def test_noisy_measurements_give_close_parameters_and_small_errors(self):
+        cal = calibrate(synthetic(1.5e10, 0.05, 0.88, noise=0.03, seed=1), link_efficiency=0.88)
+        assert cal.flops_per_s == pytest.approx(1.5e10, rel=0.1)
+        assert cal.overhead_s == pytest.approx(0.05, abs=0.03)
+        assert cal.rms_error < 0.06
+
+    def test_without_multi_node_measurements_the_overhead_is_zero(self):
+        obs = [o for o in synthetic(2e10, 0.1, 0.9) if o.nodes == 1]
+        cal = calibrate(obs)
+        assert cal.overhead_s == 0 and cal.flops_per_s == pytest.approx(2e10, rel=1e-3)
+
+    def test_calibration_predicts(self):
+        cal = calibrate(synthetic(2e10, 0.05, 0.9))
+        p = cal.predict(get_model("llama-wide"), 2, inter_gbit=1.0, dtype="fp32")
+        expected = predict_step(get_model("llama-wide"), 2, flops_per_s=2e10, inter_gbit=1.0, dtype="fp32",
+                                overhead_s=0.05, link_efficiency=0.9)
+        assert p.step_s == pytest.approx(expected.step_s, rel=1e-3)
+
+    def test_needs_observations(self):
+        with pytest.raises(ValueError):
+            calibrate([])
+
+
+class TestCost:
+    def test_dollars_per_million_tokens(self):
+        # 8 GPUs at $2/GPU-hour = $16/hour for 3.6 M tokens.
+        assert cost_per_million_tokens(1000.0, 8, 2.0) == pytest.approx(16 / 3.6)
+
+    def test_break_even(self):
+        assert break_even_premium(1250.0, 1000.0) == pytest.approx(0.25)
+        assert break_even_price(1250.0, 1000.0, 2.0) == pytest.approx(2.5)
+        # At that price both fabrics cost the same per token.
+        assert cost_per_million_tokens(1250.0, 8, 2.5) == pytest.approx(cost_per_million_tokens(1000.0, 8, 2.0))
+
+    def test_a_fabric_that_is_not_faster_is_worth_no_premium(self):
+        assert break_even_premium(1000.0, 1000.0) == 0
+        assert break_even_premium(900.0, 1000.0) < 0
+
+    def test_rejects_nonsense(self):
+        with pytest.raises(ValueError):
+            cost_per_million_tokens(0.0, 8, 2.0)
+        with pytest.raises(ValueError):
+            break_even_premium(1000.0, 0.0)
