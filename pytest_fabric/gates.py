@@ -102,3 +102,40 @@ def assert_ahead(reference: Value, candidate: Value, by: float = 0.20, unit: str
             pytrace=False,
         )
     return r
+
+
+# -- gates on repeated launches ------------------------------------------------------------------
+
+INCONCLUSIVE_POLICIES = ("xfail", "fail", "warn")
+
+
+class InconclusiveWarning(UserWarning):
+    """A comparison whose interval still straddles its threshold after the launch budget."""
+
+
+def judge(result, a_name: str, b_name: str, threshold: float, requirement: str, unit_values: str,
+          inconclusive: str = "xfail") -> str:
+    """Turn an adaptive comparison (``stats.AdaptiveResult`` of a/b) into the test's outcome.
+
+    Pass returns the verdict line (for the report); fail is a pytest failure whose message carries
+    the ratio, its interval, the launches and the threshold; inconclusive follows ``inconclusive``:
+    ``xfail`` (reported, not failing the night), ``fail``, or ``warn`` (passes with a warning).
+    """
+    iv = result.interval
+    line = (f"{a_name}/{b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, {iv.high:.3f}] "
+            f"over {len(result.a)}+{len(result.b)} launches; required >= {threshold:.3f} ({requirement}); "
+            f"{unit_values}")
+    verdict = str(result.verdict)
+    if verdict == "pass":
+        return f"pass: {line}"
+    if verdict == "fail":
+        pytest.fail(f"interval wholly below the threshold: {line}", pytrace=False)
+    message = f"inconclusive after the launch budget: {line}"
+    if inconclusive == "fail":
+        pytest.fail(message, pytrace=False)
+    if inconclusive == "xfail":
+        pytest.xfail(message)
+    import warnings
+
+    warnings.warn(InconclusiveWarning(message), stacklevel=2)
+    return message

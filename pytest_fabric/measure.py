@@ -23,6 +23,7 @@ from . import preflight
 from .cluster import Cluster, LaunchRequest
 from .fabrics import Fabric, get_fabric
 from .models import get_model
+from .stats import launch_value
 from .store import ResultStore
 from .workload.config import CollectivesConfig, TrainConfig
 
@@ -130,11 +131,13 @@ class Measurement:
     def from_record(cls, case: Case, record: dict[str, Any]) -> Measurement:
         r = record["result"]
         measured_for = Case(**record["case"])
+        # One value per launch: the median of its steady window (leading warm-up-like steps dropped).
+        step = launch_value(r["step_s"])
         return cls(
             case=case,
-            tokens_per_s=r["tokens_per_s"],
-            tokens_per_s_per_gpu=r["tokens_per_s_per_gpu"],
-            median_step_s=r["median_step_s"],
+            tokens_per_s=r["tokens_per_step"] / step,
+            tokens_per_s_per_gpu=r["tokens_per_step"] / step / r["world_size"],
+            median_step_s=step,
             step_s=r["step_s"],
             gpus=r["world_size"],
             cluster=record["cluster"],
@@ -208,8 +211,10 @@ class Measurer:
                             fabric_settings, s.workload_knobs()], sort_keys=True)
         return f"{case.model}-n{case.nodes}-{fabric}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
 
-    def measure(self, case: Case) -> Measurement:
-        record, _ = self.store.get_or_compute(self.key(case), lambda: self._launch(case))
+    def measure(self, case: Case, launch: int = 0) -> Measurement:
+        """Launch number ``launch`` (0, 1, ...) of ``case``: each is an independent launch, cached."""
+        key = self.key(case) + (f"@{launch}" if launch else "")
+        record, _ = self.store.get_or_compute(key, lambda: self._launch(case))
         if "error" in record:
             raise MeasurementError(record["error"])
         return Measurement.from_record(case, record)

@@ -35,6 +35,9 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("batch-size", "micro-batch per rank (default: the model's own)", None),
     ("seq-len", "sequence length (default: the model's own)", None),
     ("launch-timeout", "seconds one launch may take before every rank is killed (default 300)", "300"),
+    ("repeats", "launches per side before a comparison is first judged (default 3)", "3"),
+    ("max-repeats", "launches per side a comparison may take while inconclusive (default 6)", "6"),
+    ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
     ("fabric-rate", "emulated link rate override NAME=MBIT, comma-separated (e.g. eth=200)", None),
     ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
@@ -51,7 +54,7 @@ _LINELISTS = [
     ("fabric_define", "user fabrics, one 'NAME: BASE' per line (e.g. 'roce-dc2: roce')"),
     ("fabric_env", "fabric settings, one 'FABRIC.VARIABLE=VALUE' per line (e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1')"),
 ]
-_CHOICES = {"device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32")}
+_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32")}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -143,6 +146,9 @@ class FabricOptions:
     hostfile: str | None
     settings: Settings
     references: References
+    repeats: int = 3
+    max_repeats: int = 6
+    inconclusive: str = "xfail"
 
 
 def parse(config: pytest.Config) -> FabricOptions:
@@ -192,6 +198,11 @@ def parse(config: pytest.Config) -> FabricOptions:
         references = References.load(suite) if suite else References()
     except ReferenceError as exc:
         raise pytest.UsageError(f"--fabric-suite: {exc}") from None
+    repeats = _int(config, "repeats", 1, default=3)
+    max_repeats = _int(config, "max-repeats", 1, default=6)
+    if max_repeats < repeats:
+        raise pytest.UsageError(f"--max-repeats {max_repeats} is below --repeats {repeats}; "
+                                f"give --max-repeats >= --repeats")
     hostfile = _raw(config, "hostfile")
     if hostfile is not None and not Path(hostfile).is_file():
         raise pytest.UsageError(f"--hostfile {hostfile}: no such file; write one host per line")
@@ -203,4 +214,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         hostfile=hostfile,
         settings=settings,
         references=references,
+        repeats=repeats,
+        max_repeats=max_repeats,
+        inconclusive=_choice(config, "inconclusive"),
     )

@@ -23,6 +23,8 @@ from .matrix import expand
 from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement, MeasurementError, Measurer
 from .references import References
 from .report import SECTION, add_to_junit, bandwidth_table, summary_tables, testcase_text
+from .gates import judge
+from .stats import AdaptiveComparison, ahead_gate, within_gate
 from .store import ResultStore
 
 
@@ -81,6 +83,7 @@ class FabricSession:
 
 SESSION_KEY = pytest.StashKey[FabricSession]()
 MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
+VERDICTS_KEY = pytest.StashKey[list[str]]()
 REPORTER_NAME = "fabric-reporter"
 
 
@@ -231,9 +234,9 @@ class MeasureFixture:
         self._session = session
         self._item = item
 
-    def __call__(self, case: Case) -> Measurement:
+    def __call__(self, case: Case, launch: int = 0) -> Measurement:
         try:
-            m = self._session.measurer().measure(case)
+            m = self._session.measurer().measure(case, launch)
         except MeasurementError as exc:
             pytest.fail(f"measurement failed: {exc}", pytrace=False)
         self._item.stash.setdefault(MEASURED_KEY, []).append(m)
@@ -247,6 +250,53 @@ class MeasureFixture:
             pytest.fail(f"measurement failed: {exc}", pytrace=False)
         self._item.stash.setdefault(MEASURED_KEY, []).append(m)
         return m
+
+
+class CompareFixture:
+    """Gates decided on repeated, interleaved launches (reference, candidate, reference, ...).
+
+    ``--repeats`` launches per side first, then one pair more while the ratio's confidence interval
+    straddles the threshold, up to ``--max-repeats``; launches are cached per index, so a reference
+    measured for one comparison serves the next one too.
+    """
+
+    def __init__(self, measure: MeasureFixture, session: FabricSession, item: pytest.Item) -> None:
+        self._measure = measure
+        self._session = session
+        self._item = item
+
+    def within(self, candidate: Case, reference: Case, rel: float = 0.05):
+        """``candidate`` is at most ``rel`` slower than ``reference`` (one-sided)."""
+        return self._compare(candidate, reference, within_gate(rel), f"{candidate.fabric} at most {rel:.0%} slower")
+
+    def ahead(self, reference: Case, candidate: Case, by: float = 0.20):
+        """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
+        return self._compare(reference, candidate, ahead_gate(by), f"{reference.fabric} at least {by:.0%} ahead")
+
+    def _compare(self, a: Case, b: Case, gate: tuple[float, str], requirement: str):
+        o = self._session.options
+        threshold, direction = gate
+        runs: dict[str, list[Measurement]] = {"a": [], "b": []}
+
+        def pair() -> tuple[float, float]:
+            i = len(runs["a"])
+            runs["b"].append(self._measure(b, launch=i))  # b first: interleaved b a b a ...
+            runs["a"].append(self._measure(a, launch=i))
+            return runs["a"][-1].tokens_per_s, runs["b"][-1].tokens_per_s
+
+        result = AdaptiveComparison(threshold, direction, start_pairs=o.repeats, max_pairs=o.max_repeats).run(pair)
+        mean = lambda ms: sum(m.tokens_per_s for m in ms) / len(ms)  # noqa: E731
+        values = (f"mean {a.fabric} {mean(runs['a']):.1f} vs {b.fabric} {mean(runs['b']):.1f} tokens/s "
+                  f"[{a.model}, {a.nodes} node(s)]")
+        line = judge(result, a.fabric, b.fabric, threshold, requirement, values, o.inconclusive)
+        self._item.stash.setdefault(VERDICTS_KEY, []).append(line)
+        return result
+
+
+@pytest.fixture
+def fabric_compare(fabric_measure: MeasureFixture, fabric_session: FabricSession,
+                   request: pytest.FixtureRequest) -> CompareFixture:
+    return CompareFixture(fabric_measure, fabric_session, request.node)
 
 
 @pytest.fixture
@@ -288,7 +338,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             item.user_properties.extend(m.metrics().items())
     report = yield
     if call.when == "call" and measured:
-        report.sections.append((SECTION, testcase_text(measured)))
+        report.sections.append((SECTION, testcase_text(measured, item.stash.get(VERDICTS_KEY, []))))
     return report
 
 

@@ -19,25 +19,41 @@ from .measure import BandwidthMeasurement, Measurement
 SECTION = "pytest-fabric measurements"
 
 
-def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement]) -> str:
-    """Human lines first (what a person reads on a dashboard), then name=value lines (for scripts)."""
-    lines = [m.summary() for m in measurements]
-    training = [m for m in measurements if isinstance(m, Measurement)]
-    by_fabric = {(m.case.model, m.case.nodes, m.case.fabric): m for m in training}
-    for m in training:
-        ref = by_fabric.get((m.case.model, m.case.nodes, REFERENCE_FABRIC))
-        if ref is not None and m is not ref:
-            r = m.tokens_per_s / ref.tokens_per_s
-            lines.append(f"{m.case.fabric}/{REFERENCE_FABRIC} tokens/s ratio ({m.case.model}, {m.case.nodes} nodes): "
-                         f"{r:.3f} ({(r - 1) * 100:+.1f}%)")
+def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], verdicts: Sequence[str] = ()) -> str:
+    """Human lines first (what a person reads on a dashboard), then name=value lines (for scripts).
+
+    A comparison measures each configuration several times: one line per configuration, with the
+    mean over its launches and each launch's figure.
+    """
+    lines = list(verdicts)
+    groups: dict[tuple[str, str], list] = {}
+    for m in measurements:
+        groups.setdefault((type(m).__name__, m.case.id), []).append(m)
+    means: dict[tuple[str, int, str], float] = {}
+    for group in groups.values():
+        first = group[0]
+        if isinstance(first, Measurement) and len(group) > 1:
+            mean = sum(m.tokens_per_s for m in group) / len(group)
+            lines.append(f"{first.case.id}: mean {mean:.1f} tokens/s over {len(group)} launches "
+                         f"({', '.join(f'{m.tokens_per_s:.1f}' for m in group)}), {first.gpus} GPU(s)")
+        else:
+            lines.append(first.summary())
+        if isinstance(first, Measurement):
+            means[(first.case.model, first.case.nodes, first.case.fabric)] = (
+                sum(m.tokens_per_s for m in group) / len(group))
+    for (model, nodes, fabric), value in means.items():
+        ref = means.get((model, nodes, REFERENCE_FABRIC))
+        if ref and fabric != REFERENCE_FABRIC:
+            r = value / ref
+            lines.append(f"{fabric}/{REFERENCE_FABRIC} tokens/s ratio ({model}, {nodes} nodes): {r:.3f} ({(r - 1) * 100:+.1f}%)")
     if measurements:
         first = measurements[0].result
         attention = f"; attention {first['attention']}" if "attention" in first else ""
         lines.append(f"ran with: {first.get('cluster', measurements[0].cluster)}{attention}; "
                      + ", ".join(f"{k} {v}" for k, v in first.get("versions", {}).items() if v))
     lines.append("")
-    for m in measurements:
-        lines.extend(f"{k}={v}" for k, v in m.metrics().items())
+    for group in groups.values():
+        lines.extend(f"{k}={v}" for k, v in group[0].metrics().items())
     return "\n".join(lines)
 
 
