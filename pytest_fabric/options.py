@@ -29,7 +29,10 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("models", f"comma-separated models, from: {', '.join(MODELS)} (default {','.join(DEFAULT_CPU_MODELS)})", None),
     ("cluster", f"how ranks start: {', '.join(CLUSTER_KINDS)} (default auto: slurm inside an allocation, "
                 "ssh with --hostfile, else emulated)", "auto"),
-    ("hostfile", "ssh cluster: file with one host per line", None),
+    ("hostfile", "ssh cluster: file with one host per line ([user@]HOST [slots=N])", None),
+    ("ssh-config", "ssh cluster: ssh_config file passed to ssh -F", None),
+    ("ssh-host-key-checking", "ssh cluster: StrictHostKeyChecking yes|accept-new|no (default accept-new)",
+     "accept-new"),
     ("steps", "measured training steps per launch, after warm-up (default 8)", "8"),
     ("warmup-steps", "warm-up steps per launch, excluded from the figures (default 2)", "2"),
     ("batch-size", "micro-batch per rank (default: the model's own)", None),
@@ -54,7 +57,7 @@ _LINELISTS = [
     ("fabric_define", "user fabrics, one 'NAME: BASE' per line (e.g. 'roce-dc2: roce')"),
     ("fabric_env", "fabric settings, one 'FABRIC.VARIABLE=VALUE' per line (e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1')"),
 ]
-_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32")}
+_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32")}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -144,6 +147,8 @@ class FabricOptions:
     models: tuple[str, ...]
     cluster: str
     hostfile: str | None
+    ssh_config: str | None
+    ssh_host_key_checking: str
     settings: Settings
     references: References
     repeats: int = 3
@@ -212,6 +217,8 @@ def parse(config: pytest.Config) -> FabricOptions:
         models=models or DEFAULT_CPU_MODELS,
         cluster=cluster,
         hostfile=hostfile,
+        ssh_config=_raw(config, "ssh-config"),
+        ssh_host_key_checking=_choice(config, "ssh-host-key-checking"),
         settings=settings,
         references=references,
         repeats=repeats,

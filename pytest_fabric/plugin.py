@@ -47,8 +47,9 @@ class FabricSession:
             try:
                 self.cluster.prepare()
             except ClusterUnavailable as exc:
-                if self.options.cluster != "auto":
-                    raise pytest.UsageError(f"--cluster {self.options.cluster}: {exc}") from None
+                # Only the emulated cluster has a fallback; a Slurm or SSH cluster that cannot run is an error.
+                if self.options.cluster != "auto" or self.cluster.name != "emulated":
+                    raise pytest.UsageError(f"--cluster {self.options.cluster} ({self.cluster.name}): {exc}") from None
                 self.cluster = LocalCluster()
                 self.note = f"emulated cluster unavailable ({exc}); using local processes without link shaping"
             self._prepared = True
@@ -132,7 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "runs over the same links (the local cluster)")
     opts = fabric_options.parse(config)
     try:
-        cluster, note = make_cluster(opts.cluster, opts.hostfile)
+        cluster, note = make_cluster(opts.cluster, opts.hostfile, opts.ssh_config, opts.ssh_host_key_checking)
     except ClusterUnavailable as exc:
         raise pytest.UsageError(f"--cluster {opts.cluster}: {exc}") from None
     nodes = opts.nodes or cluster.default_nodes()

@@ -10,7 +10,8 @@ from .supervisor import LaunchOutcome
 CLUSTER_KINDS = ("auto", "emulated", "local", "slurm", "ssh")
 
 
-def make_cluster(kind: str, hostfile: str | None = None) -> tuple[Cluster, str | None]:
+def make_cluster(kind: str, hostfile: str | None = None, ssh_config: str | None = None,
+                 ssh_host_key_checking: str = "accept-new") -> tuple[Cluster, str | None]:
     """The cluster for ``kind`` and, when ``auto`` had to fall back, why.
 
     ``auto``: Slurm inside an allocation, SSH with a hostfile, else the emulated cluster (local
@@ -22,7 +23,7 @@ def make_cluster(kind: str, hostfile: str | None = None) -> tuple[Cluster, str |
     from .local import LocalCluster
 
     if kind == "auto":
-        if os.environ.get("SLURM_JOB_NODELIST"):
+        if os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_JOB_NODELIST"):
             kind = "slurm"
         elif hostfile:
             kind = "ssh"
@@ -44,7 +45,7 @@ def make_cluster(kind: str, hostfile: str | None = None) -> tuple[Cluster, str |
             raise ClusterUnavailable("the ssh cluster needs --hostfile FILE (one host per line)")
         from .ssh import SshCluster
 
-        return SshCluster(hostfile), None
+        return SshCluster(hostfile, ssh_config=ssh_config, strict_host_key_checking=ssh_host_key_checking), None
     raise ValueError(f"unknown cluster {kind!r}; choose one of {', '.join(CLUSTER_KINDS)}")
 
 

@@ -147,20 +147,64 @@ def _interrupt_on_sigterm():
     return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                # The command name may hold spaces and parentheses: the ppid follows the last ')'.
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants, read from /proc now (before anything is killed).
+
+    Process groups are not enough: torchrun starts its workers in sessions of their own, so a
+    worker that ignores SIGTERM outlives a killpg of the agent's group.
+    """
+    children = _children_map()
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo.extend(children.get(p, []))
+    return tree
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _stop_all(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> list[str]:
-    """Kill what is still running (TERM, then KILL), and reap every process group leader."""
+    """Kill what is still running (TERM, then KILL) with every descendant, and reap the leaders."""
     killed = [spec.name for spec, proc, _ in started if proc.poll() is None]
+    # Even a leader that exited may have left children behind (torchrun workers).
+    trees = [pid for _, proc, _ in started for pid in process_tree(proc.pid)]
     for _, proc, _ in started:
-        # Even a leader that exited may have left children in its group (torchrun workers).
         _kill_group(proc, signal.SIGTERM)
+    _signal_all(trees, signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE_S
     for _, proc, _ in started:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
+    # Anything the TERM made fork in the meantime is in the tree now.
+    trees += [pid for _, proc, _ in started if proc.poll() is None for pid in process_tree(proc.pid)]
     for _, proc, _ in started:
         _kill_group(proc, signal.SIGKILL)
+    _signal_all(trees, signal.SIGKILL)
+    for _, proc, _ in started:
         try:
             proc.wait(timeout=TERM_GRACE_S)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,323 @@
+"""The SSH cluster: one ``torchrun`` per host of a hostfile, each started over ``ssh``.
+
+A hostfile names one host per line, optionally with how many processes (GPUs) it runs; ``#``
+starts a comment::
+
+    gpu-001 slots=8
+    admin@gpu-002 slots=8   # user@host logs in as that user
+
+The first host hosts the rendezvous. ssh hands the remote side one string for the login shell (a
+POSIX shell: sh, bash, dash, zsh), so every word of it is quoted with ``shlex.quote`` and hosts
+must match a strict pattern: neither a host nor a model name can become a command or an ssh option.
+ssh forwards no environment, so the ranks' environment is passed explicitly (``env NAME=VALUE``),
+limited to what ranks need and never a variable whose name says it is a secret.
+
+Killing the local ssh stops nothing remote: without a terminal there is no hangup, and torchrun
+starts its workers in sessions of their own, out of reach of any process group. So each host runs
+torchrun under a one-line sh wrapper that writes its pid to a pidfile, and after a launch that did
+not end cleanly (deadline, failure, Ctrl-C) a second ssh kills that wrapper's whole process tree,
+found through /proc: TERM, then KILL. Hosts are assumed to be like this one: the same Python at the
+same path, and the run directory on storage they all see (ranks read their config there).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .base import Cluster, ClusterUnavailable, LaunchRequest, rank_env, torchrun_argv
+from .supervisor import LaunchOutcome, ProcSpec, supervise
+
+# user@ (optional), then a DNS name or IPv4 address: letters, digits, '.', '-', never a leading '-'.
+_HOST = re.compile(r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?"
+                   r"(?P<address>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
+_SLOTS = re.compile(r"^slots=(\d+)$")
+STRICT_HOST_KEY_CHECKING = ("yes", "accept-new", "no")
+
+# What ranks need from the harness's environment: the base variables rank_env sets, and the
+# families that configure collectives. A request's own variables and its fabric's pass too.
+_FORWARDED = {"PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTEST_FABRIC_NODE"}
+_FORWARDED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "FI_")
+# Never sent to another machine, whoever asks.
+_SECRET = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|KEY|AUTH)(_|$)")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Runs on each host around torchrun: records the pid the cleanup starts from, removes it when done.
+_REMOTE_WRAPPER = 'pidfile=$1; shift; echo $$ > "$pidfile"; "$@"; status=$?; rm -f "$pidfile"; exit $status'
+
+# Fed to `python -` on a host (stdin, so it needs no quoting): kill the tree under a pidfile's pid.
+_KILL_TREE = r'''
+import os, signal, sys, time
+
+pidfile = sys.argv[1]
+
+
+def stat(pid):
+    # (state, ppid, start time), or None once the process is gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), fields[19]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(roots):
+    # {pid: start time} of roots and everything below them; the start time tells a reused pid
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (s := stat(int(entry))) is not None:
+            children.setdefault(s[1], []).append(int(entry))
+    found, todo = {}, list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found and (s := stat(pid)) is not None:
+            found[pid] = s[2]
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def running(procs):
+    return [pid for pid, start in procs.items() if (s := stat(pid)) and s[2] == start and s[0] != "Z"]
+
+
+def main():
+    try:
+        with open(pidfile) as f:
+            root = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return "nothing to stop: the launch never started, or it finished cleanly", 0
+    try:
+        with open(f"/proc/{root}/cmdline", "rb") as f:
+            ours = pidfile.encode() in f.read()
+    except OSError:
+        ours = False
+    procs = descendants([root]) if ours else {}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        procs.update(descendants(running(procs)))  # children started since
+        for pid in running(procs):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3
+        while running(procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not running(procs):
+            break
+    try:
+        os.remove(pidfile)
+    except OSError:
+        pass
+    left = running(procs)
+    if left:
+        return f"processes {left} survived SIGKILL", 1
+    return f"stopped {len(procs)} process(es)", 0
+
+
+message, code = main()
+print(message)
+sys.exit(code)
+'''
+
+
+class HostfileError(ClusterUnavailable):
+    """A hostfile that cannot be used; the message names the line and shows the format."""
+
+
+@dataclass(frozen=True)
+class Host:
+    destination: str  # what ssh connects to: [user@]address
+    address: str  # what other hosts connect to (rendezvous, torchrun's --local-addr)
+    slots: int | None  # processes it may run; None: not limited by the hostfile
+
+    def __str__(self) -> str:
+        return self.destination
+
+
+def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
+    """Hosts from hostfile text: ``[user@]HOST [slots=N]`` per line, ``#`` comments, blank lines."""
+    hosts: list[Host] = []
+    seen: dict[str, int] = {}
+    usage = "write one host per line as 'HOST' or 'HOST slots=N' (user@HOST to log in as another user)"
+    for number, raw in enumerate(text.splitlines(), start=1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"{source}, line {number}"
+        match = _HOST.match(words[0])
+        if not match:
+            raise HostfileError(f"{where}: {words[0]!r} is not a host name or IPv4 address "
+                                f"(letters, digits, '.', '-'; IPv6 literals are not supported); {usage}")
+        slots = None
+        for option in words[1:]:
+            slots_match = _SLOTS.match(option)
+            if not slots_match or slots is not None:
+                raise HostfileError(f"{where}: unexpected {option!r} after the host; {usage}")
+            slots = int(slots_match.group(1))
+            if slots < 1:
+                raise HostfileError(f"{where}: slots must be at least 1, got {slots}")
+        address = match.group("address")
+        if address in seen:
+            raise HostfileError(f"{where}: {address} is already listed on line {seen[address]}; "
+                                "list each host once (slots=N gives it N processes)")
+        seen[address] = number
+        hosts.append(Host(words[0], address, slots))
+    if not hosts:
+        raise HostfileError(f"{source} lists no hosts; {usage}")
+    return hosts
+
+
+def read_hostfile(path: str | Path) -> list[Host]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise HostfileError(f"cannot read the hostfile {path}: {exc.strerror or exc}") from None
+    return parse_hostfile(text, str(path))
+
+
+def remote_env(env: Mapping[str, str], explicit: Iterable[str] = ()) -> dict[str, str]:
+    """The part of ``env`` sent to a host: what ranks need, plus ``explicit`` names, minus secrets."""
+    wanted = _FORWARDED | set(explicit)
+    return {
+        name: value for name, value in env.items()
+        if (name in wanted or name.startswith(_FORWARDED_PREFIXES))
+        and _ENV_NAME.match(name) and not _SECRET.search(name.upper())
+    }
+
+
+def remote_command(argv: Sequence[str], env: Mapping[str, str], pidfile: str) -> str:
+    """The string ssh runs on a host: ``argv`` with ``env``, under the pidfile wrapper, every word quoted."""
+    assignments = [f"{name}={value}" for name, value in env.items()]
+    return shlex.join(["exec", "env", *assignments, "sh", "-c", _REMOTE_WRAPPER, "pytest-fabric", pidfile, *argv])
+
+
+class SshCluster(Cluster):
+    name = "ssh"
+    realizes_fabrics = True
+
+    def __init__(
+        self,
+        hostfile: str | Path,
+        *,
+        ssh_config: str | Path | None = None,
+        strict_host_key_checking: str = "accept-new",
+        connect_timeout_s: int = 10,
+    ) -> None:
+        if shutil.which("ssh") is None:
+            raise ClusterUnavailable("the ssh cluster needs the OpenSSH client "
+                                     "(Debian: apt-get install openssh-client)")
+        if strict_host_key_checking not in STRICT_HOST_KEY_CHECKING:
+            raise ClusterUnavailable(f"StrictHostKeyChecking must be one of {', '.join(STRICT_HOST_KEY_CHECKING)}, "
+                                     f"got {strict_host_key_checking!r}")
+        self.hostfile = Path(hostfile)
+        self.hosts = read_hostfile(self.hostfile)
+        self.ssh_config = Path(ssh_config) if ssh_config else None
+        self.strict_host_key_checking = strict_host_key_checking
+        self.connect_timeout_s = connect_timeout_s
+
+    def describe(self) -> str:
+        return f"ssh ({len(self.hosts)} hosts from {self.hostfile})"
+
+    def max_nodes(self) -> int:
+        return len(self.hosts)
+
+    def default_nodes(self) -> int:
+        return len(self.hosts)
+
+    def max_ranks(self) -> int | None:
+        if any(host.slots is None for host in self.hosts):
+            return None
+        return sum(host.slots or 0 for host in self.hosts)
+
+    def ssh_argv(self, host: Host, command: str) -> list[str]:
+        """ssh to ``host`` running ``command``: never a password prompt, bounded connection time."""
+        options = {
+            "BatchMode": "yes",
+            "ConnectTimeout": str(self.connect_timeout_s),
+            "StrictHostKeyChecking": self.strict_host_key_checking,
+            "ServerAliveInterval": "15",  # a host that vanishes ends its ssh instead of hanging it
+            "ServerAliveCountMax": "4",
+            "LogLevel": "ERROR",  # no "Permanently added ..." lines in the rank logs
+        }
+        argv = ["ssh", "-T"]
+        if self.ssh_config is not None:
+            argv += ["-F", str(self.ssh_config)]
+        for key, value in options.items():
+            argv += ["-o", f"{key}={value}"]
+        return [*argv, "--", host.destination, command]
+
+    def prepare(self) -> None:
+        """Check that every host answers over ssh and has this Python, all at once."""
+        probe = shlex.join(["test", "-x", sys.executable])
+        with ThreadPoolExecutor(max_workers=min(32, len(self.hosts))) as pool:
+            results = list(pool.map(lambda host: self._ssh(host, probe), self.hosts))
+        problems = []
+        for host, (code, err) in zip(self.hosts, results, strict=True):
+            if code == 1:
+                problems.append(f"{host}: no {sys.executable} there (hosts need the same Python at the same path)")
+            elif code != 0:
+                problems.append(f"{host}: {err or f'ssh exit code {code}'}")
+        if problems:
+            raise ClusterUnavailable(
+                f"hosts from {self.hostfile} not usable (ssh runs with BatchMode=yes: set up key authentication "
+                f"and known host keys first):\n  " + "\n  ".join(problems))
+
+    def _ssh(self, host: Host, command: str, stdin: str | None = None) -> tuple[int, str]:
+        try:
+            proc = subprocess.run(self.ssh_argv(host, command), input=stdin, capture_output=True, text=True,
+                                  timeout=self.connect_timeout_s + 20)
+        except subprocess.TimeoutExpired:
+            return 124, f"no answer within {self.connect_timeout_s + 20}s"
+        return proc.returncode, (proc.stdout.strip() + "\n" + proc.stderr.strip()).strip()
+
+    def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
+        hosts = self.hosts[: request.nodes]
+        if len(hosts) < request.nodes:
+            raise ClusterUnavailable(f"{self.hostfile} lists {len(hosts)} hosts; the launch needs {request.nodes}")
+        for host in hosts:
+            if host.slots is not None and request.procs_per_node > host.slots:
+                raise ClusterUnavailable(f"{host} has slots={host.slots} in {self.hostfile}; "
+                                         f"the launch runs {request.procs_per_node} processes per node")
+        # Hosts are assumed to be like this one: its cores shared among the ranks of one node.
+        threads = max(1, len(os.sched_getaffinity(0)) // request.procs_per_node)
+        explicit = {*request.fabric.nccl_env, *(request.env or {})}
+        tag = f"{re.sub(r'[^A-Za-z0-9_.-]', '', request.job_id)[:40]}-{secrets.token_hex(4)}"
+        pidfiles = [f"/tmp/pytest-fabric-{tag}-node{i}.pid" for i in range(len(hosts))]
+        specs = []
+        for i, host in enumerate(hosts):
+            env = remote_env(rank_env(request, f"node{i}/{host.address}", threads, {}), explicit)
+            command = remote_command(torchrun_argv(request, i, hosts[0].address, host.address), env, pidfiles[i])
+            specs.append(ProcSpec(f"node{i}", self.ssh_argv(host, command), dict(os.environ)))
+        try:
+            outcome = supervise(specs, request.workdir, request.deadline_s, on_tick)
+        except BaseException:  # Ctrl-C, SIGTERM: the local ssh processes are gone, the remote ones are not
+            self._stop_remote(list(zip(hosts, pidfiles, strict=True)), None)
+            raise
+        unclean = [i for i, proc in enumerate(outcome.procs) if proc.returncode != 0]
+        if unclean:
+            self._stop_remote([(hosts[i], pidfiles[i]) for i in unclean], [outcome.procs[i].log_path for i in unclean])
+        return outcome
+
+    def _stop_remote(self, targets: list[tuple[Host, str]], logs: list[Path] | None) -> None:
+        """Kill what a launch left running on each host; say so at the end of that node's log."""
+        def stop(target: tuple[Host, str]) -> tuple[int, str]:
+            host, pidfile = target
+            return self._ssh(host, shlex.join(["exec", sys.executable, "-", pidfile]), stdin=_KILL_TREE)
+
+        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+            results = list(pool.map(stop, targets))
+        for i, ((host, pidfile), (code, text)) in enumerate(zip(targets, results, strict=True)):
+            state = "" if code == 0 else f" (exit code {code}: processes may remain; their pid is in {pidfile})"
+            if logs is not None:
+                with open(logs[i], "a") as log:
+                    log.write(f"pytest-fabric: remote cleanup on {host}: {text}{state}\n")

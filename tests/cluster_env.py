@@ -1,0 +1,399 @@
+"""Real clusters on this machine for the launcher tests: sshd and Slurm in emulated node namespaces.
+
+    node0 netns  198.18.0.1  sshd | munged, slurmctld, slurmd -N node0 | the harness
+    node1 netns  198.18.0.2  sshd |                   slurmd -N node1
+
+Nodes are the emulated cluster's namespaces (``EmulatedNetwork``, unshaped). Every daemon runs from
+a fresh temporary directory with generated keys and configuration, and is stopped, with its
+namespace and directory, when the context manager exits. The harness side of a launch runs on
+node0, as it would on a real cluster's first node: ``launch_on_node0`` runs this file as a program
+there (under ``salloc`` for Slurm), which builds the cluster and the LaunchRequest, launches, and
+writes the outcome as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_fabric.cluster.base import ClusterUnavailable
+from pytest_fabric.cluster.emulated import EmulatedNetwork, EmulatedNode, check_available, sweep_stale_namespaces
+from pytest_fabric.cluster.slurm import SlurmCluster
+
+HERE = Path(__file__).resolve()
+READY_TIMEOUT_S = 60.0
+INSTALL_HINT = "run .ci/install-launchers.sh"
+
+
+def require(*tools: str) -> None:
+    """Skip, saying exactly what is missing, where namespaces or the daemons' programs are unavailable."""
+    try:
+        check_available()
+    except ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    missing = [tool for tool in tools if shutil.which(tool) is None and not Path(tool).exists()]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} ({INSTALL_HINT})")
+    # Daemons of a test run that was killed outright live on in its namespaces: end them now.
+    sweep_stale_namespaces()
+
+
+def netns_exec(node: EmulatedNode, argv: Sequence[str]) -> list[str]:
+    return ["ip", "netns", "exec", node.netns, *argv]
+
+
+def leftover_processes(marker: str) -> list[str]:
+    """Live processes (zombies excluded) whose command line mentions ``marker``, as "pid: cmdline"."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{entry}: {cmdline.strip()}")
+    return found
+
+
+class Daemons:
+    """Daemons started for one test module; each logs to a file and is stopped TERM, then KILL."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        with open(self.log_dir / f"{name}.out", "wb") as log:
+            self.procs[name] = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=subprocess.STDOUT, start_new_session=True,
+                                                env=dict(env) if env is not None else None)
+
+    def log(self, name: str, lines: int = 15) -> str:
+        try:
+            text = (self.log_dir / f"{name}.out").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def skip_if_dead(self) -> None:
+        """A daemon that exited at start cannot run on this machine: skip with its own words."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                pytest.skip(f"{name} exited with code {proc.returncode} at start, so it cannot run here:\n"
+                            f"{self.log(name)}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait(timeout=5)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait_for(what: str, ready: Callable[[], bool], daemons: Daemons, timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        daemons.skip_if_dead()
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {name} ---\n{daemons.log(name)}" for name in daemons.procs)
+            raise RuntimeError(f"{what} not ready after {timeout_s:.0f}s\n{logs}")
+        time.sleep(0.3)
+
+
+@dataclass
+class Site:
+    """A started cluster: its nodes, its files, and the environment its clients need."""
+
+    nodes: list[EmulatedNode]
+    directory: Path
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+@contextmanager
+def _site_directory(kind: str) -> Iterator[Path]:
+    # Directly under /tmp and world-searchable: munged refuses a socket below a private directory.
+    directory = Path(tempfile.mkdtemp(prefix=f"pytest-fabric-{kind}-"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _keygen(path: Path) -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
+                   check=True, capture_output=True)
+    return path.with_suffix(".pub").read_text().strip()
+
+
+@contextmanager
+def ssh_site(nodes: int = 2) -> Iterator[Site]:
+    """One sshd per node namespace, on the node's address, trusting one generated client key for root."""
+    require("/usr/sbin/sshd", "ssh", "ssh-keygen")
+    with ExitStack() as stack:
+        directory = stack.enter_context(_site_directory("ssh"))
+        net = stack.enter_context(EmulatedNetwork(nodes, None))
+        daemons = Daemons(directory)
+        stack.callback(daemons.stop)
+        host_key = _keygen(directory / "host_key")
+        (directory / "authorized_keys").write_text(_keygen(directory / "client_key") + "\n")
+        (directory / "known_hosts").write_text("".join(f"{node.address} {host_key}\n" for node in net.nodes))
+        ssh_config = directory / "ssh_config"
+        ssh_config.write_text(
+            "Host *\n"
+            "  User root\n"
+            f"  IdentityFile {directory / 'client_key'}\n"
+            "  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {directory / 'known_hosts'}\n"
+            "  GlobalKnownHostsFile /dev/null\n")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        for node in net.nodes:
+            config = directory / f"sshd-{node.name}.conf"
+            config.write_text(
+                f"ListenAddress {node.address}:22\n"
+                f"HostKey {directory / 'host_key'}\n"
+                f"AuthorizedKeysFile {directory / 'authorized_keys'}\n"
+                f"PidFile {directory / f'sshd-{node.name}.pid'}\n"
+                "PermitRootLogin prohibit-password\n"
+                "PasswordAuthentication no\n"
+                "KbdInteractiveAuthentication no\n"
+                "UsePAM no\n"
+                "StrictModes no\n"  # the key files live in a temporary directory
+                "LogLevel ERROR\n")
+            daemons.start(f"sshd-{node.name}", netns_exec(node, ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)]))
+        hostfile = directory / "hostfile"
+        hostfile.write_text("# generated by tests/cluster_env.py\n"
+                            + "".join(f"{node.address} slots=1\n" for node in net.nodes))
+        head = net.nodes[0]
+
+        def answers() -> bool:
+            return all(subprocess.run(
+                netns_exec(head, ["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes", "-o", "ConnectTimeout=2",
+                                  node.address, "true"]),
+                capture_output=True, stdin=subprocess.DEVNULL).returncode == 0 for node in net.nodes)
+
+        _wait_for("sshd", answers, daemons)
+        yield Site(net.nodes, directory, files={"hostfile": hostfile, "ssh_config": ssh_config})
+
+
+def _cgroup_conf() -> str:
+    # slurmd initialises its cgroup plugin even when no cgroup plugin is configured for jobs.
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "CgroupPlugin=cgroup/v2\n"
+    return "CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n"
+
+
+@contextmanager
+def slurm_site(nodes: int = 2) -> Iterator[Site]:
+    """munged, a slurmctld on node0 and one ``slurmd -N nodeK`` per node namespace, NodeAddr = its address."""
+    require("slurmctld", "slurmd", "salloc", "srun", "scontrol", "sinfo", "munged")
+    with ExitStack() as stack:
+        directory = stack.enter_context(_site_directory("slurm"))
+        net = stack.enter_context(EmulatedNetwork(nodes, None))
+        daemons = Daemons(directory)
+        stack.callback(daemons.stop)
+        key = directory / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        munge_socket = directory / "munge.sock"
+        # In a node namespace like every daemon here, so that a sweep of stale namespaces ends it too.
+        daemons.start("munged", netns_exec(net.nodes[0], [
+            "munged", "--foreground", f"--socket={munge_socket}", f"--key-file={key}",
+            f"--pid-file={directory / 'munged.pid'}", f"--log-file={directory / 'munged.log'}",
+            f"--seed-file={directory / 'munged.seed'}"]))
+        _wait_for("munged", munge_socket.exists, daemons)
+
+        cpus = os.cpu_count() or 1
+        (directory / "state").mkdir()
+        conf = directory / "slurm.conf"
+        conf.write_text("\n".join([
+            "ClusterName=pytestfabric",
+            f"SlurmctldHost={socket.gethostname().split('.')[0]}({net.nodes[0].address})",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={munge_socket}",
+            "CredType=cred/munge",
+            f"StateSaveLocation={directory / 'state'}",
+            f"SlurmdSpoolDir={directory / 'spool-%n'}",
+            f"SlurmctldPidFile={directory / 'slurmctld.pid'}",
+            f"SlurmdPidFile={directory / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={directory / 'slurmctld.log'}",
+            f"SlurmdLogFile={directory / 'slurmd-%n.log'}",
+            "ProctrackType=proctrack/linuxproc",  # no cgroups for jobs: they are not delegated here
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "SchedulerType=sched/builtin",
+            "SelectType=select/linear",
+            "MpiDefault=none",
+            "ReturnToService=2",
+            "KillWait=5",
+            "InactiveLimit=0",
+            *(f"NodeName={node.name} NodeAddr={node.address} CPUs={cpus} State=UNKNOWN" for node in net.nodes),
+            f"PartitionName=fabric Nodes={','.join(node.name for node in net.nodes)} Default=YES "
+            "MaxTime=INFINITE State=UP",
+            "",
+        ]))
+        (directory / "cgroup.conf").write_text(_cgroup_conf())
+        for node in net.nodes:
+            (directory / f"spool-{node.name}").mkdir()
+        env = {**os.environ, "SLURM_CONF": str(conf)}
+        daemons.start("slurmctld", netns_exec(net.nodes[0], ["slurmctld", "-D", "-i", "-f", str(conf)]), env)
+        for node in net.nodes:
+            slurmd = ["slurmd", "-D", "-N", node.name, "-f", str(conf)]
+            daemons.start(f"slurmd-{node.name}", netns_exec(node, slurmd), env)
+
+        def idle() -> bool:
+            shown = subprocess.run(netns_exec(net.nodes[0], ["sinfo", "--noheader", "--Node", "--format=%N %T"]),
+                                   capture_output=True, text=True, env=env).stdout.split()
+            return shown.count("idle") == nodes
+
+        _wait_for("slurm nodes (sinfo: idle)", idle, daemons)
+        yield Site(net.nodes, directory, env={"SLURM_CONF": str(conf)}, files={"slurm.conf": conf})
+
+
+# A rank that hangs like one stuck in a collective: it says it started, then ignores SIGTERM and sleeps.
+HANGING_RANK = """\
+import os, pathlib, signal, sys, time
+pathlib.Path(sys.argv[1], "rank" + os.environ["RANK"]).write_text(os.environ.get("PYTEST_FABRIC_NODE", ""))
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(3600)
+"""
+
+
+def train_program(run_dir: Path) -> list[str]:
+    """The rank program for a real, small measurement: qwen2-tiny, 1 step, no warm-up, batch 1 x 64 tokens."""
+    from pytest_fabric.fabrics import get_fabric
+    from pytest_fabric.models import get_model
+    from pytest_fabric.workload.config import TrainConfig
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = TrainConfig(
+        model=get_model("qwen2-tiny").to_dict(), batch_size=1, seq_len=64, steps=1, warmup_steps=0,
+        result_path=str(run_dir / "result.json"), progress_path=str(run_dir / "progress.jsonl"),
+        device="cpu", collective_timeout_s=120, fabric=get_fabric("eth").settings())
+    config.dump(run_dir / "config.json")
+    return ["-m", "pytest_fabric.workload.train", "--config", str(run_dir / "config.json")]
+
+
+def hanging_program(run_dir: Path) -> list[str]:
+    """A rank program that never ends; each rank leaves a file ``rank<N>`` in ``run_dir`` once it runs."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = run_dir / "hang.py"
+    script.write_text(HANGING_RANK)
+    return [str(script), str(run_dir)]
+
+
+# What every test launch sets: gloo on the emulated link, one thread per rank (2 cores for everything).
+RANK_ENV = {"GLOO_SOCKET_IFNAME": "fab0", "OMP_NUM_THREADS": "1"}
+
+
+def launch_on_node0(site: Site, spec: dict[str, Any], workdir: Path, timeout_s: float,
+                    salloc: bool = False) -> dict[str, Any]:
+    """Run the harness on node0 (inside a Slurm allocation of every node with ``salloc``); its outcome."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path = workdir / "launch-spec.json"
+    out_path = workdir / "launch-outcome.json"
+    spec_path.write_text(json.dumps({**spec, "workdir": str(workdir), "out": str(out_path)}))
+    argv = [sys.executable, str(HERE), str(spec_path)]
+    if salloc:
+        argv = ["salloc", f"--nodes={len(site.nodes)}", "--immediate=60", "--time=15",
+                "--job-name=pytest-fabric-harness", *argv]
+    proc = subprocess.run(netns_exec(site.nodes[0], argv), env={**os.environ, **site.env}, capture_output=True,
+                          text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0 or not out_path.exists():
+        raise AssertionError(f"the harness on node0 failed (exit code {proc.returncode}):\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return json.loads(out_path.read_text())
+
+
+def _drive(spec_path: str) -> None:
+    """The harness side of one test launch, run on node0: build the cluster and request, launch, report."""
+    from pytest_fabric.cluster.base import Cluster, LaunchRequest
+    from pytest_fabric.cluster.ssh import SshCluster
+    from pytest_fabric.fabrics import get_fabric
+
+    spec = json.loads(Path(spec_path).read_text())
+    cluster: Cluster
+    if spec["cluster"] == "slurm":
+        cluster = SlurmCluster()
+    else:
+        cluster = SshCluster(spec["hostfile"], ssh_config=spec["ssh_config"],
+                             strict_host_key_checking="yes", connect_timeout_s=spec.get("connect_timeout_s", 10))
+    report: dict[str, Any] = {"describe": cluster.describe(), "max_nodes": cluster.max_nodes()}
+    if spec.get("orphan_step"):
+        assert isinstance(cluster, SlurmCluster)
+        report.update(_orphan_step(cluster, spec["job_id"]))
+        Path(spec["out"]).write_text(json.dumps(report))
+        return
+    try:
+        cluster.prepare()
+    except ClusterUnavailable as exc:
+        report["unavailable"] = str(exc)
+        Path(spec["out"]).write_text(json.dumps(report))
+        return
+    request = LaunchRequest(
+        nodes=spec["nodes"], procs_per_node=1, fabric=get_fabric("eth"), program=spec["program"],
+        workdir=Path(spec["workdir"]), deadline_s=spec["deadline_s"], job_id=spec["job_id"], env=spec["env"])
+    outcome = cluster.launch(request)
+    report.update(ok=outcome.ok, timed_out=outcome.timed_out, elapsed_s=outcome.elapsed_s, killed=outcome.killed,
+                  returncodes={p.name: p.returncode for p in outcome.procs},
+                  logs={p.name: str(p.log_path) for p in outcome.procs}, describe_outcome=outcome.describe())
+    if isinstance(cluster, SlurmCluster):
+        # Steps this launch may have left in the allocation (the allocation itself has none).
+        steps = subprocess.run(["squeue", "--steps", "--noheader", f"--jobs={cluster.job_id}", "--format=%i %j"],
+                               capture_output=True, text=True, check=True).stdout
+        report["steps_after"] = steps.splitlines()
+    Path(spec["out"]).write_text(json.dumps(report))
+
+
+def _orphan_step(cluster: SlurmCluster, job_id: str) -> dict[str, Any]:
+    """A step whose srun was killed outright (SIGKILL, no chance to cancel it), then the launcher's cleanup."""
+    name = f"pytest-fabric-{job_id}"
+    srun = subprocess.Popen(["srun", f"--jobid={cluster.job_id}", "--nodes=2", "--ntasks=2", "--overlap",
+                             f"--job-name={name}", sys.executable, "-c", "import time; time.sleep(600)", job_id],
+                            start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while len(leftover_processes(job_id)) < 4 and time.monotonic() < deadline:  # srun, its helper, 2 tasks
+        time.sleep(0.2)
+    running = leftover_processes(job_id)
+    os.killpg(srun.pid, signal.SIGKILL)
+    srun.wait()
+    listed = cluster.steps(name)
+    note = cluster.cancel_step(name)
+    return {"running_before_kill": running, "listed_after_kill": listed, "note": note,
+            "listed_after_cancel": cluster.steps(name)}
+
+
+if __name__ == "__main__":
+    _drive(sys.argv[1])

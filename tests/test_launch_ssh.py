@@ -1,0 +1,138 @@
+"""The SSH launcher: hostfile parsing, quoting and environment rules, then real launches through real
+sshd daemons, one per emulated node namespace (tests/cluster_env.py)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster_env import RANK_ENV, hanging_program, launch_on_node0, leftover_processes, ssh_site, train_program
+from pytest_fabric.cluster.base import ClusterUnavailable
+from pytest_fabric.cluster.ssh import Host, HostfileError, SshCluster, parse_hostfile, remote_command, remote_env
+
+
+def test_hostfile_hosts_slots_and_comments() -> None:
+    text = "# the cluster\n\ngpu-001 slots=8\nadmin@gpu-002.example.org   # spare\n  10.0.0.3 slots=4  \n"
+    assert parse_hostfile(text) == [
+        Host("gpu-001", "gpu-001", 8),
+        Host("admin@gpu-002.example.org", "gpu-002.example.org", None),
+        Host("10.0.0.3", "10.0.0.3", 4),
+    ]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("node1\n-oProxyCommand=touch/tmp/x\n", "line 2: '-oProxyCommand=touch/tmp/x' is not a host name"),
+    ("node1;reboot\n", "line 1: 'node1;reboot' is not a host name"),
+    ("$(id)\n", "is not a host name"),
+    ("node1 slots=x\n", "line 1: unexpected 'slots=x'"),
+    ("node1 slots=0\n", "slots must be at least 1"),
+    ("node1 slots=2 slots=3\n", "unexpected 'slots=3'"),
+    ("node1 extra\n", "unexpected 'extra'"),
+    ("node1\nroot@node1\n", "line 2: node1 is already listed on line 1"),
+    ("# nothing\n\n", "lists no hosts"),
+    ("fe80::1\n", "IPv6 literals are not supported"),
+])
+def test_malformed_hostfile_is_refused_with_the_line(text: str, message: str) -> None:
+    with pytest.raises(HostfileError) as info:
+        parse_hostfile(text, "hosts.txt")
+    assert message in str(info.value)
+    assert "hosts.txt" in str(info.value)
+
+
+def test_missing_hostfile_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ClusterUnavailable, match="cannot read the hostfile"):
+        SshCluster(tmp_path / "absent")
+
+
+def test_remote_command_survives_a_real_shell_word_for_word(tmp_path: Path) -> None:
+    """Every word reaches the program unchanged, whatever it contains; nothing is executed."""
+    canary = tmp_path / "canary"
+    hostile = [f"$(touch {canary})", f"`touch {canary}`", "a; touch " + str(canary), "it's \"quoted\"", "*", "\n"]
+    env = {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "WEIRD": f"$(touch {canary})"}
+    pidfile = tmp_path / "node0.pid"
+    program = [sys.executable, "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], os.environ['NCCL_IB_HCA'], "
+               "os.environ['WEIRD'], open(os.environ['PIDFILE']).read().strip()]))", *hostile]
+    command = remote_command(["env", f"PIDFILE={pidfile}", *program], env, str(pidfile))
+    # ssh hands this string to the login shell exactly like this.
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    args, hca, weird, pid = json.loads(out)
+    assert args == hostile and hca == "=mlx5_0,mlx5_1" and weird == f"$(touch {canary})"
+    assert pid.isdigit()  # the wrapper recorded itself before running the program ...
+    assert not pidfile.exists()  # ... and removed the record when it finished
+    assert not canary.exists()
+    assert shlex.split(command)[:2] == ["exec", "env"]
+
+
+def test_only_needed_variables_go_to_the_hosts_and_never_secrets() -> None:
+    local = {"PATH": "/usr/bin", "HOME": "/root", "PYTHONPATH": "/src", "OMP_NUM_THREADS": "4",
+             "NCCL_IB_HCA": "=mlx5_0", "NCCL_IB_PKEY": "0x8001", "GLOO_SOCKET_IFNAME": "ib0", "FI_PROVIDER": "efa",
+             "HF_TOKEN": "hf_x", "AWS_SECRET_ACCESS_KEY": "s", "NCCL_API_KEY": "k", "SSH_AUTH_SOCK": "/tmp/agent",
+             "MY_SETTING": "1", "MY_PASSWORD": "p"}
+    forwarded = remote_env(local, explicit=["MY_SETTING", "MY_PASSWORD"])
+    assert forwarded == {"PYTHONPATH": "/src", "OMP_NUM_THREADS": "4", "NCCL_IB_HCA": "=mlx5_0",
+                         "NCCL_IB_PKEY": "0x8001", "GLOO_SOCKET_IFNAME": "ib0", "FI_PROVIDER": "efa",
+                         "MY_SETTING": "1"}
+
+
+def test_ssh_runs_in_batch_mode_and_ends_options_before_the_host(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1\n")
+    cluster = SshCluster(hostfile, strict_host_key_checking="yes", connect_timeout_s=7)
+    argv = cluster.ssh_argv(cluster.hosts[0], "true")
+    assert argv[-3:] == ["--", "node1", "true"]
+    options = " ".join(argv)
+    assert "BatchMode=yes" in options and "ConnectTimeout=7" in options and "StrictHostKeyChecking=yes" in options
+    with pytest.raises(ClusterUnavailable, match="StrictHostKeyChecking"):
+        SshCluster(hostfile, strict_host_key_checking="ask")
+
+
+@pytest.fixture(scope="module")
+def site():
+    with ssh_site(nodes=2) as started:
+        yield started
+
+
+def _spec(site, program: list[str], job_id: str, deadline_s: float, **extra) -> dict:
+    return {"cluster": "ssh", "hostfile": str(site.files["hostfile"]), "ssh_config": str(site.files["ssh_config"]),
+            "nodes": 2, "program": program, "job_id": job_id, "deadline_s": deadline_s, "env": RANK_ENV, **extra}
+
+
+@pytest.mark.slow
+def test_two_node_measurement_over_ssh(site, tmp_path: Path) -> None:
+    job_id = f"sshtrain{secrets.token_hex(3)}"
+    report = launch_on_node0(site, _spec(site, train_program(tmp_path), job_id, 240), tmp_path, timeout_s=400)
+    assert report["ok"], report["describe_outcome"]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["world_size"] == 2
+    assert result["nodes"] == [f"node0/{site.nodes[0].address}", f"node1/{site.nodes[1].address}"]
+    assert report["max_nodes"] == 2
+    assert leftover_processes(job_id) == []
+
+
+@pytest.mark.slow
+def test_hung_launch_is_killed_at_the_deadline_on_every_host(site, tmp_path: Path) -> None:
+    job_id = f"sshhang{secrets.token_hex(3)}"
+    run_dir = tmp_path / job_id  # in every rank's command line, so leftovers are easy to find
+    report = launch_on_node0(site, _spec(site, hanging_program(run_dir), job_id, 25), tmp_path, timeout_s=120)
+    assert report["timed_out"], report["describe_outcome"]
+    started = sorted(p.name for p in run_dir.glob("rank*"))
+    assert started == ["rank0", "rank1"], f"ranks never started before the deadline:\n{report['describe_outcome']}"
+    assert leftover_processes(job_id) == []
+    for log in report["logs"].values():
+        assert "remote cleanup on" in Path(log).read_text()
+
+
+@pytest.mark.slow
+def test_unreachable_host_is_reported_before_any_launch(site, tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text(f"{site.nodes[0].address}\n198.18.0.99  # nobody there\n")
+    spec = {**_spec(site, ["-c", "pass"], "never", 10), "hostfile": str(hostfile), "connect_timeout_s": 3}
+    report = launch_on_node0(site, spec, tmp_path, timeout_s=60)
+    assert "198.18.0.99" in report["unavailable"]
+    assert site.nodes[0].address not in report["unavailable"].split("not usable")[1]
