@@ -1,12 +1,34 @@
-"""The ``pytest-fabric`` command: what the catalogs hold, and cleanup after a killed run."""
+"""The ``pytest-fabric`` command: the catalogs, cleanup after a killed run, and what comes after a
+night: reports, merged JUnit, trends, baselines, and predictions before anything is measured.
+
+Bad input ends in one line on stderr and exit status 2, never a traceback: these commands run in
+CI jobs whose logs a person skims.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .fabrics import FABRICS
 from .models import MODELS
+
+if TYPE_CHECKING:
+    from .reportgen import Written
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (status 2), pointing at --help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _UserError(Exception):
+    """Input the command cannot use; the message is the whole story."""
 
 
 def _models(_: argparse.Namespace) -> int:
@@ -33,15 +55,174 @@ def _cleanup(_: argparse.Namespace) -> int:
     return 0
 
 
+# -- after the night ---------------------------------------------------------------------------
+
+def _load(paths: Sequence[str]):
+    from .results import load_results
+
+    return [load_results(p) for p in paths]
+
+
+def _prices(items: Sequence[str]) -> dict[str, float]:
+    prices = {}
+    for item in items:
+        fabric, sep, value = item.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = -1.0
+        if not sep or not fabric.strip() or not price > 0:
+            raise _UserError(f"--price {item!r}: write FABRIC=USD_PER_GPU_HOUR with a positive price, e.g. ib=3.50")
+        prices[fabric.strip()] = price
+    return prices
+
+
+def _print_written(written: Written) -> None:
+    for note in written.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {written.markdown}")
+    print(f"wrote {written.html}")
+    if written.plots:
+        print(f"wrote {len(written.plots)} plot(s) in {written.plots[0].parent}")
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .reportgen import write_report
+
+    prices = _prices(args.price)
+    _print_written(write_report(_load(args.inputs), Path(args.output), prices))
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from .reportgen import merge_junit
+
+    testcases = merge_junit(args.inputs, args.out)
+    print(f"wrote {args.out}: {testcases} testcase(s) from {len(args.inputs)} file(s)")
+    return 0
+
+
+def _trend(args: argparse.Namespace) -> int:
+    from .reportgen import write_trend
+
+    if len(args.nights) < 2:
+        raise _UserError("a trend needs at least two nights; give two or more results files")
+    _print_written(write_trend(_load(args.nights), Path(args.output)))
+    return 0
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    from .results import build_baseline, save_baseline
+
+    baseline = build_baseline(_load(args.nights))
+    if not baseline["cases"]:
+        raise _UserError("the nights hold no training measurements to make a baseline from")
+    save_baseline(args.out, baseline)
+    for warning in baseline["warnings"]:
+        print(f"warning: set-up differs: {warning}", file=sys.stderr)
+    for cid, c in baseline["cases"].items():
+        dropped = [n["night"] for n in c["nights"] if not n["kept"]]
+        print(f"{cid}: {c['center']:.1f} tokens/s +- {c['spread']:.1f} over {c['kept']} night(s)"
+              + (f"; dropped as outlier(s): {', '.join(dropped)}" if dropped else ""))
+    print(f"wrote {args.out} from {len(args.nights)} night(s)")
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from .models import get_model
+    from .predict import predict_penalty
+
+    if args.model not in MODELS:
+        raise _UserError(f"--model {args.model!r}: unknown model; known models: {', '.join(MODELS)}")
+    for name in ("nodes", "gpus_per_node", "batch", "seq"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise _UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    for name in ("fast_gbit", "slow_gbit", "flops_per_gpu"):
+        if not getattr(args, name) > 0:
+            raise _UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    spec = get_model(args.model)
+    p = predict_penalty(spec, args.nodes, args.gpus_per_node, args.batch, args.seq, flops_per_s=args.flops_per_gpu,
+                        fast_gbit=args.fast_gbit, slow_gbit=args.slow_gbit)
+    batch, seq = args.batch or spec.batch_size, args.seq or spec.seq_len
+    print(f"{spec.name} on {args.nodes} node(s) x {args.gpus_per_node} GPU(s), batch {batch} x seq {seq} per GPU, "
+          f"{args.flops_per_gpu / 1e12:g} TFLOP/s per GPU")
+    for name, gbit, pred in (("fast", args.fast_gbit, p.fast), ("slow", args.slow_gbit, p.slow)):
+        print(f"{name} fabric ({gbit:g} Gbit/s per node): step {pred.step_s * 1000:.1f} ms, "
+              f"{pred.tokens_per_s:.1f} tokens/s, {pred.tokens_per_s_per_gpu:.1f} tokens/s/GPU "
+              f"(compute {pred.compute_s * 1000:.1f} ms, transfer {pred.traffic_s * 1000:.1f} ms, {pred.bound}-bound)")
+    print(f"penalty: slow/fast tokens/s = {p.ratio:.3f} ({p.slowdown * 100:.1f}% fewer tokens/s): {p.label}")
+    print(p.message)
+    return 0
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pytest-fabric", description="Interconnect fabric comparisons as tests. "
-                                     "Run the comparisons with: pytest suites/ --nodes N")
+    parser = _Parser(prog="pytest-fabric", description="Interconnect fabric comparisons as tests. "
+                     "Run the comparisons with: pytest suites/ --nodes N")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("models", help="list the model catalog").set_defaults(func=_models)
     sub.add_parser("fabrics", help="list the fabric presets").set_defaults(func=_fabrics)
     sub.add_parser("cleanup", help="remove network namespaces left by a killed run").set_defaults(func=_cleanup)
+
+    report = sub.add_parser("report", help="Markdown and HTML report (tables, plots, cost) of one night",
+                            description="INPUT: results JSON (--fabric-save), a session's measurements.json, "
+                            "a baseline, or JUnit XML; several inputs are parts of one night (a case in "
+                            "several takes the last one's values).")
+    report.add_argument("inputs", nargs="+", metavar="INPUT")
+    report.add_argument("-o", "--output", default="fabric-report", metavar="DIR",
+                        help="directory for report.md, report.html and plots/ (default: fabric-report)")
+    report.add_argument("--price", action="append", default=[], metavar="FABRIC=USD_PER_GPU_HOUR",
+                        help="price of a GPU-hour on a fabric; repeat per fabric (adds $/M tokens, break-even)")
+    report.set_defaults(func=_report)
+
+    merge = sub.add_parser("merge", help="merge several JUnit files of one nightly into one")
+    merge.add_argument("out", metavar="OUT")
+    merge.add_argument("inputs", nargs="+", metavar="IN")
+    merge.set_defaults(func=_merge)
+
+    trend = sub.add_parser("trend", help="tokens/s per case over several saved nights (table and plots)")
+    trend.add_argument("nights", nargs="+", metavar="NIGHT.json")
+    trend.add_argument("-o", "--output", default="fabric-trend", metavar="DIR",
+                       help="directory for trend.md, trend.html and plots/ (default: fabric-trend)")
+    trend.set_defaults(func=_trend)
+
+    baseline = sub.add_parser("baseline", help="combine saved nights into a baseline, dropping outlier nights")
+    baseline.add_argument("out", metavar="OUT")
+    baseline.add_argument("nights", nargs="+", metavar="NIGHT")
+    baseline.set_defaults(func=_baseline)
+
+    predict = sub.add_parser("predict", help="predicted step time, tokens/s and slow-fabric penalty (no launch)")
+    predict.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}")
+    predict.add_argument("--nodes", type=int, required=True)
+    predict.add_argument("--gpus-per-node", type=int, default=1)
+    predict.add_argument("--batch", type=int, help="micro-batch per GPU (default: the model's)")
+    predict.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    predict.add_argument("--fast-gbit", type=_number, required=True,
+                         help="the fast fabric: one node's aggregate NIC rate, Gbit/s")
+    predict.add_argument("--slow-gbit", type=_number, required=True, help="the slow fabric, Gbit/s per node")
+    predict.add_argument("--flops-per-gpu", type=_number, required=True,
+                         help="FLOP/s one GPU achieves (not the datasheet peak), e.g. 4e14")
+    predict.set_defaults(func=_predict)
+
     args = parser.parse_args(argv)
-    return args.func(args)
+    from .results import ResultsError
+
+    try:
+        return args.func(args)
+    except (_UserError, ResultsError) as exc:
+        print(f"pytest-fabric {args.command}: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # what predict and the baseline reject, with their own message
+        print(f"pytest-fabric {args.command}: error: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"pytest-fabric {args.command}: error: {exc.filename or ''}: {exc.strerror or exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

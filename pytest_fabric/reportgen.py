@@ -1,0 +1,508 @@
+"""Reports a person reads after the night: Markdown and HTML from saved runs, plots, cost, trends.
+
+``write_report`` turns one night (or the parts of one night: several JUnit files, a results file)
+into ``report.md`` and ``report.html``: per model, tokens/s per fabric and node count with the
+delta against the reference fabric, tokens/s per GPU and the tests' verdicts; collective bandwidth;
+and, given prices per GPU-hour, dollars per million tokens per fabric and the premium at which the
+faster fabric stops paying for itself. ``write_trend`` puts several nights side by side.
+
+Both documents are built once as a list of blocks and rendered twice, so the Markdown and the HTML
+never disagree. The HTML is self-contained (inline CSS); plots are PNG files next to it, referenced
+by relative path, so the directory can be archived or served as it is. Plots need matplotlib (the
+``report`` extra); without it the tables are still written and the documents say what is missing.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fabrics import REFERENCE_FABRIC
+from .predict import break_even_premium, cost_per_million_tokens
+from .results import CaseResult, SavedRun, identity_mismatch, junit_suites, night_labels, verdict_case
+
+__all__ = ["Written", "combine", "merge_junit", "write_report", "write_trend"]
+
+PLOTS_DIR = "plots"
+NO_MATPLOTLIB = ("plots skipped: matplotlib is not installed (pip install 'fabric-gates[report]' "
+                 "or pip install 'matplotlib>=3.7'); the tables are complete without them")
+
+
+@dataclass
+class Written:
+    """What a report wrote, and anything the reader should be told about it."""
+
+    markdown: Path
+    html: Path
+    plots: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------
+# One document, two renderings
+# --------------------------------------------------------------------------------------------
+
+
+class _Document:
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.blocks: list[tuple[str, Any]] = []
+
+    def heading(self, text: str, level: int = 2) -> None:
+        self.blocks.append(("heading", (level, text)))
+
+    def para(self, text: str) -> None:
+        self.blocks.append(("para", text))
+
+    def bullets(self, items: Sequence[str]) -> None:
+        if items:
+            self.blocks.append(("bullets", list(items)))
+
+    def table(self, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+        self.blocks.append(("table", ([str(h) for h in header], [[str(c) for c in r] for r in rows])))
+
+    def image(self, relative: str, alt: str) -> None:
+        self.blocks.append(("image", (relative, alt)))
+
+    def markdown(self) -> str:
+        out = [f"# {self.title}", ""]
+        for kind, value in self.blocks:
+            if kind == "heading":
+                level, text = value
+                out += [f"{'#' * level} {text}", ""]
+            elif kind == "para":
+                out += [value, ""]
+            elif kind == "bullets":
+                out += [f"- {item}" for item in value] + [""]
+            elif kind == "table":
+                header, rows = value
+                out.append(_markdown_row(header))
+                out.append("|" + "|".join("---:" if _numeric(rows, i) else "---" for i in range(len(header))) + "|")
+                out += [_markdown_row(row) for row in rows]
+                out.append("")
+            elif kind == "image":
+                relative, alt = value
+                out += [f"![{alt}]({relative})", ""]
+        return "\n".join(out)
+
+    def html(self) -> str:
+        e = html.escape
+        body = [f"<h1>{e(self.title)}</h1>"]
+        for kind, value in self.blocks:
+            if kind == "heading":
+                level, text = value
+                body.append(f"<h{level}>{e(text)}</h{level}>")
+            elif kind == "para":
+                body.append(f"<p>{e(value)}</p>")
+            elif kind == "bullets":
+                body.append("<ul>" + "".join(f"<li>{e(item)}</li>" for item in value) + "</ul>")
+            elif kind == "table":
+                header, rows = value
+                head = "".join(f"<th>{e(h)}</th>" for h in header)
+                align = ["num" if _numeric(rows, i) else "text" for i in range(len(header))]
+                trs = "".join("<tr>" + "".join(f'<td class="{a}">{e(c)}</td>' for a, c in zip(align, row)) + "</tr>"
+                              for row in rows)
+                body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{trs}</tbody></table>")
+            elif kind == "image":
+                relative, alt = value
+                body.append(f'<figure><img src="{e(relative)}" alt="{e(alt)}">'
+                            f"<figcaption>{e(alt)}</figcaption></figure>")
+        return (
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{e(self.title)}</title><style>{_CSS}</style></head>\n<body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+
+def _markdown_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+_NUMBER = re.compile(r"^[-+$]?[0-9.,]+(e[-+]?\d+)?%?$|^-$|^n/a$")
+
+
+def _numeric(rows: Sequence[Sequence[str]], column: int) -> bool:
+    """Right-align a column of numbers (placeholders aside), as the HTML does."""
+    cells = [row[column] for row in rows if column < len(row)]
+    return any(c not in ("-", "n/a") for c in cells) and all(_NUMBER.match(c) for c in cells)
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;padding:0 1em;color:#222}"
+    "h1,h2,h3{font-weight:600}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}"
+    "table{border-collapse:collapse;margin:.6em 0 1.2em}"
+    "th,td{border:1px solid #ccc;padding:.25em .6em;text-align:left}"
+    "td.num{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f3f3}"
+    "tbody tr:nth-child(even){background:#fafafa}"
+    "figure{margin:.5em 0 1.5em}img{max-width:100%;border:1px solid #eee}"
+    "figcaption{font-size:.85em;color:#666}li{margin:.15em 0}"
+)
+
+
+def _write(directory: Path, doc: _Document, stem: str, plots: list[Path], notes: list[str]) -> Written:
+    directory.mkdir(parents=True, exist_ok=True)
+    markdown, page = directory / f"{stem}.md", directory / f"{stem}.html"
+    for path, text in ((markdown, doc.markdown()), (page, doc.html())):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return Written(markdown, page, plots, notes)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "plot"
+
+
+def _matplotlib_figure():
+    """matplotlib's Figure class, or None: object-oriented API, Agg canvas, no global pyplot state."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    return Figure
+
+
+# --------------------------------------------------------------------------------------------
+# The night's report
+# --------------------------------------------------------------------------------------------
+
+
+def combine(runs: Sequence[SavedRun]) -> SavedRun:
+    """Several files of one night as one run: a case or link in several of them takes the last one's values."""
+    if not runs:
+        raise ValueError("nothing to combine")
+    combined = SavedRun(dict(runs[0].identity), source=runs[0].source, kind=runs[0].kind)
+    for run in runs:
+        combined.cases.update(run.cases)
+        combined.bandwidth.update(run.bandwidth)
+        combined.verdicts.extend(run.verdicts)
+        combined.errors.extend(run.errors)
+        if not combined.identity.get("fabrics") and run.identity.get("fabrics"):
+            combined.identity["fabrics"] = run.identity["fabrics"]
+    return combined
+
+
+def _reference(fabrics: Sequence[str]) -> str | None:
+    return REFERENCE_FABRIC if REFERENCE_FABRIC in fabrics else (fabrics[0] if fabrics else None)
+
+
+def _by_model(run: SavedRun) -> dict[str, dict[int, dict[str, CaseResult]]]:
+    table: dict[str, dict[int, dict[str, CaseResult]]] = {}
+    for c in run.cases.values():
+        table.setdefault(c.model, {}).setdefault(c.nodes, {})[c.fabric] = c
+    return table
+
+
+def _identity_lines(identity: Mapping[str, Any]) -> list[str]:
+    versions = identity.get("versions") or {}
+    facts = [
+        ("cluster", identity.get("cluster") or identity.get("cluster_kind")),
+        ("nodes", identity.get("nodes")),
+        ("hosts", ", ".join(identity["hosts"]) if identity.get("hosts") else None),
+        ("GPUs per node", identity.get("gpus_per_node")),
+        ("device", " ".join(str(identity[k]) for k in ("device", "dtype") if identity.get(k)) or None),
+        ("GPU", identity.get("gpu")),
+        ("attention", identity.get("attention")),
+        ("batch x sequence per GPU", ", ".join(f"{m} {v}" for m, v in sorted((identity.get("shapes") or {}).items()))
+         or None),
+        ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v) or None),
+        ("fabrics", ", ".join(identity["fabrics"]) if identity.get("fabrics") else None),
+        ("run at", identity.get("created")),
+        ("baseline of", f"{identity['baseline_nights']} nights" if identity.get("baseline_nights") else None),
+        ("pytest-fabric", identity.get("pytest_fabric")),
+    ]
+    return [f"{name}: {value}" for name, value in facts if value not in (None, "")]
+
+
+def _delta(row: Mapping[str, CaseResult], fabric: str, ref: str | None, nodes: int) -> str:
+    if fabric not in row:
+        return "-"
+    if nodes == 1:
+        return "n/a"  # one node: no traffic crosses the fabric, every fabric shares one measurement
+    if ref not in row:
+        return "-"
+    return f"{(row[fabric].mean / row[ref].mean - 1) * 100:+.1f}%"
+
+
+def _verdicts_by_row(run: SavedRun) -> dict[tuple[str, int], list[str]]:
+    """Per (model, nodes), the gates' outcomes: tests that passed without a verdict line only measured."""
+    out: dict[tuple[str, int], list[str]] = {}
+    for v in run.verdicts:
+        case = verdict_case(v)
+        outcome = v.get("outcome", "?")
+        if case is None or (outcome == "passed" and not v.get("message")):
+            continue
+        test = str(v.get("test", "?")).rpartition("::")[2].partition("[")[0]
+        out.setdefault(case[:2], []).append(f"{test} ({case[2]}): {outcome}")
+    return out
+
+
+def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mapping[str, float] | None = None) -> Written:
+    """``report.md``, ``report.html`` and ``plots/*.png`` in ``directory`` for the night in ``runs``.
+
+    ``prices``: USD per GPU-hour by fabric; with them the report adds cost per million tokens and
+    the break-even premium of the reference fabric over each other one.
+    """
+    directory = Path(directory)
+    run = combine(runs)
+    fabrics = run.fabrics()
+    ref = _reference(fabrics)
+    notes: list[str] = []
+    plots: list[Path] = []
+    doc = _Document("pytest-fabric report")
+
+    doc.heading("What ran")
+    doc.bullets(_identity_lines(run.identity))
+    doc.para("Inputs: " + ", ".join(str(r.source) if r.source else "(in memory)" for r in runs))
+    warnings = [f"{r.source or i}: {line}" for i, r in enumerate(runs[1:], 1)
+                for line in identity_mismatch(runs[0].identity, r.identity, ("first input", "this input"))]
+    if warnings:
+        doc.heading("Set-up differences between the inputs")
+        doc.para("These numbers come from set-ups that differ; compare them with care.")
+        doc.bullets(warnings)
+
+    Figure = _matplotlib_figure()
+    by_model = _by_model(run)
+    doc.heading("Throughput")
+    if not by_model:
+        doc.para("No training measurements.")
+    else:
+        doc.para(f"tokens/s of the whole job, mean over launches; deltas against {ref}. "
+                 "One node never crosses the fabric: its measurement serves every fabric (n/a).")
+    if by_model and Figure is None:
+        notes.append(NO_MATPLOTLIB)
+        doc.para(NO_MATPLOTLIB)
+    verdict_rows = _verdicts_by_row(run)
+    for model, rows in sorted(by_model.items()):
+        doc.heading(model, 3)
+        header = ["nodes", "GPUs", *(f"{f} tok/s" for f in fabrics), *(f"{f} vs {ref}" for f in fabrics if f != ref),
+                  *(f"{f} tok/s/GPU" for f in fabrics), "launches", "verdict"]
+        body = []
+        for nodes in sorted(rows):
+            row = rows[nodes]
+            body.append([
+                str(nodes), str(next(iter(row.values())).gpus),
+                *(f"{row[f].mean:.1f}" if f in row else "-" for f in fabrics),
+                *(_delta(row, f, ref, nodes) for f in fabrics if f != ref),
+                *(f"{row[f].mean_per_gpu:.1f}" if f in row else "-" for f in fabrics),
+                ", ".join(f"{f} {len(row[f].tokens_per_s)}" for f in fabrics if f in row),
+                "; ".join(verdict_rows.get((model, nodes), [])) or "-",
+            ])
+        doc.table(header, body)
+        if Figure is not None:
+            png = directory / PLOTS_DIR / f"{_slug(model)}-per-gpu.png"
+            _plot_per_gpu(Figure, png, model, rows, fabrics)
+            plots.append(png)
+            doc.image(f"{PLOTS_DIR}/{png.name}", f"{model}: tokens/s per GPU versus nodes, per fabric")
+
+    if run.verdicts:
+        doc.heading("Verdicts")
+        doc.table(["test", "outcome", "detail"],
+                  [[v.get("test", "?"), v.get("outcome", "?"), v.get("message", "")] for v in run.verdicts])
+
+    if run.bandwidth:
+        doc.heading("Collective bandwidth")
+        doc.para("Bus bandwidth (nccl-tests semantics) at each collective's largest payload, Gbit/s.")
+        links = sorted(run.bandwidth.values(), key=lambda b: (b.nodes, fabrics.index(b.fabric)))
+        ops = sorted({op for b in links for op in b.busbw_gbit})
+        doc.table(["nodes", "fabric", "link Gbit/s", *(f"{op} busbw" for op in ops), "payload MiB"],
+                  [[str(b.nodes), b.fabric, f"{b.link_gbit:g}" if b.link_gbit else "-",
+                    *(f"{b.busbw_gbit[op]:.3f}" if op in b.busbw_gbit else "-" for op in ops),
+                    f"{b.payload_bytes / 2**20:g}"] for b in links])
+
+    if prices:
+        _cost_section(doc, by_model, fabrics, ref, prices, notes)
+
+    if run.errors:
+        doc.heading("Failed launches")
+        doc.bullets(run.errors)
+    return _write(directory, doc, "report", plots, notes)
+
+
+def _cost_section(doc: _Document, by_model: dict[str, dict[int, dict[str, CaseResult]]], fabrics: Sequence[str],
+                  ref: str | None, prices: Mapping[str, float], notes: list[str]) -> None:
+    doc.heading("Cost")
+    if not by_model:
+        doc.para("No training measurements to price.")
+        return
+    priced = [f for f in fabrics if f in prices]
+    unknown = sorted(set(prices) - set(fabrics))
+    if unknown:
+        note = f"prices given for fabrics with no measurements: {', '.join(unknown)}"
+        notes.append(note)
+        doc.para(note + ".")
+    doc.para("Prices per GPU-hour: " + ", ".join(f"{f} ${prices[f]:g}" for f in sorted(prices)) + ". "
+             f"Break-even premium: how much more per GPU-hour {ref} may cost than the other fabric and still "
+             f"cost no more per token (its tokens/s advantage).")
+    others = [f for f in fabrics if f != ref]
+    for model, rows in sorted(by_model.items()):
+        header = ["nodes", "GPUs", *(f"{f} $/M tokens" for f in priced),
+                  *(f"{ref} break-even premium over {f}" for f in others)]
+        if ref in prices:
+            header += [f"{ref} price premium over {f}" for f in others if f in prices]
+        header.append("cheapest per token")
+        body = []
+        for nodes in sorted(rows):
+            row = rows[nodes]
+            cost = {f: cost_per_million_tokens(row[f].mean, row[f].gpus, prices[f]) for f in priced if f in row}
+            cells = [str(nodes), str(next(iter(row.values())).gpus),
+                     *(f"{cost[f]:.4g}" if f in cost else "-" for f in priced)]
+            for f in others:
+                if nodes == 1:
+                    cells.append("n/a")
+                elif ref in row and f in row:
+                    cells.append(f"{break_even_premium(row[ref].mean, row[f].mean) * 100:+.1f}%")
+                else:
+                    cells.append("-")
+            if ref in prices:
+                cells += [f"{(prices[ref] / prices[f] - 1) * 100:+.1f}%" for f in others if f in prices]
+            cells.append(min(cost, key=cost.__getitem__) if cost else "-")
+            body.append(cells)
+        doc.heading(f"{model}: cost", 3)
+        doc.table(header, body)
+
+
+def _plot_per_gpu(Figure, png: Path, model: str, rows: dict[int, dict[str, CaseResult]],
+                  fabrics: Sequence[str]) -> None:
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    ax = fig.add_subplot()
+    for fabric in fabrics:
+        points = [(nodes, row[fabric].mean_per_gpu) for nodes, row in sorted(rows.items()) if fabric in row]
+        if points:
+            ax.plot([n for n, _ in points], [v for _, v in points], marker="o", label=fabric)
+    ax.set_title(f"{model}: tokens/s per GPU")
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("tokens/s per GPU")
+    ax.set_xticks(sorted(rows))
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, format="png")
+
+
+# --------------------------------------------------------------------------------------------
+# Several nights
+# --------------------------------------------------------------------------------------------
+
+
+def write_trend(runs: Sequence[SavedRun], directory: Path | str) -> Written:
+    """``trend.md``, ``trend.html`` and ``plots/trend-*.png``: tokens/s per case, night by night."""
+    if len(runs) < 2:
+        raise ValueError(f"a trend needs at least two nights, got {len(runs)}")
+    directory = Path(directory)
+    labels = night_labels(runs)
+    notes: list[str] = []
+    plots: list[Path] = []
+    doc = _Document("pytest-fabric trend")
+    doc.heading("Nights")
+    doc.table(["night", "source", "cases"],
+              [[label, str(r.source) if r.source else "-", str(len(r.cases))] for label, r in zip(labels, runs)])
+    warnings = [f"{labels[i]}: {line}" for i in range(1, len(runs))
+                for line in identity_mismatch(runs[i - 1].identity, runs[i].identity, ("night before", "this night"))]
+    if warnings:
+        doc.heading("Set-up changes between nights")
+        doc.para("A change in numbers next to a change in set-up may be the set-up, not the fabric.")
+        doc.bullets(warnings)
+
+    case_ids = sorted({cid for r in runs for cid in r.cases},
+                      key=lambda cid: _sort_key(next(r.cases[cid] for r in runs if cid in r.cases)))
+    doc.heading("tokens/s per night")
+    body = []
+    for cid in case_ids:
+        values = [r.cases[cid].mean if cid in r.cases else None for r in runs]
+        known = [v for v in values if v is not None]
+        change = f"{(known[-1] / known[0] - 1) * 100:+.1f}%" if len(known) >= 2 else "-"
+        body.append([cid, *(f"{v:.1f}" if v is not None else "-" for v in values), change])
+    doc.table(["case", *labels, "last vs first"], body)
+
+    Figure = _matplotlib_figure()
+    if Figure is None and case_ids:
+        notes.append(NO_MATPLOTLIB)
+        doc.para(NO_MATPLOTLIB)
+    elif case_ids:
+        doc.heading("Plots")
+        groups: dict[tuple[str, str], list[str]] = {}
+        for cid in case_ids:
+            c = next(r.cases[cid] for r in runs if cid in r.cases)
+            groups.setdefault((c.model, c.fabric), []).append(cid)
+        for (model, fabric), ids in sorted(groups.items()):
+            png = directory / PLOTS_DIR / f"trend-{_slug(model)}-{_slug(fabric)}.png"
+            _plot_trend(Figure, png, f"{model} on {fabric}", labels, runs, ids)
+            plots.append(png)
+            doc.image(f"{PLOTS_DIR}/{png.name}", f"{model} on {fabric}: tokens/s per night")
+    return _write(directory, doc, "trend", plots, notes)
+
+
+def _sort_key(c: CaseResult) -> tuple[str, int, str]:
+    return c.model, c.nodes, c.fabric
+
+
+def _plot_trend(Figure, png: Path, title: str, labels: Sequence[str], runs: Sequence[SavedRun],
+                case_ids: Sequence[str]) -> None:
+    fig = Figure(figsize=(max(6.4, 0.9 * len(labels)), 4.0), dpi=100)
+    ax = fig.add_subplot()
+    xs = list(range(len(labels)))
+    for cid in case_ids:
+        points = [(x, r.cases[cid].mean) for x, r in zip(xs, runs) if cid in r.cases]
+        nodes = next(r.cases[cid].nodes for r in runs if cid in r.cases)
+        ax.plot([x for x, _ in points], [v for _, v in points], marker="o",
+                label=f"{nodes} node{'s' * (nodes > 1)}")
+    ax.set_title(f"{title}: tokens/s")
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, format="png")
+
+
+# --------------------------------------------------------------------------------------------
+# JUnit: several files of one nightly as one
+# --------------------------------------------------------------------------------------------
+
+
+def merge_junit(paths: Sequence[Path | str], out: Path | str) -> int:
+    """Write every testsuite of ``paths`` (each kept whole: its properties, timestamp, host) into
+    one ``<testsuites>`` file at ``out``. Returns the number of testcases written.
+
+    The totals on ``<testsuites>`` are the ones junit-10.xsd allows there (tests, failures,
+    errors, time): dashboards validate against it. A file that is not JUnit raises
+    ``ResultsError`` before anything is written.
+    """
+    from copy import deepcopy
+
+    from junitparser import JUnitXml
+
+    if not paths:
+        raise ValueError("nothing to merge")
+    merged = JUnitXml()
+    tests = failures = errors = 0
+    time = 0.0
+    for path in paths:
+        for suite in junit_suites(path):
+            cases = list(suite)
+            tests += len(cases)
+            failures += sum(1 for c in cases if c.is_failure)
+            errors += sum(1 for c in cases if c.is_error)
+            time += sum(c.time or 0.0 for c in cases)
+            merged.append(deepcopy(suite))
+    merged.name = "pytest-fabric"
+    merged.tests, merged.failures, merged.errors, merged.time = tests, failures, errors, round(time, 3)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        merged.write(str(tmp))
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return tests

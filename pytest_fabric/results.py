@@ -1,0 +1,704 @@
+"""Results kept past the session: a night saved to JSON, read back, and combined into a baseline.
+
+A session's store (``measurements.json`` in its directory) is a cache keyed by launch; it dies with
+the session. What is worth keeping is smaller and stable: per configuration, one tokens/s value
+per launch; per link, the bus bandwidth of each collective at its largest payload; the verdicts;
+and the identity of what ran (cluster, hosts, device, versions), because a comparison between two
+nights is only as good as the sameness of the two set-ups.
+
+``load_results`` reads every form a night can come in: a file written by ``save_results``, a
+baseline, a session's store as it is, or the JUnit XML the plugin wrote (metrics parsed from each
+testcase's ``system-out``). Files are JSON or XML only: a results file is data, and loading a
+pickle could run code. Whatever cannot be read raises ``ResultsError`` naming the file and what
+was expected, never a bare ``KeyError`` from deep inside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .fabrics import FABRICS
+from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement
+from .stats import Baseline, robust_baseline
+
+__all__ = [
+    "BASELINE_FORMAT",
+    "RESULTS_FORMAT",
+    "CaseResult",
+    "LinkResult",
+    "ResultsError",
+    "SavedRun",
+    "baseline_for",
+    "build_baseline",
+    "identity_from_records",
+    "identity_mismatch",
+    "junit_suites",
+    "load_baseline",
+    "load_results",
+    "night_labels",
+    "parse_case_id",
+    "save_baseline",
+    "save_results",
+    "verdict_case",
+]
+
+RESULTS_FORMAT = "pytest-fabric-results"
+BASELINE_FORMAT = "pytest-fabric-baseline"
+FORMAT_VERSION = 1
+
+# Case.id is "<model>-n<nodes>-<fabric>"; fabric names are lowercase letters, digits, '_', '.', '-'.
+_CASE_ID = re.compile(r"^(?P<model>.+)-n(?P<nodes>\d+)-(?P<fabric>[a-z][a-z0-9_.-]*)$")
+# "fabric.<case id>.<metric>=<value>", one per line in a measured testcase's system-out.
+_METRIC_LINE = re.compile(r"^fabric\.(?P<id>.+?-n\d+-[a-z][a-z0-9_.-]*?)\.(?P<name>[A-Za-z0-9_.]+)=(?P<value>.*)$")
+# The human line of a configuration measured several times (report.testcase_text).
+_LAUNCHES_LINE = re.compile(r"^(?P<id>\S+): mean [0-9.]+ tokens/s over (?P<n>\d+) launches \((?P<values>[0-9., ]+)\)")
+
+
+class ResultsError(Exception):
+    """A file that is not a readable pytest-fabric results file; the message says which and why."""
+
+
+def parse_case_id(case_id: str) -> Case:
+    """``Case`` from its id (``qwen2-tiny-n2-eth``); ValueError when it is not one."""
+    match = _CASE_ID.match(case_id)
+    if not match:
+        raise ValueError(f"{case_id!r} is not a case id (MODEL-nNODES-FABRIC)")
+    return Case(match["model"], int(match["nodes"]), match["fabric"])
+
+
+@dataclass
+class CaseResult:
+    """One (model, nodes, fabric) of a night: a value per launch."""
+
+    model: str
+    nodes: int
+    fabric: str
+    gpus: int
+    tokens_per_s: list[float]
+    tokens_per_s_per_gpu: list[float]
+
+    @property
+    def id(self) -> str:
+        return Case(self.model, self.nodes, self.fabric).id
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.tokens_per_s)
+
+    @property
+    def mean_per_gpu(self) -> float:
+        return statistics.fmean(self.tokens_per_s_per_gpu)
+
+
+@dataclass
+class LinkResult:
+    """Collective bandwidth of one (nodes, fabric): busbw at each collective's largest payload."""
+
+    nodes: int
+    fabric: str
+    busbw_gbit: dict[str, float]
+    payload_bytes: int
+    link_gbit: float | None = None  # the emulated link rate; None on a real fabric
+
+    @property
+    def id(self) -> str:
+        return Case(BANDWIDTH, self.nodes, self.fabric).id
+
+
+@dataclass
+class SavedRun:
+    """One night (or a baseline, or several JUnit files of one night, combined)."""
+
+    identity: dict[str, Any]
+    cases: dict[str, CaseResult] = field(default_factory=dict)
+    bandwidth: dict[str, LinkResult] = field(default_factory=dict)
+    # {"test", "outcome", "message"} and, where known, {"model", "nodes", "fabric"}.
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # first line of each failed launch
+    source: Path | None = None
+    kind: str = "results"  # "results", "store", "junit" or "baseline"
+
+    @property
+    def measurements(self) -> dict[str, list[float]]:
+        """case id -> tokens/s of each launch."""
+        return {cid: list(c.tokens_per_s) for cid, c in self.cases.items()}
+
+    @property
+    def label(self) -> str:
+        """What a trend calls this night: when it ran, else its session directory or file name."""
+        created = self.identity.get("created")
+        if isinstance(created, str) and len(created) >= 16:
+            return created[:16].replace("T", " ")
+        if self.source is None:
+            return "unnamed"
+        # A store is always measurements.json; its session directory is named after the start time.
+        return self.source.parent.name if self.kind == "store" else self.source.name
+
+    def fabrics(self) -> list[str]:
+        """The fabrics measured, the session's order first, then the presets' order, then by name."""
+        seen = {c.fabric for c in self.cases.values()} | {b.fabric for b in self.bandwidth.values()}
+        declared = [f for f in self.identity.get("fabrics") or [] if f in seen]
+        presets = [f for f in FABRICS if f in seen and f not in declared]
+        return declared + presets + sorted(seen - set(declared) - set(presets))
+
+
+# --------------------------------------------------------------------------------------------
+# From a session's store
+# --------------------------------------------------------------------------------------------
+
+
+def identity_from_records(records: Mapping[str, Any]) -> dict[str, Any]:
+    """What the store's records say about the set-up: cluster, hosts, device, versions.
+
+    The widest training launch speaks for the run (it saw every host); a bandwidth launch stands in
+    when nothing was trained. Values nobody recorded are left out rather than set to None.
+    """
+    launched = [r for r in records.values() if isinstance(r, dict) and isinstance(r.get("result"), dict)]
+    if not launched:
+        return {}
+    training = [r for r in launched if r.get("case", {}).get("model") != BANDWIDTH] or launched
+    widest = max(training, key=lambda r: r["result"].get("world_size", 0))
+    r = widest["result"]
+    identity: dict[str, Any] = {
+        "cluster_kind": widest.get("cluster"),
+        "cluster": r.get("cluster"),
+        "nodes": max(int(rec.get("case", {}).get("nodes", 0)) for rec in launched),
+        "hosts": sorted(r["nodes"]) if isinstance(r.get("nodes"), list) else None,
+        "gpus_per_node": r.get("local_world_size"),
+        "device": r.get("device"),
+        "dtype": r.get("dtype"),
+        "gpu": r.get("gpu"),
+        "attention": r.get("attention"),
+        "versions": {k: v for k, v in (r.get("versions") or {}).items() if v},
+        # tokens per GPU per step decide compute per step: two nights with other shapes measure other things
+        "shapes": {rec["case"]["model"]: f"{rec['result']['batch_size']} x {rec['result']['seq_len']}"
+                   for rec in training if "batch_size" in rec["result"] and "seq_len" in rec["result"]},
+    }
+    return {k: v for k, v in identity.items() if v not in (None, "", {})}
+
+
+def _launch_index(key: str) -> int:
+    _, at, index = key.rpartition("@")
+    return int(index) if at and index.isdigit() else 0
+
+
+def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
+                     where: str) -> tuple[dict[str, CaseResult], dict[str, LinkResult], list[str]]:
+    """Per case, one value per launch (in launch order); per link, busbw; the failed launches.
+
+    A single-node launch never touches the fabric and serves every fabric of the session, so it is
+    listed under each of them (``fabrics``; by default every fabric the store mentions).
+    """
+    errors: list[str] = []
+    training: list[tuple[int, str, dict[str, Any]]] = []
+    links: dict[str, LinkResult] = {}
+    for key, record in sorted(records.items()):
+        if not isinstance(record, dict) or not isinstance(record.get("case"), dict):
+            raise ResultsError(f"{where}: record {key!r} has no \"case\" object; expected a pytest-fabric "
+                               "session store (key -> {\"case\", \"result\" or \"error\"})")
+        if "error" in record:
+            errors.append(str(record["error"]).splitlines()[0] if record["error"] else f"{key}: failed")
+            continue
+        try:
+            if record["case"]["model"] == BANDWIDTH:
+                m = BandwidthMeasurement.from_record(record)
+                ops = sorted({row["op"] for row in m.rows})
+                mbit = m.result.get("fabric", {}).get("emulated_mbit")
+                links[m.case.id] = LinkResult(
+                    m.case.nodes, m.case.fabric, {op: m.busbw_gbit(op) for op in ops},
+                    int(m.largest(ops[0])["bytes"]) if ops else 0,
+                    mbit / 1000 if mbit and record.get("cluster") == "emulated" else None)
+            else:
+                if not isinstance(Case(**record["case"]).nodes, int):
+                    raise ValueError(f"case.nodes must be an integer, got {record['case']['nodes']!r}")
+                training.append((_launch_index(key), key, record))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise ResultsError(f"{where}: record {key!r} is malformed ({type(exc).__name__}: {exc}); "
+                               "expected a training result (step_s, tokens_per_step, world_size) or "
+                               "collective rows (op, bytes, busbw_GBps)") from None
+    every_fabric = list(fabrics) if fabrics else sorted({rec["case"]["fabric"] for _, _, rec in training})
+    cases: dict[str, CaseResult] = {}
+    for _, key, record in sorted(training, key=lambda t: (t[0], t[1])):
+        measured = Case(**record["case"])
+        for fabric in [measured.fabric] if measured.crosses_fabric else every_fabric:
+            try:
+                m = Measurement.from_record(measured.with_fabric(fabric), record)
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+                raise ResultsError(f"{where}: record {key!r} is malformed ({type(exc).__name__}: {exc}); "
+                                   "expected result.step_s, tokens_per_step and world_size") from None
+            entry = cases.setdefault(m.case.id, CaseResult(m.case.model, m.case.nodes, fabric, m.gpus, [], []))
+            entry.tokens_per_s.append(m.tokens_per_s)
+            entry.tokens_per_s_per_gpu.append(m.tokens_per_s_per_gpu)
+    return cases, links, errors
+
+
+# --------------------------------------------------------------------------------------------
+# Saving and loading
+# --------------------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json_atomically(path: Path, data: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_results(path: Path | str, store_records: Mapping[str, Any], identity: Mapping[str, Any],
+                 verdicts: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Write one night: per-case launch values, bandwidth, verdicts and the identity, as JSON.
+
+    ``identity`` is what the caller knows (see ``identity_from_records`` for what the records add:
+    the caller's values win). The raw store records go along too: the step times and NCCL settings
+    behind each number are what one reads when a night looks wrong. Written atomically: a reader
+    never sees half a file.
+    """
+    from . import __version__
+
+    full = {**identity_from_records(store_records), "created": _now(), "pytest_fabric": __version__,
+            "harness_host": platform.node()}
+    full.update({k: v for k, v in identity.items() if v is not None})
+    cases, links, errors = _runs_from_store(store_records, full.get("fabrics"), str(path))
+    _write_json_atomically(Path(path), {
+        "format": RESULTS_FORMAT,
+        "version": FORMAT_VERSION,
+        "identity": full,
+        "cases": {cid: {"model": c.model, "nodes": c.nodes, "fabric": c.fabric, "gpus": c.gpus,
+                        "tokens_per_s": c.tokens_per_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu}
+                  for cid, c in sorted(cases.items())},
+        "bandwidth": {lid: {"nodes": b.nodes, "fabric": b.fabric, "busbw_gbit": b.busbw_gbit,
+                            "payload_bytes": b.payload_bytes, "link_gbit": b.link_gbit}
+                      for lid, b in sorted(links.items())},
+        "verdicts": [dict(v) for v in verdicts],
+        "errors": errors,
+        "records": dict(store_records),
+    })
+
+
+def load_results(path: Path | str) -> SavedRun:
+    """A night from any of: ``save_results`` JSON, a baseline, a session store, or JUnit XML."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    text = _decode(raw, path)
+    head = text.lstrip()
+    if head.startswith("<"):
+        return _load_junit(path)
+    if head.startswith(("{", "[")):
+        return _from_json(_parse_json(text, path), path)
+    raise ResultsError(f"{path}: neither JSON nor XML; expected a pytest-fabric results file (.json, "
+                       "written by --fabric-save or pytest-fabric baseline), a session's measurements.json, "
+                       "or a JUnit XML file written by pytest --junitxml")
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    if raw[:1] == b"\x80":  # every pickle protocol >= 2 starts with PROTO (0x80)
+        raise ResultsError(f"{path}: this looks like a Python pickle; pytest-fabric reads only JSON and JUnit "
+                           "XML (loading a pickle can run arbitrary code)")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path}: not UTF-8 text; expected a JSON results file or JUnit XML") from None
+
+
+def _parse_json(text: str, path: Path) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ResultsError(f"{path}: invalid JSON ({exc}); the file may be truncated") from None
+
+
+def _from_json(data: Any, path: Path) -> SavedRun:
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: the JSON is a {type(data).__name__}, expected an object with "
+                           f"\"format\": \"{RESULTS_FORMAT}\" (or a session's measurements.json)")
+    fmt = data.get("format")
+    if fmt == RESULTS_FORMAT:
+        _check_version(data, path)
+        return _run_from_saved(data, path)
+    if fmt == BASELINE_FORMAT:
+        return _run_from_baseline(_validated_baseline(data, path), path)
+    if fmt is not None:
+        raise ResultsError(f"{path}: unknown format marker {fmt!r}; expected {RESULTS_FORMAT!r} or {BASELINE_FORMAT!r}")
+    if not data:
+        raise ResultsError(f"{path}: an empty JSON object holds no measurements; expected a pytest-fabric "
+                           "results file or a session's measurements.json")
+    # No marker: a session's store as the plugin leaves it.
+    cases, links, errors = _runs_from_store(data, None, str(path))
+    return SavedRun(identity_from_records(data), cases, links, [], errors, path, "store")
+
+
+def _check_version(data: Mapping[str, Any], path: Path) -> None:
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ResultsError(f"{path}: \"version\" must be an integer, got {version!r}")
+    if version > FORMAT_VERSION:
+        raise ResultsError(f"{path}: written by a newer pytest-fabric (format version {version}; this one reads "
+                           f"up to {FORMAT_VERSION}); upgrade pytest-fabric to read it")
+
+
+def _field(obj: Any, name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict) or name not in obj:
+        raise ResultsError(f"{where}: missing \"{name}\"")
+    value = obj[name]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        expected = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise ResultsError(f"{where}: \"{name}\" must be {expected}, got {type(value).__name__}")
+    return value
+
+
+def _numbers(obj: Any, name: str, where: str) -> list[float]:
+    values = _field(obj, name, list, where)
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
+        raise ResultsError(f"{where}: \"{name}\" must be a non-empty list of positive numbers")
+    return [float(v) for v in values]
+
+
+def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
+    identity = _field(data, "identity", dict, str(path))
+    cases = {}
+    for cid, c in _field(data, "cases", dict, str(path)).items():
+        where = f"{path}: case {cid!r}"
+        cases[cid] = CaseResult(_field(c, "model", str, where), _field(c, "nodes", int, where),
+                                _field(c, "fabric", str, where), _field(c, "gpus", int, where),
+                                _numbers(c, "tokens_per_s", where), _numbers(c, "tokens_per_s_per_gpu", where))
+    links = {}
+    for lid, b in _field(data, "bandwidth", dict, str(path)).items():
+        where = f"{path}: bandwidth {lid!r}"
+        busbw = _field(b, "busbw_gbit", dict, where)
+        if not all(isinstance(v, (int, float)) for v in busbw.values()):
+            raise ResultsError(f"{where}: \"busbw_gbit\" must map collective names to numbers")
+        link = b.get("link_gbit")
+        links[lid] = LinkResult(_field(b, "nodes", int, where), _field(b, "fabric", str, where),
+                                {k: float(v) for k, v in busbw.items()}, _field(b, "payload_bytes", int, where),
+                                float(link) if isinstance(link, (int, float)) else None)
+    verdicts = _field(data, "verdicts", list, str(path))
+    if not all(isinstance(v, dict) for v in verdicts):
+        raise ResultsError(f"{path}: \"verdicts\" must be a list of objects")
+    errors = [str(e) for e in data.get("errors") or []]
+    return SavedRun(identity, cases, links, verdicts, errors, path, "results")
+
+
+# --------------------------------------------------------------------------------------------
+# JUnit XML as the plugin writes it
+# --------------------------------------------------------------------------------------------
+
+
+def junit_suites(path: Path | str) -> list[Any]:
+    """The testsuites of a JUnit file (junitparser objects); ResultsError when it is not one."""
+    from junitparser import JUnitXml, TestSuite
+    from junitparser.junitparser import JUnitXmlError
+
+    try:
+        xml = JUnitXml.fromfile(str(path))
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except JUnitXmlError:
+        raise ResultsError(f"{path}: XML but not JUnit (the root element must be <testsuites> or "
+                           "<testsuite>)") from None
+    except (SyntaxError, ValueError) as exc:  # lxml's and ElementTree's parse errors are SyntaxErrors
+        raise ResultsError(f"{path}: not readable as JUnit XML ({exc}); the file may be truncated") from None
+    # junitparser 3 returns a lone <testsuite> as it is, later versions wrap it in <testsuites>.
+    return [xml] if isinstance(xml, TestSuite) else list(xml)
+
+
+def _load_junit(path: Path) -> SavedRun:
+    suites = junit_suites(path)
+    identity: dict[str, Any] = {}
+    versions: dict[str, str] = {}
+    metrics: dict[str, dict[str, str]] = {}
+    launches: dict[str, list[float]] = {}
+    verdicts: list[dict[str, Any]] = []
+    for suite in suites:
+        if suite.timestamp and "created" not in identity:
+            identity["created"] = suite.timestamp
+        if suite.hostname and "harness_host" not in identity:
+            identity["harness_host"] = suite.hostname
+        for prop in suite.properties():
+            if prop.name == "fabric.cluster":
+                identity.setdefault("cluster", prop.value)
+            elif prop.name == "fabric.fabrics":
+                identity.setdefault("fabrics", [f for f in (prop.value or "").split(",") if f])
+            elif prop.name == "fabric.attention":
+                identity.setdefault("attention", prop.value)
+            elif prop.name.startswith("fabric.version."):
+                versions.setdefault(prop.name.removeprefix("fabric.version."), prop.value)
+        for case in suite:
+            out = case.system_out or ""
+            ids = set()
+            for line in out.splitlines():
+                match = _METRIC_LINE.match(line.strip())
+                if match:
+                    metrics.setdefault(match["id"], {}).setdefault(match["name"], match["value"])
+                    ids.add(match["id"])
+                many = _LAUNCHES_LINE.match(line.strip())
+                if many:
+                    values = [float(v) for v in many["values"].split(",") if v.strip()]
+                    # The same launches are cached per index: the longest list holds the others.
+                    if len(values) == int(many["n"]) and len(values) > len(launches.get(many["id"], [])):
+                        launches[many["id"]] = values
+            if ids:
+                verdicts.append(_junit_verdict(case, out))
+    if not metrics:
+        raise ResultsError(f"{path}: JUnit, but no testcase carries pytest-fabric measurements (no "
+                           "fabric.<case>.tokens_per_s= lines in any system-out); expected the JUnit XML of a "
+                           "pytest-fabric run")
+    for m in metrics.values():
+        if m.get("cluster"):
+            identity.setdefault("cluster_kind", m["cluster"])
+        if m.get("nodes"):
+            hosts = sorted(h for h in m["nodes"].split(",") if h)
+            if len(hosts) > len(identity.get("hosts", [])):
+                identity["hosts"] = hosts
+        device, _, dtype = (m.get("device") or "").partition("/")  # "cuda/bfloat16"
+        if device and device != "None":
+            identity.setdefault("device", device)
+        if dtype and dtype != "None":
+            identity.setdefault("dtype", dtype)
+    emulated = identity.get("cluster_kind") == "emulated" or str(identity.get("cluster", "")).startswith("emulated")
+    cases, links = _cases_from_metrics(metrics, launches, emulated, path)
+    if cases or links:
+        identity["nodes"] = max(c.nodes for c in [*cases.values(), *links.values()])
+    if versions:
+        identity["versions"] = versions
+    identity = {k: v for k, v in identity.items() if v not in (None, "")}
+    return SavedRun(identity, cases, links, verdicts, [], path, "junit")
+
+
+def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, list[float]], emulated: bool,
+                        path: Path) -> tuple[dict[str, CaseResult], dict[str, LinkResult]]:
+    cases: dict[str, CaseResult] = {}
+    links: dict[str, LinkResult] = {}
+    for cid, m in sorted(metrics.items()):
+        case = parse_case_id(cid)  # the metric pattern only matches case ids
+        try:
+            if case.model == BANDWIDTH:
+                busbw: dict[str, tuple[int, float]] = {}
+                for name, value in m.items():
+                    parts = name.split(".")
+                    if len(parts) == 3 and parts[2] == "busbw_gbit" and parts[1].isdigit():
+                        op, size = parts[0], int(parts[1])
+                        if op not in busbw or size > busbw[op][0]:
+                            busbw[op] = (size, float(value))
+                if busbw:
+                    settings = json.loads(m.get("fabric_settings") or "{}")
+                    mbit = settings.get("emulated_mbit") if emulated else None
+                    links[cid] = LinkResult(case.nodes, case.fabric, {op: v for op, (_, v) in sorted(busbw.items())},
+                                            max(size for size, _ in busbw.values()), mbit / 1000 if mbit else None)
+            elif "tokens_per_s" in m:
+                gpus = int(m.get("gpus", "1"))
+                values = launches.get(cid) or [float(m["tokens_per_s"])]
+                cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values])
+        except ValueError as exc:
+            raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "
+                               f"fabric.{cid}.tokens_per_s=<number> and fabric.{cid}.gpus=<integer>") from None
+    return cases, links
+
+
+def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
+    """A measured testcase's outcome, with the pass/fail line when there is one."""
+    from junitparser import Error, Failure, Skipped
+
+    outcome = "passed"
+    message = next((line for line in out.splitlines() if line.startswith(("pass: ", "inconclusive"))), "")
+    for r in case.result:
+        if isinstance(r, (Failure, Error)):
+            outcome = "failed" if isinstance(r, Failure) else "error"
+        elif isinstance(r, Skipped):  # pytest writes an xfail as a skip of type pytest.xfail
+            outcome = "xfailed" if r.type == "pytest.xfail" else "skipped"
+        else:
+            continue
+        message = r.message or message
+    verdict: dict[str, Any] = {"test": f"{case.classname}::{case.name}" if case.classname else case.name,
+                               "outcome": outcome, "message": message.splitlines()[0] if message else ""}
+    return {**verdict, **_case_of_test(case.name or "")}
+
+
+def _case_of_test(test: str) -> dict[str, Any]:
+    """model, nodes and fabric when the test's parameter is a case id (``test_x[qwen2-tiny-n2-eth]``)."""
+    _, bracket, param = test.partition("[")
+    try:
+        case = parse_case_id(param.rstrip("]")) if bracket else None
+    except ValueError:
+        return {}
+    return {"model": case.model, "nodes": case.nodes, "fabric": case.fabric} if case else {}
+
+
+def verdict_case(verdict: Mapping[str, Any]) -> tuple[str, int, str] | None:
+    """(model, nodes, fabric) a verdict is about: given explicitly, or the test id's parameter."""
+    if all(k in verdict for k in ("model", "nodes", "fabric")):
+        return str(verdict["model"]), int(verdict["nodes"]), str(verdict["fabric"])
+    found = _case_of_test(str(verdict.get("test", "")))
+    return (found["model"], found["nodes"], found["fabric"]) if found else None
+
+
+# --------------------------------------------------------------------------------------------
+# Comparing set-ups
+# --------------------------------------------------------------------------------------------
+
+_COMPARED = (
+    ("cluster_kind", "cluster kind"),
+    ("nodes", "node count"),
+    ("gpus_per_node", "GPUs per node"),
+    ("device", "device"),
+    ("dtype", "dtype"),
+    ("gpu", "GPU"),
+    ("versions.torch", "torch version"),
+    ("versions.nccl", "NCCL version"),
+    ("versions.cuda", "CUDA version"),
+    ("versions.backend", "collective backend"),
+    ("versions.transformers", "transformers version"),
+)
+
+
+def _lookup(identity: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = identity
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def identity_mismatch(a: Mapping[str, Any], b: Mapping[str, Any], labels: tuple[str, str] = ("a", "b")) -> list[str]:
+    """Readable lines for each difference that makes comparing the two runs' numbers dubious.
+
+    A fact only one side recorded is not a difference: older files lack some fields.
+    """
+    la, lb = labels
+    lines = []
+    for key, what in _COMPARED:
+        va, vb = _lookup(a, key), _lookup(b, key)
+        if va is not None and vb is not None and str(va) != str(vb):
+            lines.append(f"{what} differs: {va} ({la}) vs {vb} ({lb})")
+    sa, sb = a.get("shapes") or {}, b.get("shapes") or {}
+    for model in sorted(set(sa) & set(sb)):
+        if sa[model] != sb[model]:
+            lines.append(f"{model} batch x sequence differs: {sa[model]} ({la}) vs {sb[model]} ({lb})")
+    ha, hb = a.get("hosts"), b.get("hosts")
+    if isinstance(ha, list) and isinstance(hb, list) and set(ha) != set(hb):
+        only_a, only_b = sorted(set(ha) - set(hb)), sorted(set(hb) - set(ha))
+        lines.append("hosts differ: " + "; ".join(
+            part for part in (f"only in {la}: {', '.join(only_a)}" if only_a else "",
+                              f"only in {lb}: {', '.join(only_b)}" if only_b else "") if part))
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# Baselines: several nights, outliers dropped
+# --------------------------------------------------------------------------------------------
+
+
+def build_baseline(runs: Sequence[SavedRun]) -> dict[str, Any]:
+    """Per case, the robust center of the nights' mean tokens/s (``stats.robust_baseline``).
+
+    Each night contributes one value per case (the mean of its launches); a night that is an
+    outlier among the others is dropped and named in ``nights``. ``warnings`` lists set-up
+    differences between the latest night and each earlier one.
+    """
+    if not runs:
+        raise ValueError("a baseline needs at least one night")
+    labels = night_labels(runs)
+    cases: dict[str, Any] = {}
+    for cid in sorted({cid for run in runs for cid in run.cases}):
+        nights = [(label, run.cases[cid]) for label, run in zip(labels, runs) if cid in run.cases]
+        values = [c.mean for _, c in nights]
+        b = robust_baseline(values)
+        latest = nights[-1][1]
+        dropped = list(b.dropped)
+        marked = []
+        for label, value in zip([label for label, _ in nights], values):
+            kept = value not in dropped
+            if not kept:
+                dropped.remove(value)
+            marked.append({"night": label, "tokens_per_s": value, "kept": kept})
+        cases[cid] = {"model": latest.model, "nodes": latest.nodes, "fabric": latest.fabric, "gpus": latest.gpus,
+                      "center": b.center, "spread": b.spread, "kept": len(b.kept), "dropped": len(b.dropped),
+                      "nights": marked}
+    latest = runs[-1]
+    warnings = [f"{labels[i]}: {line}" for i, run in enumerate(runs[:-1])
+                for line in identity_mismatch(run.identity, latest.identity, (labels[i], labels[-1]))]
+    return {"format": BASELINE_FORMAT, "version": FORMAT_VERSION, "created": _now(), "cases": cases,
+            "identities": [run.identity for run in runs], "nights": labels,
+            "sources": [str(run.source) if run.source else None for run in runs], "warnings": warnings}
+
+
+def night_labels(runs: Sequence[SavedRun]) -> list[str]:
+    """Each run's label, the file name added where two runs would read alike."""
+    labels = [run.label for run in runs]
+    return [f"{label} ({run.source.parent.name}/{run.source.name})" if labels.count(label) > 1 and run.source
+            else label for label, run in zip(labels, runs)]
+
+
+def save_baseline(path: Path | str, baseline: Mapping[str, Any]) -> None:
+    _write_json_atomically(Path(path), dict(baseline))
+
+
+def load_baseline(path: Path | str) -> dict[str, Any]:
+    """A baseline written by ``save_baseline``; ResultsError for anything else."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    data = _parse_json(_decode(raw, path), path)
+    if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ResultsError(f"{path}: not a pytest-fabric baseline (format {found!r}); expected "
+                           f"\"format\": \"{BASELINE_FORMAT}\", as written by `pytest-fabric baseline`")
+    return _validated_baseline(data, path)
+
+
+def _validated_baseline(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    _check_version(data, path)
+    for cid, c in _field(data, "cases", dict, str(path)).items():
+        where = f"{path}: baseline case {cid!r}"
+        for name, kind in (("model", str), ("fabric", str), ("nodes", int), ("gpus", int),
+                           ("center", (int, float)), ("spread", (int, float)), ("nights", list)):
+            _field(c, name, kind, where)
+        if not c["center"] > 0:
+            raise ResultsError(f"{where}: \"center\" must be positive, got {c['center']}")
+        for night in c["nights"]:
+            _field(night, "tokens_per_s", (int, float), f"{where}, a night")
+    identities = data.get("identities", [])
+    if not isinstance(identities, list) or not all(isinstance(i, dict) for i in identities):
+        raise ResultsError(f"{path}: \"identities\" must be a list of objects")
+    return data
+
+
+def _run_from_baseline(data: dict[str, Any], path: Path) -> SavedRun:
+    identities = data.get("identities") or [{}]
+    identity = {**identities[-1], "baseline_nights": len(identities)}
+    if data.get("created"):
+        identity["created"] = data["created"]
+    cases = {cid: CaseResult(c["model"], c["nodes"], c["fabric"], c["gpus"], [float(c["center"])],
+                             [float(c["center"]) / c["gpus"]]) for cid, c in data["cases"].items()}
+    return SavedRun(identity, cases, source=path, kind="baseline")
+
+
+def baseline_for(baseline: Mapping[str, Any], case_id: str) -> Baseline | None:
+    """The ``stats.Baseline`` of one case (tokens/s), or None when the baseline never measured it."""
+    c = baseline.get("cases", {}).get(case_id)
+    if c is None:
+        return None
+    nights = c.get("nights", [])
+    return Baseline(float(c["center"]), float(c["spread"]),
+                    tuple(n["tokens_per_s"] for n in nights if n.get("kept", True)),
+                    tuple(n["tokens_per_s"] for n in nights if not n.get("kept", True)))

@@ -1,0 +1,172 @@
+"""The ``pytest-fabric`` command: what each subcommand writes and prints, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from test_results import junit_text, nights, saved, session_store
+
+from pytest_fabric.cli import main
+from pytest_fabric.models import get_model
+from pytest_fabric.predict import predict_penalty
+from pytest_fabric.results import load_baseline, load_results
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own exits (usage errors, --help)
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *expected: str) -> None:
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for text in expected:
+        assert text in err
+
+
+@pytest.fixture(autouse=True)
+def no_plots(monkeypatch):
+    """The commands' output is under test here, not the drawing (test_reportgen covers the plots)."""
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+
+
+def test_report_writes_the_documents(capsys, tmp_path):
+    night = saved(tmp_path)
+    code, out, err = run(capsys, "report", str(night), "-o", str(tmp_path / "out"), "--price", "ib=4",
+                         "--price", "eth=3")
+    assert code == 0, err
+    assert f"wrote {tmp_path / 'out' / 'report.md'}" in out and f"wrote {tmp_path / 'out' / 'report.html'}" in out
+    assert "matplotlib is not installed" in err  # said once, on stderr, not as a failure
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| 2 | 2 | 1803.3 | 1700.0 | -5.7% |" in md and "ib break-even premium over eth" in md
+
+
+def test_report_reads_a_session_store_and_junit_together(capsys, tmp_path):
+    store = tmp_path / "measurements.json"
+    store.write_text(json.dumps(session_store()))
+    junit = tmp_path / "junit.xml"
+    junit.write_text(junit_text(session_store()))
+    code, _, err = run(capsys, "report", str(store), str(junit), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "test_advantage (eth): failed" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("price, expected", [
+    ("ib", "write FABRIC=USD_PER_GPU_HOUR"),
+    ("ib=cheap", "write FABRIC=USD_PER_GPU_HOUR"),
+    ("ib=-1", "positive price"),
+    ("=3", "write FABRIC=USD_PER_GPU_HOUR"),
+])
+def test_bad_prices(capsys, tmp_path, price, expected):
+    code, _, err = run(capsys, "report", str(saved(tmp_path)), "-o", str(tmp_path / "out"), "--price", price)
+    assert_one_line_error(code, err, expected, "pytest-fabric report: error:")
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_on_bad_inputs(capsys, tmp_path):
+    truncated = tmp_path / "night.json"
+    truncated.write_text('{"format": "pytest-fabric-results", "ver')
+    code, _, err = run(capsys, "report", str(truncated), "-o", str(tmp_path / "out"))
+    assert_one_line_error(code, err, str(truncated), "invalid JSON")
+    code, _, err = run(capsys, "report", str(tmp_path / "absent.json"))
+    assert_one_line_error(code, err, "absent.json", "cannot read")
+    code, _, err = run(capsys, "report")
+    assert_one_line_error(code, err, "the following arguments are required: INPUT")
+
+
+def test_merge(capsys, tmp_path):
+    a, b = tmp_path / "a.xml", tmp_path / "b.xml"
+    a.write_text(junit_text(session_store()))
+    b.write_text('<testsuite name="other" tests="1"><testcase classname="c" name="t" time="1"/></testsuite>')
+    code, out, err = run(capsys, "merge", str(tmp_path / "all.xml"), str(a), str(b))
+    assert code == 0, err
+    assert "6 testcase(s) from 2 file(s)" in out
+    code, _, err = run(capsys, "merge", str(tmp_path / "x.xml"), str(saved(tmp_path)))
+    assert_one_line_error(code, err, "night.json", "not readable as JUnit XML")
+
+
+def test_trend(capsys, tmp_path):
+    paths = [str(p) for p in nights(tmp_path, [1.0, 1.1])]
+    code, _, err = run(capsys, "trend", *paths, "-o", str(tmp_path / "t"))
+    assert code == 0, err
+    assert "| qwen2-tiny-n2-eth | 1700.0 | 1870.0 | +10.0% |" in (tmp_path / "t" / "trend.md").read_text()
+    code, _, err = run(capsys, "trend", paths[0])
+    assert_one_line_error(code, err, "at least two nights")
+
+
+def test_baseline(capsys, tmp_path):
+    paths = [str(p) for p in nights(tmp_path, [1.0, 1.01, 0.99, 1.005, 0.5])]
+    out_path = tmp_path / "baseline.json"
+    code, out, err = run(capsys, "baseline", str(out_path), *paths)
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("qwen2-tiny-n2-ib:"))
+    assert "over 4 night(s)" in line and "dropped as outlier(s): 2026-11-14 02:00" in line
+    assert load_baseline(out_path)["cases"]["qwen2-tiny-n2-ib"]["dropped"] == 1
+    assert load_results(out_path).kind == "baseline"
+    code, _, err = run(capsys, "baseline", str(out_path), str(tmp_path / "nope.json"))
+    assert_one_line_error(code, err, "nope.json")
+
+
+def test_predict_prints_what_predict_computes(capsys):
+    code, out, err = run(capsys, "predict", "--model", "llama-3.1-70b", "--nodes", "4", "--gpus-per-node", "8",
+                         "--batch", "1", "--seq", "4096", "--fast-gbit", "3200", "--slow-gbit", "200",
+                         "--flops-per-gpu", "4e14")
+    assert code == 0, err
+    p = predict_penalty(get_model("llama-3.1-70b"), 4, 8, 1, 4096, flops_per_s=4e14, fast_gbit=3200, slow_gbit=200)
+    lines = out.splitlines()
+    assert lines[0] == "llama-3.1-70b on 4 node(s) x 8 GPU(s), batch 1 x seq 4096 per GPU, 400 TFLOP/s per GPU"
+    assert lines[1].startswith(f"fast fabric (3200 Gbit/s per node): step {p.fast.step_s * 1000:.1f} ms, "
+                               f"{p.fast.tokens_per_s:.1f} tokens/s, {p.fast.tokens_per_s_per_gpu:.1f} tokens/s/GPU")
+    assert lines[2].startswith(f"slow fabric (200 Gbit/s per node): step {p.slow.step_s * 1000:.1f} ms")
+    assert lines[3] == (f"penalty: slow/fast tokens/s = {p.ratio:.3f} ({p.slowdown * 100:.1f}% fewer tokens/s): "
+                        f"{p.label}")
+    assert p.label == "communication-bound" and lines[4] == p.message
+
+
+def test_predict_single_node_and_the_models_default_shape(capsys):
+    code, out, _ = run(capsys, "predict", "--model", "qwen2.5-7b", "--nodes", "1", "--gpus-per-node", "8",
+                       "--fast-gbit", "400", "--slow-gbit", "100", "--flops-per-gpu", "4e14")
+    assert code == 0
+    assert "batch 2 x seq 2048 per GPU" in out and "single-node" in out
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--model", "gpt-9"], "--model 'gpt-9': unknown model; known models: qwen2.5-1.5b"),
+    (["--model", "qwen2-tiny", "--nodes", "0"], "--nodes must be at least 1"),
+    (["--model", "qwen2-tiny", "--flops-per-gpu", "fast"], "not a number: 'fast'"),
+    (["--model", "qwen2-tiny", "--slow-gbit", "0"], "--slow-gbit must be positive"),
+    (["--model", "qwen2-tiny", "--nodes", "two"], "invalid int value: 'two'"),
+])
+def test_predict_bad_input(capsys, argv, expected):
+    base = {"--model": "qwen2-tiny", "--nodes": "2", "--fast-gbit": "2", "--slow-gbit": "0.4",
+            "--flops-per-gpu": "2e10"}
+    base.update(dict(zip(argv[::2], argv[1::2])))
+    code, _, err = run(capsys, "predict", *[x for kv in base.items() for x in kv])
+    assert_one_line_error(code, err, expected)
+
+
+def test_unknown_command_and_the_catalogs(capsys):
+    code, _, err = run(capsys, "repot")
+    assert_one_line_error(code, err, "invalid choice: 'repot'")
+    code, out, _ = run(capsys, "models")
+    assert code == 0 and "llama-wide" in out
+    code, out, _ = run(capsys, "fabrics")
+    assert code == 0 and "NCCL_NET=IB" in out
+
+
+def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("[]")
+    proc = subprocess.run([sys.executable, "-m", "pytest_fabric.cli", "report", str(bad)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"pytest-fabric report: error: {bad}: the JSON is a list, expected an object with "
+                                   "\"format\": \"pytest-fabric-results\" (or a session's measurements.json)")

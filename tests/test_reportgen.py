@@ -1,0 +1,194 @@
+"""Reports from saved runs: the tables' numbers, plots as real PNGs, cost, trends, merged JUnit."""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+
+import pytest
+from helpers import assert_valid_junit
+from test_results import IDENTITY, junit_text, nights, saved, session_store
+
+from pytest_fabric.predict import break_even_premium, cost_per_million_tokens
+from pytest_fabric.reportgen import merge_junit, write_report, write_trend
+from pytest_fabric.results import ResultsError, load_results, save_results
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def markdown_rows(text: str, first_cell: str) -> list[list[str]]:
+    """The cells of every Markdown table row starting with ``first_cell``."""
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith(f"| {first_cell} |")]
+
+
+@pytest.fixture
+def no_plots(monkeypatch):
+    """matplotlib as if not installed: tests about tables skip the (slow) drawing."""
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+
+
+@pytest.fixture
+def night(tmp_path):
+    path = tmp_path / "night.json"
+    verdicts = [{"test": "suites/test_parity.py::test_parity[qwen2-tiny-n2-eth]", "outcome": "passed",
+                 "message": "pass: eth/ib = 0.941 <within 5%>"}]
+    save_results(path, session_store(), IDENTITY, verdicts)
+    return load_results(path)
+
+
+def test_report_tables_hold_the_numbers(tmp_path, no_plots, night):
+    written = write_report([night], tmp_path / "out")
+    md = written.markdown.read_text()
+    assert written.markdown == tmp_path / "out" / "report.md" and written.html.exists()
+    header = next(line for line in md.splitlines() if line.startswith("| nodes | GPUs | ib tok/s"))
+    assert header.split(" | ")[2:7] == ["ib tok/s", "eth tok/s", "eth vs ib", "ib tok/s/GPU", "eth tok/s/GPU"]
+    # qwen2-tiny on 2 nodes: ib 1803.3 (mean of 3 launches), eth 1700.0, -5.7%, per GPU half.
+    two = [r for r in markdown_rows(md, "2") if r[2] == "1803.3"]
+    assert two == [["2", "2", "1803.3", "1700.0", "-5.7%", "901.7", "850.0", "ib 3, eth 3",
+                    "test_parity (eth): passed"]]
+    one = [r for r in markdown_rows(md, "1") if r[2] == "1000.0"]
+    assert one == [["1", "1", "1000.0", "1000.0", "n/a", "1000.0", "1000.0", "ib 1, eth 1", "-"]]
+    assert ["2", "2", "230.0", "43.0", "-81.3%", "115.0", "21.5", "ib 1, eth 1", "-"] in markdown_rows(md, "2")
+    # Bandwidth: largest payload, emulated link rate.
+    assert ["2", "eth", "0.4", "0.360", "0.360", "16"] in markdown_rows(md, "2")
+    assert "llama-wide-n1-ib on the emulated cluster: rank 0 exited 1" in md
+    assert "torch 2.13.0+cpu" in md
+    page = written.html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<style>" in page
+    assert "<td class=\"num\">1803.3</td>" in page and "-81.3%" in page
+    assert "&lt;within 5%&gt;" in page and "<within" not in page  # text is escaped
+    assert "<link" not in page and "<script" not in page  # self-contained
+
+
+def test_plots_are_real_pngs_referenced_by_relative_path(tmp_path, night):
+    pytest.importorskip("matplotlib")
+    written = write_report([night], tmp_path / "out")
+    assert sorted(p.name for p in written.plots) == ["llama-wide-per-gpu.png", "qwen2-tiny-per-gpu.png"]
+    for png in written.plots:
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
+        assert f"](plots/{png.name})" in written.markdown.read_text()
+        assert f'src="plots/{png.name}"' in written.html.read_text()
+    assert written.notes == []
+
+
+def test_without_matplotlib_the_tables_are_still_written(tmp_path, night, no_plots):
+    written = write_report([night], tmp_path / "out")
+    assert written.plots == [] and not (tmp_path / "out" / "plots").exists()
+    assert any("matplotlib is not installed" in n for n in written.notes)
+    md = written.markdown.read_text()
+    assert "matplotlib is not installed" in md and "1803.3" in md and "![" not in md
+
+
+def test_cost_and_break_even(tmp_path, no_plots, night):
+    written = write_report([night], tmp_path / "out", prices={"ib": 4.0, "eth": 3.0})
+    md = written.markdown.read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| nodes | GPUs | ib $/M tokens"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "nodes", "GPUs", "ib $/M tokens", "eth $/M tokens", "ib break-even premium over eth",
+        "ib price premium over eth", "cheapest per token"]
+    ib_cost = cost_per_million_tokens(1803.333333, 2, 4.0)
+    eth_cost = cost_per_million_tokens(1700.0, 2, 3.0)
+    premium = break_even_premium(1803.333333, 1700.0)
+    row = [r for r in markdown_rows(md, "2") if r[2] == f"{ib_cost:.4g}"]
+    assert row == [["2", "2", f"{ib_cost:.4g}", f"{eth_cost:.4g}", f"{premium * 100:+.1f}%", "+33.3%", "eth"]]
+    assert f"{premium * 100:+.1f}%" == "+6.1%"
+    # llama-wide: ib is 5.3x faster, worth far more than its 33% price premium.
+    llama_premium = break_even_premium(230.0, 43.0)
+    llama = [r for r in markdown_rows(md, "2") if r[4] == f"{llama_premium * 100:+.1f}%"]
+    assert llama and llama[0][-1] == "ib"
+
+
+def test_a_price_for_an_unmeasured_fabric_is_reported(tmp_path, no_plots, night):
+    written = write_report([night], tmp_path / "out", prices={"ib": 4.0, "efa": 2.0})
+    assert any("efa" in n for n in written.notes)
+    assert "eth $/M tokens" not in written.markdown.read_text()
+
+
+def test_several_inputs_of_one_night_combine_and_warn_on_set_up_differences(tmp_path, no_plots):
+    first = tmp_path / "a.json"
+    save_results(first, {k: v for k, v in session_store().items() if k.startswith("qwen2")}, IDENTITY, [])
+    junit = tmp_path / "b.xml"
+    junit.write_text(junit_text(session_store()).replace('value="2.13.0+cpu"', 'value="2.14.0"'))
+    written = write_report([load_results(first), load_results(junit)], tmp_path / "out")
+    md = written.markdown.read_text()
+    assert "### llama-wide" in md and "### qwen2-tiny" in md
+    assert "torch version differs: 2.13.0+cpu (first input) vs 2.14.0 (this input)" in md
+    # The JUnit verdicts land in their rows; a test that only measured is no verdict.
+    assert "| test_advantage (eth): failed |" in md and "test_parity (eth): passed" in md
+    assert "test_single" not in md.split("## Verdicts")[0]
+
+
+def test_trend_over_nights(tmp_path):
+    paths = nights(tmp_path, [1.0, 1.02, 0.8], [None, None, {"torch": "2.14.0", "backend": "gloo"}])
+    written = write_trend([load_results(p) for p in paths], tmp_path / "trend")
+    md = written.markdown.read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| case |"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "case", "2026-11-10 02:00", "2026-11-11 02:00", "2026-11-12 02:00", "last vs first"]
+    row = markdown_rows(md, "qwen2-tiny-n2-eth")
+    assert row == [["qwen2-tiny-n2-eth", "1700.0", "1734.0", "1360.0", "-20.0%"]]
+    assert "2026-11-12 02:00: torch version differs: 2.13.0+cpu (night before) vs 2.14.0 (this night)" in md
+    if written.plots:  # matplotlib installed
+        names = sorted(p.name for p in written.plots)
+        assert names == ["trend-llama-wide-eth.png", "trend-llama-wide-ib.png",
+                         "trend-qwen2-tiny-eth.png", "trend-qwen2-tiny-ib.png"]
+        assert all(p.read_bytes()[:8] == PNG_MAGIC for p in written.plots)
+    with pytest.raises(ValueError, match="at least two nights"):
+        write_trend([load_results(paths[0])], tmp_path / "t2")
+
+
+def test_trend_labels_two_nights_of_the_same_minute_apart(tmp_path, no_plots):
+    a = saved(tmp_path, "a.json")
+    b = saved(tmp_path, "b.json")
+    runs = [load_results(a), load_results(b)]
+    runs[1].identity["created"] = runs[0].identity["created"]
+    md = write_trend(runs, tmp_path / "t").markdown.read_text()
+    assert re.search(r"\| case \| .* \(\S+/a\.json\) \| .* \(\S+/b\.json\) \|", md)
+
+
+# -- JUnit merging -------------------------------------------------------------------------------
+
+def pytest_junit(pytester, name: str, source: str):
+    pytester.makepyfile(**{name: textwrap.dedent(source)})
+    xml = pytester.path / f"{name}.xml"
+    pytester.runpytest(f"{name}.py", f"--junitxml={xml}", "-p", "no:cacheprovider")
+    return xml
+
+
+def test_merge_keeps_every_testcase_and_stays_valid(pytester, junit_schema, tmp_path):
+    a = pytest_junit(pytester, "test_a", """
+        import pytest
+        def test_one(): pass
+        def test_two(): assert 0
+        @pytest.mark.skip(reason="no")
+        def test_three(): pass
+    """)
+    b = pytest_junit(pytester, "test_b", """
+        def test_four(): print("fabric.m-n2-ib.tokens_per_s=10.000")
+    """)
+    fabric = tmp_path / "fabric.xml"
+    fabric.write_text(junit_text(session_store()))
+    out = tmp_path / "merged" / "all.xml"
+    assert merge_junit([a, b, fabric], out) == 3 + 1 + 5
+    from junitparser import JUnitXml
+
+    merged = JUnitXml.fromfile(str(out))
+    names = sorted(c.name for suite in merged for c in suite)
+    assert names == sorted(["test_one", "test_two", "test_three", "test_four", "test_parity[qwen2-tiny-n2-eth]",
+                            "test_single[qwen2-tiny-n1-eth]", "test_advantage[llama-wide-n2-eth]",
+                            "test_busbw[collectives-n2-eth]", "test_unrelated"])
+    assert (merged.tests, merged.failures, merged.errors) == (9, 2, 0)
+    assert len(list(merged)) == 3  # each input's suite kept whole, properties included
+    assert_valid_junit(junit_schema, out)
+    # The merged file reads back as one night with the fabric metrics in it.
+    assert load_results(out).measurements["qwen2-tiny-n2-ib"] == pytest.approx([1800, 1820, 1790], abs=0.05)
+
+
+def test_merge_refuses_what_is_not_junit(tmp_path):
+    bad = tmp_path / "x.xml"
+    bad.write_text("<html/>")
+    with pytest.raises(ResultsError, match="XML but not JUnit"):
+        merge_junit([bad], tmp_path / "out.xml")
+    assert not (tmp_path / "out.xml").exists()
