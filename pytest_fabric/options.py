@@ -16,6 +16,27 @@ from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
 from .references import ReferenceError, References
+from .results import ResultsError, baseline_for, load_baseline, load_results
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Last nights' tokens/s per case id, and what they ran on."""
+
+    path: str
+    values: dict[str, list[float]]
+    identity: dict
+
+    @classmethod
+    def load(cls, path: str) -> Baseline:
+        run = load_results(path)
+        if run.kind == "baseline":
+            # A built baseline keeps one value per kept night: those are its samples.
+            data = load_baseline(path)
+            values = {cid: list(b.kept) for cid in run.cases if (b := baseline_for(data, cid)) is not None}
+        else:
+            values = run.measurements
+        return cls(str(path), {cid: v for cid, v in values.items() if v}, dict(run.identity))
 
 DEFAULT_NODES = 2
 
@@ -46,6 +67,11 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
      "2"),
     ("mixed-precision", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32 (default auto)", "auto"),
+    ("fabric-save", "write this run's results to this JSON file (atomically) for later baselines and reports", None),
+    ("fabric-baseline", "a previous run (saved JSON, JUnit XML, or a `pytest-fabric baseline` file) to test "
+                        "for regressions against", None),
+    ("regression-threshold", "fail a configuration whose tokens/s fell more than this fraction below its "
+                             "baseline (default 0.10)", "0.10"),
     ("fabric-suite", "TOML file of gate thresholds and expected values per model x nodes x fabric", None),
     ("model-path", "directory of a Hugging Face checkpoint to load (global rank 0 reads it and broadcasts); "
                    "default: random weights from the config", None),
@@ -151,6 +177,9 @@ class FabricOptions:
     ssh_host_key_checking: str
     settings: Settings
     references: References
+    save: str | None = None
+    baseline: Baseline | None = None
+    regression_threshold: float = 0.10
     repeats: int = 3
     max_repeats: int = 6
     inconclusive: str = "xfail"
@@ -203,6 +232,22 @@ def parse(config: pytest.Config) -> FabricOptions:
         references = References.load(suite) if suite else References()
     except ReferenceError as exc:
         raise pytest.UsageError(f"--fabric-suite: {exc}") from None
+    baseline_path = _raw(config, "fabric-baseline")
+    try:
+        baseline = Baseline.load(baseline_path) if baseline_path else None
+    except ResultsError as exc:
+        raise pytest.UsageError(f"--fabric-baseline: {exc}") from None
+    threshold_value = _raw(config, "regression-threshold") or "0.10"
+    try:
+        regression_threshold = float(threshold_value)
+    except ValueError:
+        regression_threshold = -1.0
+    if not 0 < regression_threshold < 1:
+        raise pytest.UsageError(f"--regression-threshold must be a fraction in (0, 1) such as 0.10, "
+                                f"got {threshold_value!r}")
+    save = _raw(config, "fabric-save")
+    if save is not None and not Path(save).resolve().parent.is_dir():
+        raise pytest.UsageError(f"--fabric-save {save}: the directory {Path(save).resolve().parent} does not exist")
     repeats = _int(config, "repeats", 1, default=3)
     max_repeats = _int(config, "max-repeats", 1, default=6)
     if max_repeats < repeats:
@@ -221,6 +266,9 @@ def parse(config: pytest.Config) -> FabricOptions:
         ssh_host_key_checking=_choice(config, "ssh-host-key-checking"),
         settings=settings,
         references=references,
+        save=save,
+        baseline=baseline,
+        regression_threshold=regression_threshold,
         repeats=repeats,
         max_repeats=max_repeats,
         inconclusive=_choice(config, "inconclusive"),

@@ -10,6 +10,7 @@ import getpass
 import tempfile
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,8 @@ from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement, Measure
 from .references import References
 from .report import SECTION, add_to_junit, bandwidth_table, summary_tables, testcase_text
 from .gates import judge
-from .stats import AdaptiveComparison, ahead_gate, within_gate
+from .results import identity_from_records, identity_mismatch, save_results
+from .stats import AdaptiveComparison, AdaptiveResult, Verdict, ahead_gate, decide, ratio_interval, within_gate
 from .store import ResultStore
 
 
@@ -294,6 +296,54 @@ class CompareFixture:
         return result
 
 
+    def no_regression(self, case: Case, rel: float | None = None):
+        """Tonight's tokens/s of ``case`` is not more than ``rel`` below the --fabric-baseline run's.
+
+        Skips when there is no baseline or it never measured ``case``. Launches tonight's side
+        adaptively like the other gates; the baseline's side is its saved per-launch (or per-night)
+        values. A baseline from other hardware or software is compared all the same, with a loud
+        warning naming the differences.
+        """
+        o = self._session.options
+        if o.baseline is None:
+            pytest.skip("no --fabric-baseline given")
+        past = o.baseline.values.get(case.id)
+        if not past:
+            pytest.skip(f"the baseline {o.baseline.path} has no measurement of {case.id}")
+        rel = o.regression_threshold if rel is None else rel
+        threshold, direction = within_gate(rel)
+        looks = o.max_repeats - o.repeats + 1
+        confidence = 1 - 0.05 / looks  # the error allowance split over the looks, as in the A/B gates
+        tonight: list[Measurement] = []
+        while True:
+            tonight.append(self._measure(case, launch=len(tonight)))
+            if len(tonight) < o.repeats:
+                continue
+            interval = ratio_interval([m.tokens_per_s for m in tonight], past, confidence=confidence)
+            verdict = decide(interval, threshold, direction)
+            if verdict is not Verdict.INCONCLUSIVE or len(tonight) >= o.max_repeats:
+                break
+        mismatch = identity_mismatch(o.baseline.identity, identity_from_records(self._session.store.all()),
+                                     ("baseline", "tonight"))
+        if mismatch:
+            warnings.warn(FabricIdentityWarning(f"{case.id}: comparing against a baseline from a different "
+                                                f"set-up: " + "; ".join(mismatch)), stacklevel=2)
+        result = AdaptiveResult(interval=interval, verdict=verdict, pairs=len(tonight),
+                                a=[m.tokens_per_s for m in tonight], b=list(past), looks=[],
+                                stopped="decided" if verdict is not Verdict.INCONCLUSIVE else "budget")
+        mean_now = sum(result.a) / len(result.a)
+        values = (f"tonight {mean_now:.1f} vs baseline {sum(past) / len(past):.1f} tokens/s [{case.id}]"
+                  + (f"; DIFFERENT SET-UP: {'; '.join(mismatch)}" if mismatch else ""))
+        line = judge(result, "tonight", "baseline", threshold, f"at most {rel:.0%} below the baseline", values,
+                     o.inconclusive)
+        self._item.stash.setdefault(VERDICTS_KEY, []).append(line)
+        return result
+
+
+class FabricIdentityWarning(UserWarning):
+    """Two runs being compared ran on different hardware or software."""
+
+
 @pytest.fixture
 def fabric_compare(fabric_measure: MeasureFixture, fabric_session: FabricSession,
                    request: pytest.FixtureRequest) -> CompareFixture:
@@ -349,24 +399,45 @@ class FabricReporter:
 
     def __init__(self, fabric: FabricSession) -> None:
         self.fabric = fabric
+        self.verdicts: list[dict[str, str]] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
-        for name, text in report.sections:
-            if name == SECTION:
-                # Under xdist the controller sees every worker's reports here.
-                self.fabric.outputs[report.nodeid] = text
+        text = next((t for name, t in report.sections if name == SECTION), None)
+        if text is None:
+            return
+        # Under xdist the controller sees every worker's reports here.
+        self.fabric.outputs[report.nodeid] = text
+        outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+        if report.failed:
+            message = report.longreprtext.strip().splitlines()[0] if report.longreprtext.strip() else "failed"
+        elif hasattr(report, "wasxfail"):
+            message = str(report.wasxfail)
+        else:
+            message = next((line for line in text.splitlines() if line.startswith("pass:")), "passed")
+        self.verdicts.append({"test": report.nodeid, "outcome": outcome, "message": message})
 
     @pytest.hookimpl(trylast=True)  # after junitxml has written its file
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         config = session.config
+        self._save()
         xmlpath = getattr(config.option, "xmlpath", None)
         if hasattr(config, "workerinput") or not xmlpath or not self.fabric.outputs:
             return
         path = Path(xmlpath)
         if path.exists():
             add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix)
+
+    def _save(self) -> None:
+        """--fabric-save: everything measured, also when tests failed or the run was interrupted."""
+        fabric = self.fabric
+        if fabric.options.save is None or hasattr(fabric.config, "workerinput") or not fabric.directory.exists():
+            return
+        identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
+                    "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
+                    "fabrics": list(fabric.options.fabrics)}
+        save_results(fabric.options.save, fabric.store.all(), identity, self.verdicts)
 
     def _suite_properties(self) -> dict[str, str]:
         measured = self.fabric.recorded()
@@ -395,3 +466,5 @@ class FabricReporter:
         for line in errors:
             terminalreporter.write_line(f"failed launch: {line}")
         terminalreporter.write_line(f"launch logs and results: {fabric.directory}")
+        if fabric.options.save:
+            terminalreporter.write_line(f"results saved to {fabric.options.save}")

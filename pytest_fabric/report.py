@@ -54,6 +54,9 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
     lines.append("")
     for group in groups.values():
         lines.extend(f"{k}={v}" for k, v in group[0].metrics().items())
+        if isinstance(group[0], Measurement):
+            lines.append(f"fabric.{group[0].case.id}.launch_tokens_per_s="
+                         + ",".join(f"{m.tokens_per_s:.3f}" for m in group))
     return "\n".join(lines)
 
 

@@ -79,3 +79,26 @@ def test_inconclusive_warn_passes_with_a_warning():
     with pytest.warns(InconclusiveWarning, match="inconclusive"):
         result = fixture.within(CAND, REF, rel=0.05)
     assert str(result.verdict) == "inconclusive"
+
+
+def regression(tonight_mean, past, noise=0.01):
+    launches = FakeLaunches({"ib": tonight_mean}, noise)
+    baseline = SimpleNamespace(values={"m-n2-ib": past}, identity={"cluster_kind": "emulated"}, path="b.json")
+    options = SimpleNamespace(repeats=3, max_repeats=6, inconclusive="fail", baseline=baseline,
+                              regression_threshold=0.10)
+    session = SimpleNamespace(options=options, store=SimpleNamespace(all=lambda: {}))
+    return CompareFixture(launches, session, SimpleNamespace(stash={})), launches
+
+
+def test_regression_against_baseline_is_caught():
+    fixture, launches = regression(700.0, [1000.0, 1010.0, 990.0])
+    with pytest.raises(pytest.fail.Exception, match=r"tonight/baseline = 0\.70.*at most 10% below"):
+        fixture.no_regression(REF)
+    assert len(launches.order) == 3  # decided at the first look
+
+
+def test_same_as_baseline_passes_and_missing_case_skips():
+    fixture, _ = regression(1000.0, [1000.0, 1010.0, 990.0])
+    assert str(fixture.no_regression(REF).verdict) == "pass"
+    with pytest.raises(pytest.skip.Exception, match="no measurement of m-n2-eth"):
+        fixture.no_regression(CAND)

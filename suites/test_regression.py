@@ -1,0 +1,15 @@
+"""Regression against last night: did a fabric silently degrade?
+
+Runs only with --fabric-baseline (a saved run, its JUnit XML, or a `pytest-fabric baseline` file
+built from several nights): each configuration fails when its tokens/s interval lies wholly more
+than --regression-threshold (default 10%) below the baseline's.
+"""
+
+import pytest
+
+
+@pytest.mark.fabric_matrix()
+def test_no_regression_against_baseline(fabric_case, fabric_compare, fabric_session):
+    if fabric_session.options.baseline is None:
+        pytest.skip("no --fabric-baseline given")
+    fabric_compare.no_regression(fabric_case)
