@@ -24,6 +24,7 @@ from .cluster import Cluster, LaunchRequest
 from .fabrics import Fabric, get_fabric
 from .models import get_model
 from .stats import launch_value
+from .transport import nccl_debug_env, prove_transport
 from .store import ResultStore
 from .workload.config import CollectivesConfig, TrainConfig
 
@@ -270,6 +271,8 @@ class Measurer:
         s = self.settings
         fabric = s.fabric(case.fabric)
         config.dump(run_dir / "config.json")
+        nccl_logs = run_dir / "nccl"
+        nccl_logs.mkdir(exist_ok=True)
         request = LaunchRequest(
             nodes=case.nodes,
             procs_per_node=s.gpus_per_node,
@@ -278,6 +281,8 @@ class Measurer:
             workdir=run_dir,
             deadline_s=s.launch_timeout_s,
             job_id=re.sub(r"[^A-Za-z0-9]", "", case.id)[:40] + str(int(time.time())),
+            # NCCL's own logs are the proof of which transport ran (ignored by gloo on CPU).
+            env=nccl_debug_env(nccl_logs),
         )
         if self._runs_on_gpus() and self.cluster.checks_here:
             problems = preflight.check(fabric, s.gpus_per_node, network=case.crosses_fabric)
@@ -294,6 +299,11 @@ class Measurer:
         except (OSError, ValueError) as exc:
             return {"case": asdict(case), "error": f"{case.id}: every rank exited 0 but the result is unreadable "
                                                    f"({exc}).\n{outcome.describe()}"}
+        if result.get("device") == "cuda" and self.cluster.proves_transport:
+            facts, problem = prove_transport(case.fabric, nccl_logs, crosses_fabric=case.crosses_fabric,
+                                             table=s.fabric_table)
+            result["transport"] = facts.summary()
+            result["transport_problem"] = problem
         result["cluster"] = self.cluster.describe()
         result["launch_s"] = round(outcome.elapsed_s, 2)
         result["run_dir"] = str(run_dir)

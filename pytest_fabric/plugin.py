@@ -242,7 +242,13 @@ class MeasureFixture:
             m = self._session.measurer().measure(case, launch)
         except MeasurementError as exc:
             pytest.fail(f"measurement failed: {exc}", pytrace=False)
+        return self._record(m)
+
+    def _record(self, m):
         self._item.stash.setdefault(MEASURED_KEY, []).append(m)
+        if m.result.get("transport_problem"):
+            # The numbers are real, but not of the fabric that was asked for.
+            pytest.fail(f"wrong transport: {m.result['transport_problem']}", pytrace=False)
         return m
 
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
@@ -251,8 +257,7 @@ class MeasureFixture:
             m = self._session.measurer().measure_bandwidth(case)
         except MeasurementError as exc:
             pytest.fail(f"measurement failed: {exc}", pytrace=False)
-        self._item.stash.setdefault(MEASURED_KEY, []).append(m)
-        return m
+        return self._record(m)
 
 
 class CompareFixture:

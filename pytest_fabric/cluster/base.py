@@ -65,6 +65,8 @@ class Cluster(ABC):
     realizes_fabrics: bool
     # True where this host is one of the job's nodes, so pre-flight checks here mean something.
     checks_here: bool = True
+    # True where the fabric is NCCL's real transport, so its logs must prove which one ran.
+    proves_transport: bool = True
 
     def describe(self) -> str:
         return self.name

@@ -146,6 +146,7 @@ class EmulatedCluster(OnThisMachine, Cluster):
     realizes_fabrics = True
     # The fabric here is the shaped link, not an HCA: NCCL pre-flight and transport proof do not apply.
     checks_here = False
+    proves_transport = False
 
     def nccl_env(self, fabric) -> dict[str, str]:
         # Whatever the fabric, the only network between emulated nodes is the shaped veth link,

@@ -204,6 +204,8 @@ def remote_command(argv: Sequence[str], env: Mapping[str, str], pidfile: str) ->
 class SshCluster(Cluster):
     name = "ssh"
     realizes_fabrics = True
+    # The harness usually runs on a login node: local pre-flight says nothing about the hosts.
+    checks_here = False
 
     def __init__(
         self,

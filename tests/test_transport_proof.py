@@ -1,0 +1,66 @@
+"""The measurer proves the transport of GPU runs from NCCL's logs.
+
+No GPU or HCA exists here, so the launch is a stand-in cluster that does what a real GPU launch
+leaves behind: per-rank NCCL log files (recorded-format samples from fixtures/nccl) in the
+directory NCCL_DEBUG_FILE names, and a result.json with device "cuda". Everything after the launch
+(parsing, checking, recording, caching) is the real code.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_fabric.cluster.base import Cluster
+from pytest_fabric.cluster.supervisor import LaunchOutcome
+from pytest_fabric.measure import Case, Measurer, Settings
+from pytest_fabric.store import ResultStore
+
+NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
+
+
+class RecordedGpuCluster(Cluster):
+    name = "recorded-gpu"
+    realizes_fabrics = True
+    checks_here = False  # no local pre-flight: there is no GPU here
+
+    def __init__(self, sample: str) -> None:
+        self.sample = sample
+
+    def max_nodes(self) -> int:
+        return 8
+
+    def launch(self, request, on_tick=None):
+        log_dir = Path(request.env["NCCL_DEBUG_FILE"]).parent
+        for f in (NCCL / self.sample).glob("nccl.*"):
+            shutil.copy(f, log_dir / f.name)
+        config = json.loads((request.workdir / "config.json").read_text())
+        Path(config["result_path"]).write_text(json.dumps({
+            "tokens_per_s": 1000.0, "tokens_per_s_per_gpu": 62.5, "median_step_s": 1.0, "step_s": [1.0, 1.0],
+            "tokens_per_step": 1000, "world_size": 16, "nodes": ["a", "b"], "device": "cuda",
+            "versions": {}, "fabric": config["fabric"]}))
+        return LaunchOutcome(procs=[], elapsed_s=0.1)
+
+
+def measure(tmp_path, sample, fabric):
+    measurer = Measurer(RecordedGpuCluster(sample), Settings(), ResultStore(tmp_path / "store"), tmp_path / "runs")
+    return measurer.measure(Case("qwen2-tiny", 2, fabric))
+
+
+def test_socket_fallback_is_named_with_its_evidence(tmp_path):
+    m = measure(tmp_path, "socket_fallback", "ib")
+    assert m.result["transport"]["network"] == "Socket"
+    problem = m.result["transport_problem"]
+    assert problem.startswith("requested ib; NCCL used Socket") and "Failed to initialize NET plugin IB" in problem
+
+
+@pytest.mark.parametrize(("sample", "fabric"), [("ib", "ib"), ("roce", "roce"), ("eth", "eth"), ("efa", "efa")])
+def test_the_requested_transport_passes(tmp_path, sample, fabric):
+    m = measure(tmp_path, sample, fabric)
+    assert m.result["transport_problem"] is None
+    assert m.result["transport"]["network"] in ("IB", "Socket", "Libfabric")
+
+
+def test_roce_is_not_ib(tmp_path):
+    assert "RoCE" in measure(tmp_path, "roce", "ib").result["transport_problem"]
