@@ -130,7 +130,7 @@ def build_table(
     for name, mbit in (rates or {}).items():
         if name not in table:
             raise FabricConfigError(f"fabric rate for unknown fabric {name!r}; known fabrics: {', '.join(table)}")
-        if mbit <= 0:
+        if not 0 < mbit < float("inf"):
             raise FabricConfigError(f"fabric rate for {name!r} must be positive Mbit/s, got {mbit}")
         table[name] = table[name].with_rate(mbit)
     return table

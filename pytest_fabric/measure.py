@@ -13,6 +13,7 @@ import hashlib
 import json
 import platform
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -258,9 +259,9 @@ class Measurer:
         return self._run(case, "pytest_fabric.workload.collectives", config, run_dir, None)
 
     def _run_dir(self, case: Case) -> Path:
-        run_dir = self.workdir / f"{case.id}-{time.strftime('%H%M%S')}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return run_dir
+        """A fresh directory per launch (repeats of one case may start within the same second)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{case.id}-{time.strftime('%H%M%S')}-", dir=self.workdir))
 
     def _fabric_record(self, case: Case) -> dict[str, Any]:
         fabric = self.settings.fabric(case.fabric)

@@ -6,6 +6,7 @@ the command line wins. Bad values raise ``pytest.UsageError`` naming what is all
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def _rates(config: pytest.Config) -> dict[str, float]:
             rates[name.strip()] = float(mbit) if sep else -1.0
         except ValueError:
             rates[name.strip()] = -1.0
-        if rates[name.strip()] <= 0:
+        if not 0 < rates[name.strip()] < math.inf:
             raise pytest.UsageError(f"--fabric-rate: {item.strip()!r} is not NAME=MBIT with MBIT a positive "
                                     f"number (e.g. --fabric-rate eth=200)")
     return rates
@@ -202,7 +203,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         timeout = float(timeout_value or 300)
     except ValueError:
         timeout = -1.0
-    if timeout <= 0:
+    if not 0 < timeout < math.inf:
         raise pytest.UsageError(f"--launch-timeout must be a positive number of seconds, got {timeout_value!r}")
     model_path = _raw(config, "model-path")
     if model_path is not None and not (Path(model_path) / "config.json").is_file():

@@ -164,9 +164,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist: every worker shares the controller's results directory."""
-    session = node.config.stash[SESSION_KEY]
-    session.directory.mkdir(parents=True, exist_ok=True)
-    node.workerinput["fabric_dir"] = str(session.directory)
+    # Only the path: the directory appears with the first measurement, so a run that measures
+    # nothing leaves nothing behind.
+    node.workerinput["fabric_dir"] = str(node.config.stash[SESSION_KEY].directory)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -437,7 +437,8 @@ class FabricReporter:
     def _save(self) -> None:
         """--fabric-save: everything measured, also when tests failed or the run was interrupted."""
         fabric = self.fabric
-        if fabric.options.save is None or hasattr(fabric.config, "workerinput") or not fabric.directory.exists():
+        if (fabric.options.save is None or hasattr(fabric.config, "workerinput")
+                or not (fabric.directory / "measurements.json").exists()):
             return
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
@@ -456,7 +457,7 @@ class FabricReporter:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         fabric = self.fabric
-        if hasattr(fabric.config, "workerinput") or not fabric.directory.exists():
+        if hasattr(fabric.config, "workerinput") or not (fabric.directory / "measurements.json").exists():
             return
         measured = fabric.recorded()
         errors = [r["error"].splitlines()[0] for r in fabric.store.all().values() if "error" in r]
