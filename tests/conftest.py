@@ -1,0 +1,44 @@
+"""Fixtures for the project's own tests.
+
+The plugin loads through its ``pytest11`` entry point, so every ``pytester`` run gets it. Runs that
+launch real training go through ``runpytest_subprocess`` (a fresh interpreter, as a user's run);
+option and collection checks run in-process, where they launch nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import junit_schema_path, namespaces, owner_alive
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True)
+def no_namespace_left_behind():
+    """Every test leaves the network namespaces as it found them.
+
+    A namespace that appeared during the test and is still there afterwards is a leak, unless a
+    live process other than this one owns it (another pytest-fabric run on the same machine).
+    """
+    before = namespaces()
+    yield
+    leaked = sorted(n for n in namespaces() - before if not owner_alive(n))
+    assert not leaked, f"network namespaces left behind: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def junit_schema():
+    from lxml import etree
+
+    return etree.XMLSchema(etree.parse(str(junit_schema_path())))
+
+
+@pytest.fixture
+def pytester(pytester, monkeypatch):
+    """``pytester`` whose inner runs skip unrelated plugins that may be installed beside this one.
+
+    Inner runs load every installed plugin; some cost seconds per run (hypothesis' terminal summary)
+    and none of them is under test here. Blocking a plugin that is not installed is harmless.
+    """
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:hypothesispytest -p no:benchmark -p no:anyio")
+    return pytester

@@ -1,0 +1,57 @@
+"""Helpers the test modules share (plain functions; the fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The cheapest real launch: the compute-light CPU model, one measured step, a short sequence.
+FAST_LAUNCH = [
+    "--models", "qwen2-tiny",
+    "--steps", "1",
+    "--warmup-steps", "0",
+    "--batch-size", "1",
+    "--seq-len", "64",
+    "--launch-timeout", "180",
+]
+
+
+def namespaces() -> set[str]:
+    """Network namespaces on this machine (none where iproute2 is missing)."""
+    if shutil.which("ip") is None:
+        return set()
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def owner_alive(netns: str) -> bool:
+    """Emulated namespaces are named ``pf<pid>-...`` after the harness process that made them;
+    True when that process is alive and is not this one."""
+    match = re.match(r"pf(\d+)-", netns)
+    return bool(match) and int(match.group(1)) != os.getpid() and os.path.exists(f"/proc/{match.group(1)}")
+
+
+def session_directory(output: str) -> Path:
+    """The session's results directory, as the terminal summary prints it."""
+    match = re.search(r"launch logs and results: (\S+)", output)
+    assert match, "the terminal summary names no results directory"
+    return Path(match.group(1))
+
+
+def junit_schema_path() -> Path:
+    """The Jenkins junit-10.xsd: the shared copy beside the repository (as CI checks it out), else
+    the copy in fixtures/."""
+    shared = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "junit-10.xsd"
+    return shared if shared.is_file() else REPO / "fixtures" / "junit-10.xsd"
+
+
+def assert_valid_junit(schema, path: Path) -> None:
+    from lxml import etree
+
+    doc = etree.parse(str(path))
+    assert schema.validate(doc), f"{path} does not validate against junit-10.xsd:\n{schema.error_log}"

@@ -1,0 +1,172 @@
+"""The Measurer with a stand-in cluster: one launch per configuration, failures cached with their logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_fabric import Case, MeasurementError, Settings
+from pytest_fabric.cluster import Cluster, LaunchRequest
+from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
+from pytest_fabric.measure import Measurer
+from pytest_fabric.store import ResultStore
+from pytest_fabric.workload.config import TrainConfig
+
+
+class FakeCluster(Cluster):
+    """Writes the result the rank program would write (or fails as asked), recording each request."""
+
+    name = "fake"
+    realizes_fabrics = True
+    checks_here = False
+
+    def __init__(self, fail_with: str | None = None, write_result: bool = True) -> None:
+        self.requests: list[LaunchRequest] = []
+        self.fail_with = fail_with
+        self.write_result = write_result
+
+    def max_nodes(self) -> int:
+        return 8
+
+    def launch(self, request, on_tick=None):
+        self.requests.append(request)
+        config = TrainConfig.load(request.program[request.program.index("--config") + 1])
+        log = request.workdir / "node0.log"
+        if self.fail_with:
+            log.write_text("starting\n" + self.fail_with + "\n")
+            return LaunchOutcome([ProcOutcome("node0", 1, log)], elapsed_s=0.1)
+        log.write_text("ok\n")
+        world = request.nodes * request.procs_per_node
+        tokens = config.batch_size * config.seq_len * world
+        if self.write_result:
+            # What the rank program writes (workload/train.py), every step 0.5 s.
+            Path(config.result_path).write_text(json.dumps({
+                "world_size": world, "nodes": [f"node{i}" for i in range(request.nodes)],
+                "batch_size": config.batch_size, "seq_len": config.seq_len, "tokens_per_step": tokens,
+                "step_s": [0.5] * config.steps, "median_step_s": 0.5, "tokens_per_s": tokens / 0.5,
+                "tokens_per_s_per_gpu": tokens / 0.5 / world, "fabric": config.fabric,
+            }))
+        return LaunchOutcome([ProcOutcome(f"node{i}", 0, log) for i in range(request.nodes)], elapsed_s=0.1)
+
+
+def measurer(tmp_path: Path, cluster: Cluster, **settings) -> Measurer:
+    settings = {"steps": 3, "warmup_steps": 1, "batch_size": 2, "seq_len": 16, **settings}
+    return Measurer(cluster, Settings(**settings), ResultStore(tmp_path / "store"), tmp_path / "launches")
+
+
+def test_each_configuration_is_launched_once(tmp_path):
+    cluster = FakeCluster()
+    m = measurer(tmp_path, cluster)
+    first = m.measure(Case("qwen2-tiny", 2, "ib"))
+    again = m.measure(Case("qwen2-tiny", 2, "ib"))
+    eth = m.measure(Case("qwen2-tiny", 2, "eth"))
+    assert len(cluster.requests) == 2
+    assert [r.fabric.name for r in cluster.requests] == ["ib", "eth"]
+    assert first.tokens_per_s == again.tokens_per_s == 2 * 16 * 2 / 0.5
+    assert first.gpus == 2 and len(first.step_s) == 3
+    assert eth.case == Case("qwen2-tiny", 2, "eth") and eth.shared_with is None
+
+
+def test_another_measurer_on_the_same_store_reuses_the_launch(tmp_path):
+    """What an xdist worker does: a second process with its own Measurer, same session directory."""
+    cluster = FakeCluster()
+    measurer(tmp_path, cluster).measure(Case("qwen2-tiny", 2, "ib"))
+    other = FakeCluster()
+    measurer(tmp_path, other).measure(Case("qwen2-tiny", 2, "ib"))
+    assert len(cluster.requests) == 1 and other.requests == []
+
+
+def test_one_node_is_measured_once_for_every_fabric(tmp_path):
+    cluster = FakeCluster()
+    m = measurer(tmp_path, cluster)
+    ib = m.measure(Case("qwen2-tiny", 1, "ib"))
+    eth = m.measure(Case("qwen2-tiny", 1, "eth"))
+    assert len(cluster.requests) == 1
+    assert eth.tokens_per_s == ib.tokens_per_s
+    assert eth.case.fabric == "eth" and eth.shared_with == "ib"
+    assert "[one node: shared with ib]" in eth.summary()
+
+
+@pytest.mark.parametrize("changed", [{"steps": 4}, {"warmup_steps": 0}, {"batch_size": 1}, {"seq_len": 32},
+                                     {"gpus_per_node": 2}])
+def test_a_setting_that_changes_the_measurement_changes_the_key(tmp_path, changed):
+    case = Case("qwen2-tiny", 2, "eth")
+    assert measurer(tmp_path, FakeCluster()).key(case) != measurer(tmp_path, FakeCluster(), **changed).key(case)
+
+
+def test_launch_timeout_does_not_change_the_key(tmp_path):
+    case = Case("qwen2-tiny", 2, "eth")
+    assert (measurer(tmp_path, FakeCluster(), launch_timeout_s=60).key(case)
+            == measurer(tmp_path, FakeCluster(), launch_timeout_s=600).key(case))
+
+
+def test_request_carries_the_case_and_settings(tmp_path):
+    cluster = FakeCluster()
+    measurer(tmp_path, cluster, launch_timeout_s=77, gpus_per_node=2).measure(Case("llama-wide", 4, "eth"))
+    (request,) = cluster.requests
+    assert (request.nodes, request.procs_per_node, request.deadline_s) == (4, 2, 77)
+    assert request.fabric.name == "eth" and request.fabric.emulated_mbit > 0
+    config = TrainConfig.load(request.program[request.program.index("--config") + 1])
+    assert (config.model["name"], config.batch_size, config.seq_len, config.steps, config.warmup_steps) == \
+        ("llama-wide", 2, 16, 3, 1)
+    assert config.fabric["name"] == "eth" and config.fabric["crosses_fabric"] is True
+
+
+def test_model_default_shape_when_none_given(tmp_path):
+    cluster = FakeCluster()
+    measurer(tmp_path, cluster, batch_size=None, seq_len=None).measure(Case("llama-wide", 2, "ib"))
+    config = TrainConfig.load(cluster.requests[0].program[-1])
+    assert (config.batch_size, config.seq_len) == (1, 32)  # llama-wide's own shape
+
+
+def test_failed_launch_is_cached_with_the_log_tail(tmp_path):
+    cluster = FakeCluster(fail_with="RuntimeError: Connection refused")
+    m = measurer(tmp_path, cluster)
+    with pytest.raises(MeasurementError) as first:
+        m.measure(Case("qwen2-tiny", 2, "ib"))
+    message = str(first.value)
+    assert message.startswith("qwen2-tiny-n2-ib on the fake cluster: launch failed")
+    assert "node0: exit code 1" in message and "RuntimeError: Connection refused" in message
+    # The next test needing the same configuration fails at once with the same report.
+    with pytest.raises(MeasurementError) as second:
+        measurer(tmp_path, FakeCluster()).measure(Case("qwen2-tiny", 2, "ib"))
+    assert str(second.value) == message
+    assert len(cluster.requests) == 1
+
+
+def test_success_without_a_result_file_is_an_error(tmp_path):
+    with pytest.raises(MeasurementError, match="every rank exited 0 but the result is unreadable"):
+        measurer(tmp_path, FakeCluster(write_result=False)).measure(Case("qwen2-tiny", 2, "ib"))
+
+
+def test_metrics_are_flat_strings_named_after_the_case(tmp_path):
+    m = measurer(tmp_path, FakeCluster()).measure(Case("qwen2-tiny", 2, "eth"))
+    metrics = m.metrics()
+    assert all(isinstance(v, str) for v in metrics.values())
+    assert metrics["fabric.qwen2-tiny-n2-eth.tokens_per_s"] == f"{m.tokens_per_s:.3f}"
+    assert metrics["fabric.qwen2-tiny-n2-eth.gpus"] == "2"
+    assert metrics["fabric.qwen2-tiny-n2-eth.steps"] == "3"
+
+
+def test_repeated_launches_are_independent_and_each_cached(tmp_path):
+    cluster = FakeCluster()
+    m = measurer(tmp_path, cluster)
+    case = Case("qwen2-tiny", 2, "eth")
+    m.measure(case, launch=0)
+    m.measure(case, launch=1)
+    m.measure(case, launch=1)
+    m.measure(case)
+    assert len(cluster.requests) == 2
+
+
+def test_every_launch_gets_its_own_directory(tmp_path):
+    """Repeats of one case start within the same second when a launch fails fast: they must not share
+    config, logs and result.json."""
+    cluster = FakeCluster()
+    m = measurer(tmp_path, cluster)
+    case = Case("qwen2-tiny", 2, "eth")
+    for launch in range(3):
+        m.measure(case, launch=launch)
+    assert len({r.workdir for r in cluster.requests}) == 3

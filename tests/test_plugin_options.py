@@ -1,0 +1,300 @@
+"""The plugin through pytest itself (in-process, nothing launched): options, bad input, ids, markers, header."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pytest_fabric import FABRICS, MODELS
+
+MATRIX_TEST = """
+import pytest
+
+@pytest.mark.fabric_matrix()
+def test_step(fabric_case):
+    pass
+"""
+
+CPUS = len(os.sched_getaffinity(0))
+
+
+def collected_ids(result) -> list[str]:
+    return [line for line in result.outlines if "::" in line]
+
+
+def ids(pytester, *args, source: str = MATRIX_TEST) -> list[str]:
+    pytester.makepyfile(test_matrix_ids=source)
+    result = pytester.runpytest("--collect-only", "-q", *args)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    return [i.split("[", 1)[1].rstrip("]") if "[" in i else i for i in collected_ids(result)]
+
+
+# -- options ---------------------------------------------------------------------------------------
+
+def test_help_lists_every_option_in_its_group(pytester):
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["pytest-fabric: interconnect fabric comparisons:"])
+    text = result.stdout.str()
+    for option in ("--nodes", "--gpus-per-node", "--fabrics", "--models", "--cluster", "--steps", "--warmup-steps",
+                   "--batch-size", "--seq-len", "--launch-timeout", "--fabric-rate"):
+        assert option in text, f"{option} missing from --help"
+    # The help names what can be chosen.
+    assert all(name in text for name in FABRICS)
+
+
+BAD_INPUT = [
+    (["--nodes", "0"], "--nodes must be an integer >= 1, got 0"),
+    (["--nodes", "two"], "--nodes must be an integer >= 1, got 'two'"),
+    (["--gpus-per-node", "0"], "--gpus-per-node must be an integer >= 1, got 0"),
+    (["--steps", "0"], "--steps must be an integer >= 1, got 0"),
+    (["--warmup-steps", "-1"], "--warmup-steps must be an integer >= 0, got -1"),
+    (["--batch-size", "1.5"], "--batch-size must be an integer >= 1, got '1.5'"),
+    (["--seq-len", "0"], "--seq-len must be an integer >= 1, got 0"),
+    (["--fabrics", "ib,infiniband"], "--fabrics: unknown 'infiniband'; choose from: ib, roce, efa, eth*"),
+    (["--fabrics", ","], "--fabrics: unknown empty value; choose from: *"),
+    (["--models", "gpt-5"], "--models: unknown 'gpt-5'; choose from: *qwen2-tiny*"),
+    (["--cluster", "k8s"], "--cluster: unknown cluster 'k8s'; choose from: auto, emulated, local*"),
+    (["--launch-timeout", "0"], "--launch-timeout must be a positive number of seconds, got '0'"),
+    (["--launch-timeout", "soon"], "--launch-timeout must be a positive number of seconds, got 'soon'"),
+    (["--fabric-rate", "eth"], "--fabric-rate: 'eth' is not NAME=MBIT*(e.g. --fabric-rate eth=200)"),
+    (["--fabric-rate", "eth=fast"], "--fabric-rate: 'eth=fast' is not NAME=MBIT*"),
+    (["--fabric-rate", "eth=0"], "--fabric-rate: 'eth=0' is not NAME=MBIT*"),
+    (["--fabric-rate", "eth=-100"], "--fabric-rate: 'eth=-100' is not NAME=MBIT*"),
+    (["--fabric-rate", "ib=4000,ethernet=100"], "*'ethernet'*ib, roce, efa, eth*"),
+    (["--nodes", "251"], "--nodes 251: the emulated cluster has 250 nodes; use --nodes 250 or fewer"),
+    (["--cluster", "local", "--nodes", str(4 * CPUS + 1)],
+     f"--nodes {4 * CPUS + 1}: the local cluster has {4 * CPUS} nodes; use --nodes {4 * CPUS} or fewer"),
+    (["--nodes", "2", "--gpus-per-node", str(2 * CPUS + 1)],
+     f"--nodes 2 x --gpus-per-node {2 * CPUS + 1} = {4 * CPUS + 2} ranks, but the emulated cluster runs every "
+     f"rank on this machine and allows at most {4 * CPUS}; lower --nodes or --gpus-per-node"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_a_usage_error_that_says_what_is_allowed(pytester, args, message):
+    pytester.makepyfile(test_any="def test_nothing(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+    assert "Traceback" not in result.stderr.str()
+
+
+@pytest.mark.parametrize("args", [["--fabric-rate", "eth=nan"], ["--fabric-rate", "eth=inf"],
+                                  ["--launch-timeout", "nan"], ["--launch-timeout", "inf"]],
+                         ids=["rate-nan", "rate-inf", "timeout-nan", "timeout-inf"])
+def test_non_finite_numbers_are_usage_errors(pytester, args):
+    # float("nan") <= 0 is False: a plain positivity check lets NaN through to tc and torchrun.
+    pytester.makepyfile(test_any="def test_nothing(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {args[0]}*"])
+
+
+def test_ini_values_are_validated_like_the_command_line(pytester):
+    pytester.makeini("[pytest]\nfabric_nodes = 0\n")
+    pytester.makepyfile(test_any="def test_nothing(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --nodes must be an integer >= 1, got 0"])
+
+
+def test_ini_sets_defaults_and_the_command_line_wins(pytester):
+    pytester.makeini("[pytest]\nfabric_fabrics = eth\nfabric_models = llama-wide\nfabric_nodes = 4\n")
+    assert ids(pytester) == ["llama-wide-n1-eth", "llama-wide-n2-eth", "llama-wide-n4-eth"]
+    assert ids(pytester, "--fabrics", "ib", "--nodes", "1") == ["llama-wide-n1-ib"]
+
+
+# -- ids -------------------------------------------------------------------------------------------
+
+def test_default_matrix_ids(pytester):
+    assert ids(pytester) == [
+        "qwen2-tiny-n1-ib", "qwen2-tiny-n1-eth", "qwen2-tiny-n2-ib", "qwen2-tiny-n2-eth",
+        "llama-wide-n1-ib", "llama-wide-n1-eth", "llama-wide-n2-ib", "llama-wide-n2-eth",
+    ]
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [("1", [1]), ("2", [1, 2]), ("3", [1, 2]), ("4", [1, 2, 4]),
+                                                 ("8", [1, 2, 4, 8])])
+def test_nodes_axis_is_powers_of_two_up_to_nodes(pytester, nodes, expected):
+    got = ids(pytester, "--nodes", nodes, "--models", "qwen2-tiny", "--fabrics", "eth")
+    assert got == [f"qwen2-tiny-n{n}-eth" for n in expected]
+
+
+def test_session_order_of_models_and_fabrics_is_kept(pytester):
+    got = ids(pytester, "--nodes", "2", "--models", "llama-wide,qwen2-tiny", "--fabrics", "eth,ib,eth")
+    assert got == ["llama-wide-n1-eth", "llama-wide-n1-ib", "llama-wide-n2-eth", "llama-wide-n2-ib",
+                   "qwen2-tiny-n1-eth", "qwen2-tiny-n1-ib", "qwen2-tiny-n2-eth", "qwen2-tiny-n2-ib"]
+
+
+MARKED = """
+import pytest
+
+@pytest.mark.fabric_matrix(models=["llama-wide", "qwen2.5-72b"])
+def test_models(fabric_case):
+    pass
+
+@pytest.mark.fabric_matrix(fabrics=["eth", "roce"], min_nodes=2)
+def test_fabrics(fabric_case):
+    pass
+
+@pytest.mark.fabric_matrix(nodes=[2, 3, 16])
+def test_nodes(fabric_case):
+    pass
+
+@pytest.mark.fabric_matrix(models=["qwen2.5-72b"])
+def test_nothing_selected(fabric_case):
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+def test_markers_only_restrict_what_the_session_selects(pytester):
+    pytester.makepyfile(test_marked=MARKED)
+    result = pytester.runpytest("--collect-only", "-q", "--nodes", "4", "--models", "qwen2-tiny,llama-wide",
+                                "--fabrics", "ib,eth")
+    got = collected_ids(result)
+    # A model the session did not select gives an empty parameter set (skipped, not launched).
+    empty = [i for i in got if i.startswith("test_marked.py::test_nothing_selected[")]
+    assert len(empty) == 1
+    assert [i for i in got if i not in empty] == [
+        "test_marked.py::test_models[llama-wide-n1-ib]", "test_marked.py::test_models[llama-wide-n1-eth]",
+        "test_marked.py::test_models[llama-wide-n2-ib]", "test_marked.py::test_models[llama-wide-n2-eth]",
+        "test_marked.py::test_models[llama-wide-n4-ib]", "test_marked.py::test_models[llama-wide-n4-eth]",
+        "test_marked.py::test_fabrics[qwen2-tiny-n2-eth]", "test_marked.py::test_fabrics[qwen2-tiny-n4-eth]",
+        "test_marked.py::test_fabrics[llama-wide-n2-eth]", "test_marked.py::test_fabrics[llama-wide-n4-eth]",
+        "test_marked.py::test_nodes[qwen2-tiny-n2-ib]", "test_marked.py::test_nodes[qwen2-tiny-n2-eth]",
+        "test_marked.py::test_nodes[qwen2-tiny-n3-ib]", "test_marked.py::test_nodes[qwen2-tiny-n3-eth]",
+        "test_marked.py::test_nodes[llama-wide-n2-ib]", "test_marked.py::test_nodes[llama-wide-n2-eth]",
+        "test_marked.py::test_nodes[llama-wide-n3-ib]", "test_marked.py::test_nodes[llama-wide-n3-eth]",
+        "test_marked.py::test_plain",
+    ]
+
+
+def test_empty_selection_is_skipped_not_launched(pytester):
+    pytester.makepyfile(test_marked=MARKED)
+    result = pytester.runpytest("-k", "nothing_selected", "-rs", "--nodes", "2")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*got empty parameter set*"])
+    assert "fabric throughput" not in result.stdout.str()
+
+
+def test_misspelled_marker_argument_is_reported(pytester):
+    pytester.makepyfile(test_typo="""
+        import pytest
+
+        @pytest.mark.fabric_matrix(node=[2])
+        def test_step(fabric_case):
+            pass
+    """)
+    result = pytester.runpytest("--collect-only", "-q")
+    assert result.ret != pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*test_typo.py::test_step: fabric_matrix got unknown argument(s) node; "
+                                 "allowed: models, nodes, fabrics, min_nodes*"])
+
+
+def test_every_known_model_and_fabric_can_be_selected(pytester):
+    got = ids(pytester, "--nodes", "1", "--models", ",".join(MODELS), "--fabrics", ",".join(FABRICS))
+    assert got == [f"{m}-n1-{f}" for m in MODELS for f in FABRICS]
+
+
+# -- header, fixtures and skips ----------------------------------------------------------------------
+
+def test_header_shows_cluster_fabrics_rates_and_results_directory(pytester):
+    pytester.makepyfile(test_any="def test_nothing(): pass")
+    result = pytester.runpytest("--nodes", "2", "--fabrics", "ib,eth", "--fabric-rate", "eth=200",
+                                "--models", "qwen2-tiny", "--steps", "3", "--warmup-steps", "1")
+    result.stdout.fnmatch_lines([
+        "fabric: cluster emulated*; nodes up to 2 x 1 per node",
+        f"fabric: fabrics ib, eth (emulated links: ib {FABRICS['ib'].emulated_mbit:g} Mbit/s, eth 200 Mbit/s)",
+        "fabric: models qwen2-tiny; 1 warm-up + 3 measured steps; results in */pytest-fabric-*",
+    ])
+
+
+COMPARISON = """
+import pytest
+
+@pytest.mark.fabric_comparison
+@pytest.mark.fabric_matrix(min_nodes=2, fabrics=["eth"])
+def test_compare(fabric_case):
+    pass
+
+@pytest.mark.fabric_matrix(min_nodes=2, fabrics=["eth"])
+def test_throughput(fabric_case, fabric_cluster):
+    assert fabric_cluster.name == "local"
+"""
+
+
+def test_comparisons_are_skipped_on_the_local_cluster_with_the_reason(pytester):
+    pytester.makepyfile(test_cmp=COMPARISON)
+    result = pytester.runpytest("--cluster", "local", "--models", "qwen2-tiny", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*fabric comparison needs distinct fabrics: the local cluster runs every "
+                                 "fabric over the same links*"])
+    # No emulated link rates are claimed for a cluster that does not shape links.
+    assert "emulated links" not in result.stdout.str()
+
+
+def test_comparisons_run_on_the_emulated_cluster(pytester):
+    pytester.makepyfile(test_cmp=COMPARISON.replace('"local"', '"emulated"'))
+    result = pytester.runpytest("--cluster", "emulated", "--models", "qwen2-tiny")
+    result.assert_outcomes(passed=2)
+
+
+def test_session_fixture_exposes_the_parsed_options(pytester):
+    pytester.makepyfile(test_opts="""
+        def test_options(fabric_session):
+            o = fabric_session.options
+            assert o.fabrics == ("eth", "ib")
+            assert o.models == ("llama-wide",)
+            s = o.settings
+            assert (s.steps, s.warmup_steps, s.batch_size, s.seq_len, s.launch_timeout_s) == (5, 0, 3, 128, 42.0)
+            assert s.fabric("eth").emulated_mbit == 123
+    """)
+    result = pytester.runpytest("--fabrics", "eth,ib", "--models", "llama-wide", "--steps", "5",
+                                "--warmup-steps", "0", "--batch-size", "3", "--seq-len", "128",
+                                "--launch-timeout", "42", "--fabric-rate", "eth=123")
+    result.assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
+def test_a_run_without_measurements_reports_nothing_and_writes_nothing(pytester, tmp_path, monkeypatch, xdist):
+    """The plugin is installed machine-wide: unrelated runs (also under xdist) must leave nothing in $TMPDIR."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    pytester.makepyfile(test_matrix_ids=MATRIX_TEST)
+    result = pytester.runpytest_subprocess("--models", "qwen2-tiny", "--junitxml", str(tmp_path / "j.xml"), *xdist)
+    result.assert_outcomes(passed=4)
+    assert "fabric throughput" not in result.stdout.str()
+    assert "launch logs and results" not in result.stdout.str()
+    assert "system-out" not in (tmp_path / "j.xml").read_text()
+    assert not list(tmp_path.glob("pytest-fabric-*")), "a run that measured nothing left a results directory"
+
+
+def run_as_non_root(pytester, *args):
+    """pytest in a user namespace: this process is not root there, so the emulated cluster is unavailable."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--user", "true"]).returncode != 0:
+        pytest.skip("cannot create a user namespace here")
+    return pytester.run("unshare", "--user", sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args)
+
+
+def test_auto_falls_back_to_local_and_says_why(pytester):
+    pytester.makepyfile(test_cmp=COMPARISON)
+    result = run_as_non_root(pytester, "-rs", "--models", "qwen2-tiny")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines([
+        "fabric: cluster local*",
+        "fabric: NOTE emulated cluster unavailable (*needs root*); using local processes without link shaping",
+        "SKIPPED*fabric comparison needs distinct fabrics: emulated cluster unavailable (*needs root*",
+    ])
+
+
+def test_explicit_emulated_cluster_without_root_is_a_usage_error(pytester):
+    pytester.makepyfile(test_cmp=COMPARISON)
+    result = run_as_non_root(pytester, "--cluster", "emulated")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --cluster emulated: the emulated cluster needs root*--cluster local*"])
