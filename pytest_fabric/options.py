@@ -61,7 +61,7 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("seq-len", "sequence length (default: the model's own)", None),
     ("launch-timeout", "seconds one launch may take before every rank is killed (default 300)", "300"),
     ("repeats", "launches per side before a comparison is first judged (default 3)", "3"),
-    ("max-repeats", "launches per side a comparison may take while inconclusive (default 6)", "6"),
+    ("max-repeats", "launches per side a comparison may take while inconclusive (default 4)", "4"),
     ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
     ("fabric-rate", "emulated link rate override NAME=MBIT, comma-separated (e.g. eth=200)", None),
     ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
@@ -182,7 +182,7 @@ class FabricOptions:
     baseline: Baseline | None = None
     regression_threshold: float = 0.10
     repeats: int = 3
-    max_repeats: int = 6
+    max_repeats: int = 4
     inconclusive: str = "xfail"
 
 
@@ -250,7 +250,7 @@ def parse(config: pytest.Config) -> FabricOptions:
     if save is not None and not Path(save).resolve().parent.is_dir():
         raise pytest.UsageError(f"--fabric-save {save}: the directory {Path(save).resolve().parent} does not exist")
     repeats = _int(config, "repeats", 1, default=3)
-    max_repeats = _int(config, "max-repeats", 1, default=6)
+    max_repeats = _int(config, "max-repeats", 1, default=4)
     if max_repeats < repeats:
         raise pytest.UsageError(f"--max-repeats {max_repeats} is below --repeats {repeats}; "
                                 f"give --max-repeats >= --repeats")
