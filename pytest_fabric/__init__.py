@@ -1,30 +1,34 @@
 """pytest-fabric: interconnect-fabric comparisons as tests.
 
 A suite imports a handful of names from here: the gates, the measurement types and the catalogs.
-The pytest plugin itself (options, fixtures ``fabric_case`` and ``fabric_measure``, markers
-``fabric_matrix`` and ``fabric_comparison``) is loaded through the ``pytest11`` entry point.
+The pytest plugin itself (options, fixtures ``fabric_case``, ``fabric_measure``, ``fabric_compare``,
+markers ``fabric_matrix`` and ``fabric_comparison``) is loaded through the ``pytest11`` entry point.
+
+Names are imported on first use: the rank programs under ``pytest_fabric.workload`` import this
+package too, and must not pull in pytest (the gates do).
 """
 
 from __future__ import annotations
 
-from .fabrics import FABRICS, REFERENCE_FABRIC, Fabric
-from .gates import assert_ahead, assert_within, ratio
-from .measure import Case, Measurement, MeasurementError, Settings
-from .models import MODELS, ModelSpec
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "FABRICS",
-    "MODELS",
-    "REFERENCE_FABRIC",
-    "Case",
-    "Fabric",
-    "Measurement",
-    "MeasurementError",
-    "ModelSpec",
-    "Settings",
-    "assert_ahead",
-    "assert_within",
-    "ratio",
-]
+_EXPORTS = {
+    "FABRICS": "fabrics", "REFERENCE_FABRIC": "fabrics", "Fabric": "fabrics",
+    "assert_ahead": "gates", "assert_within": "gates", "assert_at_least": "gates", "ratio": "gates",
+    "busbw": "gates", "Figure": "gates",
+    "Case": "measure", "Measurement": "measure", "BandwidthMeasurement": "measure",
+    "MeasurementError": "measure", "Settings": "measure",
+    "MODELS": "models", "ModelSpec": "models",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_fabric' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -7,6 +7,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+MIXED_PRECISION = ("auto", "bf16", "fp32")
+
+
+class ConfigError(ValueError):
+    """A TrainConfig that cannot run here. Raised on every rank at the same point (before the
+    process group where it can be), so the rank program exits with the reason instead of hanging."""
+
 
 @dataclass
 class TrainConfig:
@@ -24,9 +31,35 @@ class TrainConfig:
     attention: str = "auto"  # "auto", "sdpa", "eager", "flash_attention_2"
     fabric: dict[str, Any] = field(default_factory=dict)  # recorded with the result
     fsdp: int = 2  # 2: fully_shard; 1: FullyShardedDataParallel (GPU only)
-    mixed_precision: str = "auto"  # "auto" (bf16 on cuda, fp32 on cpu), "bf16", "fp32"
-    activation_checkpointing: bool = False
-    model_path: str | None = None  # HF checkpoint directory; None: random weights
+    # "auto": bf16 on cuda, fp32 on cpu (bf16 matmuls are slow on most CPUs); "bf16"; "fp32".
+    mixed_precision: str = "auto"
+    activation_checkpointing: bool = False  # non-reentrant, one checkpoint per decoder layer
+    # A local Hugging Face checkpoint directory (config.json + *.safetensors), read by global rank 0
+    # only and broadcast while sharding; None: random weights.
+    model_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.fsdp not in (1, 2):
+            raise ConfigError(f"fsdp={self.fsdp!r}: use 2 (fully_shard) or 1 (FullyShardedDataParallel)")
+        if self.mixed_precision not in MIXED_PRECISION:
+            raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {', '.join(MIXED_PRECISION)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r}: use auto, cpu or cuda")
+        if self.device == "cpu":
+            self.check_device("cpu")
+
+    def check_device(self, device_type: str) -> None:
+        """Refuse what cannot run on ``device_type``, before any process group exists."""
+        if self.fsdp == 1 and device_type != "cuda":
+            raise ConfigError("fsdp=1 (FullyShardedDataParallel) needs CUDA GPUs: FSDP1 refuses to run without an "
+                              f"accelerator, and the device is {device_type}. Use fsdp=2 (fully_shard), "
+                              "which runs on CPU with gloo.")
+
+    def precision(self, device_type: str) -> str:
+        """The mixed precision that runs on ``device_type``: "bf16" or "fp32"."""
+        if self.mixed_precision == "auto":
+            return "bf16" if device_type == "cuda" else "fp32"
+        return self.mixed_precision
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))

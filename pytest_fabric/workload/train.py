@@ -1,11 +1,14 @@
-"""One FSDP2 training measurement, run by every rank under torchrun.
+"""One FSDP training measurement, run by every rank under torchrun.
 
     torchrun ... -m pytest_fabric.workload.train --config config.json
 
-Builds a Hugging Face causal LM from its config (random weights), shards every decoder layer and
-then the root with ``fully_shard``, runs warm-up steps and measured steps of AdamW training on
-random tokens, and has global rank 0 write a JSON result. The step time of a step is the slowest
-rank's, which is what the job waits for. This program never imports pytest.
+The same program on CPU (gloo, fp32 by default) and on GPUs (NCCL, bf16 mixed precision by default):
+joins the process group with hardened timeouts, runs one small collective at once (so a broken
+fabric fails here, and NCCL logs its transport before anything is measured), builds a Hugging Face
+causal LM on the ``meta`` device and shards it (fsdp.py) with random weights or a checkpoint read by
+global rank 0 alone (weights.py), runs warm-up and measured AdamW steps on random tokens, and has
+global rank 0 write a JSON result: tokens/s, MFU, peak memory and everything that decided them.
+The step time of a step is the slowest rank's, which is what the job waits for. Never imports pytest.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import socket
@@ -20,11 +24,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .config import TrainConfig
+from . import fsdp, metrics, weights
+from .config import ConfigError, TrainConfig
 
 
 def _pick_device(requested: str) -> torch.device:
@@ -36,12 +42,13 @@ def _pick_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
-def _pick_attention(requested: str, device: torch.device) -> str:
+def _pick_attention(requested: str, device: torch.device, precision: fsdp.Precision) -> str:
     # transformers raises instead of falling back when flash_attention_2 is unavailable, so the
-    # choice is made here, explicitly, and recorded with the result.
+    # choice is made here, explicitly, and recorded with the result. FlashAttention-2 runs in bf16
+    # or fp16 only: an fp32 run gets SDPA.
     if requested != "auto":
         return requested
-    if device.type == "cuda":
+    if device.type == "cuda" and precision.name == "bf16":
         try:
             import flash_attn  # noqa: F401
 
@@ -49,6 +56,38 @@ def _pick_attention(requested: str, device: torch.device) -> str:
         except ImportError:
             pass
     return "sdpa"
+
+
+def _harden_timeouts(collective_timeout_s: float) -> dict[str, str]:
+    """NCCL watchdog settings, where the user has not set their own (read when the group starts).
+
+    Asynchronous error handling makes a failed or timed-out collective abort the communicator and
+    end the process instead of hanging; the heartbeat timeout ends a process whose watchdog thread
+    is itself stuck (in a driver call, say) within the same budget as a collective.
+    """
+    defaults = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(max(60, math.ceil(collective_timeout_s))),
+    }
+    for name, value in defaults.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in defaults}
+
+
+def _warm_up(device: torch.device) -> None:
+    """One small all_reduce before the model exists: NCCL connects (and writes its transport and
+    channel lines to NCCL_DEBUG logs) now, and a fabric that cannot carry it fails here, within the
+    collective timeout, rather than in the middle of sharding or measuring."""
+    probe = torch.ones(1, device=device)
+    dist.all_reduce(probe)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_batch(seed: int, rank: int, batch_size: int, seq_len: int, vocab_size: int) -> torch.Tensor:
+    """Rank ``rank``'s random tokens (on CPU): every step trains on the same batch."""
+    generator = torch.Generator().manual_seed(seed + 1 + rank)
+    return torch.randint(0, vocab_size, (batch_size, seq_len), generator=generator)
 
 
 def _versions(backend: str) -> dict[str, str | None]:
@@ -64,6 +103,7 @@ def _versions(backend: str) -> dict[str, str | None]:
         "backend": backend,
         "nccl": nccl,
         "cuda": torch.version.cuda,
+        "driver": metrics.driver_version(),
     }
 
 
@@ -82,32 +122,30 @@ class _Progress:
 
 def run(cfg: TrainConfig) -> dict | None:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from transformers import AutoModelForCausalLM
 
     from ..models import ModelSpec
 
     device = _pick_device(cfg.device)
+    cfg.check_device(device.type)  # before joining the group: every rank refuses at once
+    precision = fsdp.Precision(cfg.precision(device.type))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
-    dist.init_process_group(backend, timeout=timeout)
+    timeouts = {"collective_timeout_s": cfg.collective_timeout_s, **_harden_timeouts(cfg.collective_timeout_s)}
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.collective_timeout_s),
+                            device_id=device if device.type == "cuda" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
+    _warm_up(device)
     mesh = init_device_mesh(device.type, (world,))
 
     spec = ModelSpec(cfg.model["name"], cfg.model["arch"], cfg.model["config"], "")
-    attention = _pick_attention(cfg.attention, device)
-    # Same seed on every rank: every rank builds identical weights, so sharding needs no broadcast.
+    attention = _pick_attention(cfg.attention, device, precision)
     torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_config(spec.hf_config(), attn_implementation=attention)
-    model.to(device)
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    source = weights.resolve(cfg.model_path, spec, attention, rank)
+    model, built = fsdp.build(cfg.fsdp, source, attention, device, mesh, precision,
+                              cfg.activation_checkpointing, cfg.seed, rank)
+    source.state_dict = None  # rank 0's full copy: sharding has broadcast it
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
-    vocab = spec.config["vocab_size"]
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
-    batch = torch.randint(0, vocab, (cfg.batch_size, cfg.seq_len), generator=gen).to(device)
+    batch = make_batch(cfg.seed, rank, cfg.batch_size, cfg.seq_len, spec.config["vocab_size"]).to(device)
     tokens_per_step = cfg.batch_size * cfg.seq_len * world
     progress = _Progress(cfg.progress_path, rank == 0, cfg.warmup_steps + cfg.steps)
 
@@ -116,37 +154,47 @@ def run(cfg: TrainConfig) -> dict | None:
             torch.cuda.synchronize()
 
     times: list[float] = []
-    loss = None
+    losses: list[torch.Tensor] = []  # read after the loop: reading a loss would wait for the GPU
+    compute_dtype = None  # what the forward really ran in, as the logits show
     for step in range(cfg.warmup_steps + cfg.steps):
         sync()
         start = time.perf_counter()
-        loss = model(input_ids=batch, labels=batch).loss
+        out = model(input_ids=batch, labels=batch, use_cache=False)
+        loss, compute_dtype = out.loss, out.logits.dtype
+        del out
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
         elapsed = time.perf_counter() - start
         times.append(elapsed)
+        losses.append(loss.detach())
         phase = "warmup" if step < cfg.warmup_steps else "measure"
         progress.step(phase, step + 1, elapsed, tokens_per_step)
 
-    # One collective after the loop (none inside it, so the measurement is not perturbed): the job
-    # waits for the slowest rank, so that rank's time is the step time.
-    local = torch.tensor(times, dtype=torch.float64, device=device)
-    slowest = local.clone()
+    # Collectives only after the loop, so the measurement is not perturbed: the job waits for the
+    # slowest rank, so that rank's time is the step time.
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    nodes: list = [None] * world
-    dist.all_gather_object(nodes, os.environ.get("PYTEST_FABRIC_NODE", socket.gethostname()))
+    memory, memory_kind = metrics.peak_memory(device)
+    ranks: list[Any] = [None] * world
+    dist.all_gather_object(ranks, {"node": os.environ.get("PYTEST_FABRIC_NODE", socket.gethostname()),
+                                   "gpu": metrics.gpu_name(device), "peak_memory_bytes": memory})
 
     result = None
     if rank == 0:
         measured = slowest[cfg.warmup_steps:].tolist()
         median = statistics.median(measured)
-        gpus = world
+        tokens_per_s = tokens_per_step / median
+        flops_per_token = spec.flops_per_token(cfg.seq_len)
+        gpu_names = sorted({r["gpu"] for r in ranks if r["gpu"]})
+        # One peak for the job: ranks on different GPU models have none.
+        peak = metrics.peak_for(gpu_names[0]) if len(gpu_names) == 1 else None
+        peak_flops = peak.bf16_flops if peak else None
         result = {
             "model": spec.name,
             "world_size": world,
-            "nodes": sorted(set(nodes)),
+            "nodes": sorted({r["node"] for r in ranks}),
             "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
             "batch_size": cfg.batch_size,
             "seq_len": cfg.seq_len,
@@ -154,13 +202,29 @@ def run(cfg: TrainConfig) -> dict | None:
             "warmup_step_s": slowest[: cfg.warmup_steps].tolist(),
             "step_s": measured,
             "median_step_s": median,
-            "tokens_per_s": tokens_per_step / median,
-            "tokens_per_s_per_gpu": tokens_per_step / median / gpus,
-            "final_loss": float(loss.detach().float().cpu()) if loss is not None else None,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_gpu": tokens_per_s / world,
+            "flops_per_token": flops_per_token,
+            "gpu_name": ", ".join(gpu_names) or None,
+            "peak_gpu": peak.gpu if peak else None,
+            "peak_flops_per_gpu": peak_flops,
+            "mfu": metrics.mfu(tokens_per_s, flops_per_token, world, peak_flops),
+            "mfu_note": _mfu_note(device, gpu_names, peak),
+            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
+            "peak_memory_kind": memory_kind,
+            "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks],
+            "first_loss": float(losses[0].float().cpu()) if losses else None,
+            "final_loss": float(losses[-1].float().cpu()) if losses else None,
             "device": device.type,
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "dtype": str(compute_dtype or precision.param_dtype).removeprefix("torch."),
+            "mixed_precision": precision.name,
+            "reduce_dtype": str(precision.reduce_dtype).removeprefix("torch."),
             "attention": attention,
-            "fsdp": "fsdp2",
+            "fsdp": f"fsdp{cfg.fsdp}",
+            **built,
+            "activation_checkpointing": cfg.activation_checkpointing,
+            "weights": source.source,
+            "timeouts": timeouts,
             "versions": _versions(backend),
             "fabric": cfg.fabric,
             "host": platform.node(),
@@ -172,11 +236,28 @@ def run(cfg: TrainConfig) -> dict | None:
     return result
 
 
+def _mfu_note(device: torch.device, gpu_names: list[str], peak: metrics.Peak | None) -> str | None:
+    """Why MFU is None, or None when it is not."""
+    if device.type != "cuda":
+        return f"no bf16 peak for {device.type}"
+    if len(gpu_names) > 1:
+        return f"mixed GPU models: {', '.join(gpu_names)}"
+    if peak is None:
+        return f"no bf16 peak known for {gpu_names[0] if gpu_names else 'this GPU'} (workload/metrics.py PEAKS)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="TrainConfig JSON written by the harness")
     args = parser.parse_args(argv)
-    run(TrainConfig.load(args.config))
+    try:
+        run(TrainConfig.load(args.config))
+    except ConfigError as exc:
+        print(f"pytest_fabric.workload.train: {exc}", file=sys.stderr, flush=True)
+        if dist.is_initialized():  # every rank raises the same error at the same point
+            dist.destroy_process_group()
+        return 2
     return 0
 
 
