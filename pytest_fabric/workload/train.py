@@ -232,6 +232,9 @@ def run(cfg: TrainConfig) -> dict | None:
         tmp = Path(cfg.result_path + ".tmp")
         tmp.write_text(json.dumps(result, indent=2))
         os.replace(tmp, cfg.result_path)
+    # Leave together: a rank tearing its process group down while a peer is still inside gloo
+    # was seen to abort ("terminate called without an active exception", SIGABRT) at exit.
+    dist.barrier()
     dist.destroy_process_group()
     return result
 
