@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .config import CollectivesConfig
+from .train import _exit_now
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -118,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="CollectivesConfig JSON written by the harness")
     args = parser.parse_args(argv)
     run(CollectivesConfig.load(args.config))
+    _exit_now(0)
     return 0
 
 
