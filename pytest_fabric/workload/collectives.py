@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from .config import CollectivesConfig
-from .train import _exit_now
+from .train import _exit_now, finish
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -104,13 +102,7 @@ def run(cfg: CollectivesConfig) -> dict | None:
             "fabric": cfg.fabric,
             "rows": rows,
         }
-        tmp = Path(cfg.result_path + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        os.replace(tmp, cfg.result_path)
-    # Leave together: a rank tearing its process group down while a peer is still inside gloo
-    # was seen to abort ("terminate called without an active exception", SIGABRT) at exit.
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(result, cfg.result_path)
     return result
 
 

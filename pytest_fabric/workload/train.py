@@ -229,13 +229,7 @@ def run(cfg: TrainConfig) -> dict | None:
             "fabric": cfg.fabric,
             "host": platform.node(),
         }
-        tmp = Path(cfg.result_path + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        os.replace(tmp, cfg.result_path)
-    # Leave together: a rank tearing its process group down while a peer is still inside gloo
-    # was seen to abort ("terminate called without an active exception", SIGABRT) at exit.
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(result, cfg.result_path)
     return result
 
 
@@ -263,6 +257,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _exit_now(0)
     return 0
+
+
+def finish(result: dict | None, result_path: str) -> None:
+    """Global rank 0 writes the result atomically (the harness never reads half a file); then every
+    rank leaves the process group at the same point."""
+    if result is not None:
+        tmp = Path(result_path + ".tmp")
+        tmp.write_text(json.dumps(result, indent=2))
+        os.replace(tmp, result_path)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _exit_now(code: int) -> None:
