@@ -28,6 +28,7 @@ from .gates import judge
 from .results import identity_from_records, identity_mismatch, save_results
 from .stats import AdaptiveComparison, AdaptiveResult, Verdict, ahead_gate, decide, ratio_interval, within_gate
 from .store import ResultStore
+from .workload import faults
 
 
 @dataclass
@@ -127,13 +128,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "fabric_matrix(models=None, nodes=None, fabrics=None, min_nodes=1): parametrize the `fabric_case` "
-        "fixture over model x nodes x fabric (each axis restricted to what the session selects)")
+        "fabric_matrix(models=None, nodes=None, fabrics=None, exclude_fabrics=(), min_nodes=1): parametrize "
+        "the `fabric_case` fixture over model x nodes x fabric (each axis restricted to what the session selects)")
     config.addinivalue_line(
         "markers",
         "fabric_comparison: the test compares fabrics; it is skipped on a cluster where every fabric "
         "runs over the same links (the local cluster)")
     opts = fabric_options.parse(config)
+    try:
+        faults.from_env()  # injected faults (harness self-tests): refuse a typo before any launch
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     try:
         cluster, note = make_cluster(opts.cluster, opts.hostfile, opts.ssh_config, opts.ssh_host_key_checking)
     except ClusterUnavailable as exc:
@@ -199,14 +204,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     o = session.options
     marker = metafunc.definition.get_closest_marker("fabric_matrix")
     kw = dict(marker.kwargs) if marker else {}
-    unknown = set(kw) - {"models", "nodes", "fabrics", "min_nodes"}
+    unknown = set(kw) - {"models", "nodes", "fabrics", "exclude_fabrics", "min_nodes"}
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: fabric_matrix got unknown argument(s) "
-                                f"{', '.join(sorted(unknown))}; allowed: models, nodes, fabrics, min_nodes")
+                                f"{', '.join(sorted(unknown))}; allowed: models, nodes, fabrics, exclude_fabrics, "
+                                f"min_nodes")
     # The session selects (--models/--fabrics); a marker only restricts: a suite lists which models
     # form its class (compute-bound, communication-bound) and runs those the session selected.
     models = [m for m in (kw.get("models") or o.models) if m in o.models]
-    fabrics = [f for f in (kw.get("fabrics") or o.fabrics) if f in o.fabrics]
+    excluded = kw.get("exclude_fabrics", ())
+    fabrics = [f for f in (kw.get("fabrics") or o.fabrics) if f in o.fabrics and f not in excluded]
     cases = expand(models, session.nodes, fabrics, nodes=kw.get("nodes"), min_nodes=kw.get("min_nodes", 1))
     metafunc.parametrize("fabric_case", cases, ids=[c.id for c in cases])
 
@@ -238,13 +245,17 @@ class MeasureFixture:
         self._item = item
 
     def __call__(self, case: Case, launch: int = 0) -> Measurement:
-        try:
-            m = self._session.measurer().measure(case, launch)
-        except MeasurementError as exc:
-            pytest.fail(f"measurement failed: {exc}", pytrace=False)
-        return self._record(m)
+        return self._record(lambda: self._session.measurer().measure(case, launch))
 
-    def _record(self, m):
+    def _record(self, measure):
+        try:
+            m = measure()
+        except MeasurementError as exc:
+            message = f"measurement failed: {exc}"
+        else:
+            message = None
+        if message is not None:  # outside the except: the report shows the launch's failure once, unchained
+            pytest.fail(message, pytrace=False)
         self._item.stash.setdefault(MEASURED_KEY, []).append(m)
         if m.result.get("transport_problem"):
             # The numbers are real, but not of the fabric that was asked for.
@@ -253,11 +264,7 @@ class MeasureFixture:
 
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
         """Collective bandwidth over ``case``'s nodes and fabric (all_reduce, all_gather, reduce_scatter)."""
-        try:
-            m = self._session.measurer().measure_bandwidth(case)
-        except MeasurementError as exc:
-            pytest.fail(f"measurement failed: {exc}", pytrace=False)
-        return self._record(m)
+        return self._record(lambda: self._session.measurer().measure_bandwidth(case))
 
 
 class CompareFixture:

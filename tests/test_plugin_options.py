@@ -195,7 +195,23 @@ def test_misspelled_marker_argument_is_reported(pytester):
     result = pytester.runpytest("--collect-only", "-q")
     assert result.ret != pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*test_typo.py::test_step: fabric_matrix got unknown argument(s) node; "
-                                 "allowed: models, nodes, fabrics, min_nodes*"])
+                                 "allowed: models, nodes, fabrics, exclude_fabrics, min_nodes*"])
+
+
+def test_exclude_fabrics_compares_every_other_selected_fabric_including_defined_ones(pytester):
+    # The embedded comparison suites exclude the reference: a fabric defined in the ini is a candidate too.
+    pytester.makeini("[pytest]\nfabric_define = roce-dc2: roce\n")
+    pytester.makepyfile(test_candidates="""
+        import pytest
+
+        @pytest.mark.fabric_matrix(nodes=[2], exclude_fabrics=["ib"])
+        def test_candidate(fabric_case):
+            pass
+    """)
+    result = pytester.runpytest("--collect-only", "-q", "--nodes", "2", "--models", "qwen2-tiny",
+                                "--fabrics", "ib,roce-dc2,eth")
+    assert collected_ids(result) == ["test_candidates.py::test_candidate[qwen2-tiny-n2-roce-dc2]",
+                                     "test_candidates.py::test_candidate[qwen2-tiny-n2-eth]"]
 
 
 def test_every_known_model_and_fabric_can_be_selected(pytester):
