@@ -494,7 +494,7 @@ class FabricReporter:
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
                     "fabrics": list(fabric.options.fabrics)}
-        save_results(fabric.options.save, fabric.store.all(), identity, self.verdicts)
+        save_results(fabric.options.save, fabric.store.all(), identity, self.verdicts, fabric.options.prices)
 
     def _suite_properties(self) -> dict[str, str]:
         measured = self.fabric.recorded()
@@ -520,6 +520,12 @@ class FabricReporter:
             terminalreporter.write_line(line)
         for line in bandwidth_table(bandwidth):
             terminalreporter.write_line(line)
+        if fabric.options.prices:
+            from .reportgen import cost_lines
+            from .results import run_from_store
+
+            for line in cost_lines(run_from_store(fabric.store.all(), fabric.options.fabrics), fabric.options.prices):
+                terminalreporter.write_line(line)
         for line in errors:
             terminalreporter.write_line(f"failed launch: {line}")
         terminalreporter.write_line(f"launch logs and results: {fabric.directory}")

@@ -49,6 +49,22 @@ def test_report_writes_the_documents(capsys, tmp_path):
     assert "| 2 | 2 | 1803.3 | 1700.0 | -5.7% |" in md and "ib break-even premium over eth" in md
 
 
+def test_report_prices_the_night_with_its_saved_prices_unless_given(capsys, tmp_path):
+    from test_results import IDENTITY, VERDICTS
+
+    from pytest_fabric.results import save_results
+
+    night = tmp_path / "night.json"
+    save_results(night, session_store(), IDENTITY, VERDICTS, {"ib": 4.0, "eth": 3.0})
+    code, _, err = run(capsys, "report", str(night), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "ib break-even premium over eth" in md and "eth $3 (saved with the night)" in md
+    code, _, err = run(capsys, "report", str(night), "-o", str(tmp_path / "out"), "--price", "eth=2")
+    assert code == 0, err
+    assert "eth $2, ib $4 (saved with the night)" in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_report_reads_a_session_store_and_junit_together(capsys, tmp_path):
     store = tmp_path / "measurements.json"
     store.write_text(json.dumps(session_store()))
