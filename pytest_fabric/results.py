@@ -43,6 +43,7 @@ __all__ = [
     "identity_mismatch",
     "junit_suites",
     "load_baseline",
+    "load_records",
     "load_results",
     "night_labels",
     "parse_case_id",
@@ -311,11 +312,7 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
 def load_results(path: Path | str) -> SavedRun:
     """A night from any of: ``save_results`` JSON, a baseline, a session store, or JUnit XML."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    text = _decode(raw, path)
+    text = _read_text(path)
     head = text.lstrip()
     if head.startswith("<"):
         return _load_junit(path)
@@ -324,6 +321,33 @@ def load_results(path: Path | str) -> SavedRun:
     raise ResultsError(f"{path}: neither JSON nor XML; expected a pytest-fabric results file (.json, "
                        "written by --fabric-save or pytest-fabric baseline), a session's measurements.json, "
                        "or a JUnit XML file written by pytest --junitxml")
+
+
+def load_records(path: Path | str) -> dict[str, Any]:
+    """The raw launch records (step times and what ran) of a ``save_results`` file or a session's
+    store; ResultsError for anything else (JUnit and baselines keep only tokens/s)."""
+    path = Path(path)
+    text = _read_text(path)
+    data = None if text.lstrip().startswith("<") else _parse_json(text, path)
+    if isinstance(data, dict) and data.get("format") == RESULTS_FORMAT:
+        _check_version(data, path)
+        data = data.get("records")
+    elif isinstance(data, dict) and "format" not in data and data:
+        _runs_from_store(data, None, str(path))  # validates every record
+    else:
+        data = None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: holds no launch records; expected a results file written by --fabric-save "
+                           "or a session's measurements.json (JUnit XML and baselines keep only tokens/s)")
+    return data
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return _decode(raw, path)
 
 
 def _decode(raw: bytes, path: Path) -> str:
@@ -676,11 +700,7 @@ def save_baseline(path: Path | str, baseline: Mapping[str, Any]) -> None:
 def load_baseline(path: Path | str) -> dict[str, Any]:
     """A baseline written by ``save_baseline``; ResultsError for anything else."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    data = _parse_json(_decode(raw, path), path)
+    data = _parse_json(_read_text(path), path)
     if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ResultsError(f"{path}: not a pytest-fabric baseline (format {found!r}); expected "
