@@ -20,6 +20,13 @@ The model (CONTEXT.md, "Why the fabric sometimes does not matter"):
 - Bounds: max(T_compute, T_comm) + exposed <= T_step <= T_compute + T_comm + exposed (plus the
   overhead on both sides), where T_comm is the traffic that can overlap.
 
+Next to every ``fabric_compare`` comparison the plugin shows ``predict_comparison``'s line: the
+link rates are the emulated ones on the emulated cluster, else each fabric's nominal rate; the
+per-rank FLOP/s is ``--fabric-flops`` when given, else fitted (``fit_flops``) to the faster
+fabric's measured step, so the slower fabric's step and the penalty are predicted from the fast
+side alone (the fit counts a fixed multi-node overhead as compute, so it leans towards too small a
+penalty). ``calibration.py`` (``pytest-fabric calibrate``) measures the model's error on saved runs.
+
 Plain standard library; no torch: the plugin predicts while collecting tests, long before any launch.
 """
 
