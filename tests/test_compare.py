@@ -193,3 +193,24 @@ def test_equal_rates_predict_no_difference():
     fixture.within(Case("llama-wide", 2, "eth"), Case("llama-wide", 2, "ib"), rel=0.05)
     predicted = item.stash[VERDICTS_KEY][-1]
     assert predicted.startswith("predicted: no difference (") and "cannot tell the fabrics apart" in predicted
+
+
+def test_prediction_reads_real_measurements_as_the_store_records_them():
+    from test_results import training_record
+
+    from pytest_fabric.fabrics import build_table
+    from pytest_fabric.measure import Measurement, Settings
+    from pytest_fabric.plugin import _predicted
+
+    def runs(fabric, tokens_per_s):
+        record = training_record("qwen2-tiny", 2, fabric, tokens_per_s)
+        return [Measurement.from_record(Case("qwen2-tiny", 2, fabric), record)] * 3
+
+    session = SimpleNamespace(options=SimpleNamespace(settings=Settings(fabric_table=build_table()),
+                                                      flops_per_rank=None),
+                              cluster=SimpleNamespace(name="emulated"))
+    interval = SimpleNamespace(point=1700 / 1800, low=0.93, high=0.96, confidence=0.95)
+    line = _predicted(session, Case("qwen2-tiny", 2, "eth"), Case("qwen2-tiny", 2, "ib"),
+                      {"a": runs("eth", 1700.0), "b": runs("ib", 1800.0)}, SimpleNamespace(interval=interval))
+    assert line.startswith("predicted: eth ") and "eth 0.4 vs ib 2 Gbit/s per node" in line, line
+    assert "measured: eth 5.6% slower, 95% CI of the slowdown [+4.0%, +7.0%]" in line
