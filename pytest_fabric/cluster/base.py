@@ -105,10 +105,11 @@ def torchrun_argv(
     """One node's torchrun command: c10d rendezvous hosted on node 0, no restarts, bounded joins."""
     join_timeout = max(30, int(request.deadline_s))
     conf = f"join_timeout={join_timeout}"
-    if node_rank == 0:
-        # The node that hosts the rendezvous store must say so; otherwise every agent tries to
-        # connect to a store nobody started when the hostname does not resolve to the local address.
-        conf += ",is_host=true"
+    # Say who hosts the rendezvous store. Left to guess, torch makes every agent whose address
+    # matches the endpoint try to host it (all of them on the local cluster's loopback: node 1 could
+    # bind first and node 0 then fail with EADDRINUSE), and none when the hostname does not resolve
+    # to the local address.
+    conf += ",is_host=true" if node_rank == 0 else ",is_host=false"
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={request.nodes}",
