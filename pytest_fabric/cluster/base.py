@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,12 @@ MAX_RANKS_PER_CPU = 4
 
 class OnThisMachine:
     """Mixin for clusters whose every rank shares this machine's cores."""
+
+    @staticmethod
+    def machine_lock_path() -> Path:
+        """One launch at a time on this machine, across pytest sessions: two sessions' ranks on the
+        same cores would measure each other (a session already serializes its own xdist workers)."""
+        return Path(tempfile.gettempdir()) / "pytest-fabric-machine.lock"
 
     def max_ranks(self) -> int:
         return MAX_RANKS_PER_CPU * len(os.sched_getaffinity(0))
