@@ -263,6 +263,12 @@ class TestRobustBaseline:
     def test_nights_agreeing_to_a_fraction_of_a_percent_do_not_make_outliers(self):
         assert robust_baseline([100.0, 100.05, 99.95, 100.0, 102.0]).dropped == ()
 
+    def test_few_nights_drop_only_a_gross_outlier(self):
+        # Of three nights the MAD is the smaller of two deviations: 174 was an ordinary night here.
+        assert robust_baseline([210.6, 216.7, 173.8]).dropped == ()
+        assert robust_baseline([210.6, 216.7, 100.0]).dropped == (100.0,)
+        assert robust_baseline([100.0, 101.0, 99.0, 60.0]).dropped == (60.0,)
+
     def test_two_values_cannot_name_an_outlier(self):
         base = robust_baseline([100.0, 50.0])
         assert base.dropped == () and base.center == 75.0
