@@ -16,6 +16,7 @@ from .cluster import CLUSTER_KINDS
 from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
+from .redact import remember
 from .references import ReferenceError, References
 from .results import ResultsError, baseline_for, load_baseline, load_results
 
@@ -196,6 +197,8 @@ def parse(config: pytest.Config) -> FabricOptions:
                             _rates(config))
     except FabricConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
+    for fabric in table.values():
+        remember(fabric.nccl_env)  # a token given as a fabric setting is masked like the environment's
     fabrics = _names(config, "fabrics", table)
     models = _names(config, "models", MODELS)
     timeout_value = _raw(config, "launch-timeout")

@@ -3,6 +3,7 @@
 Under pytest-xdist each worker is a separate process; the first worker that needs a configuration
 measures it while holding the lock and the others read the result. The lock also serialises
 launches: two jobs on the same machines at once would measure each other, not the fabric.
+Records are stored with secrets masked (``redact``): the store is shown, saved and reported.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+
+from .redact import redact_data
 
 
 class ResultStore:
@@ -49,6 +52,7 @@ class ResultStore:
             return self._read().get(key)
 
     def put(self, key: str, record: dict[str, Any]) -> None:
+        record = redact_data(record)
         with self._lock:
             data = self._read()
             data[key] = record
@@ -63,7 +67,7 @@ class ResultStore:
             data = self._read()
             if key in data:
                 return data[key], False
-            record = compute()
+            record = redact_data(compute())
             data = self._read()
             data[key] = record
             self._write(data)
