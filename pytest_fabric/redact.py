@@ -14,10 +14,12 @@ Two rules:
 - ``NAME=value`` and ``"NAME": "value"`` with a secret-looking NAME lose their value whatever it is,
   so a secret that is not in this process's environment (a remote host's, a file's) is caught too.
 
-A name is secret-looking when one of its ``_``-separated words is TOKEN, SECRET, PASSWORD, PASSWD,
-PASS, CREDENTIAL(S), KEY(S), APIKEY, AUTH, COOKIE or PRIVATE, or a word ends in TOKEN, SECRET,
-PASSWORD, PASSWD or APIKEY (``GHTOKEN``, ``PGPASSWORD``), or it starts with ``AWS_``. Whole words
-only: ``KEYBOARD``, ``MONKEY`` and ``tokens_per_s`` are not secrets.
+A name is secret-looking when one of its ``_``-separated words is TOKEN, SECRET(S), PASSWORD, PASSWD,
+CREDENTIAL(S) or APIKEY, or ends in TOKEN, SECRET, PASSWORD, PASSWD or APIKEY (``GHTOKEN``,
+``PGPASSWORD``); or when a word is KEY(S), AUTH, PASS, COOKIE or PRIVATE or it starts with ``AWS_``,
+and the name is an environment variable's (upper case) or has several words (``api_key``): a lone
+lower-case ``key`` is a JSON field or a keyword argument, not a secret. Whole words only:
+``KEYBOARD``, ``MONKEY`` and ``tokens_per_s`` are not secrets.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from typing import Any
 MASK = "***"
 MIN_SECRET_LEN = 6
 
-_WORDS = {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "CREDENTIALS", "KEY", "KEYS",
-          "APIKEY", "AUTH", "COOKIE", "PRIVATE"}
+_WORDS = {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL", "CREDENTIALS", "APIKEY"}
+_WEAK_WORDS = {"KEY", "KEYS", "AUTH", "PASS", "COOKIE", "PRIVATE"}  # secret-looking in NAME_KEY, not as 'key'
 _SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY")
 _NOT_SECRET = {"SSH_AUTH_SOCK", "PWD", "OLDPWD"}  # a socket path, the working directory
 
@@ -48,10 +50,11 @@ def is_secret_name(name: str) -> bool:
     upper = name.upper()
     if upper in _NOT_SECRET:
         return False
-    if upper.startswith("AWS_"):
-        return True
     words = [w for w in upper.split("_") if w]
-    return any(w in _WORDS or w.endswith(_SUFFIXES) for w in words)
+    if any(w in _WORDS or w.endswith(_SUFFIXES) for w in words):
+        return True
+    env_like = name == upper or len(words) > 1
+    return env_like and (upper.startswith("AWS_") or any(w in _WEAK_WORDS for w in words))
 
 
 def remember(env: Mapping[str, str]) -> None:

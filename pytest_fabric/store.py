@@ -43,8 +43,10 @@ class ResultStore:
         return data
 
     def _write(self, data: dict[str, Any]) -> None:
+        # Compact: json.dumps(indent=...) falls back to the pure-Python encoder, ~10x slower, and every
+        # write rewrites every record (8 processes x 500 records took minutes; tests/test_store.py).
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.write_text(json.dumps(data, sort_keys=True, separators=(",", ":")))
         os.replace(tmp, self.path)
 
     def get(self, key: str) -> dict[str, Any] | None:

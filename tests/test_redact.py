@@ -44,14 +44,15 @@ def assert_clean(text: str, where: str) -> None:
 @pytest.mark.parametrize("name", ["HF_TOKEN", "GITHUB_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY",
                                   "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "OPENAI_API_KEY", "APIKEY", "DB_PASSWORD",
                                   "PGPASSWORD", "MYSQL_PWD_PASS", "GOOGLE_APPLICATION_CREDENTIALS", "CLIENT_SECRET",
-                                  "WANDB_API_KEY", "NCCL_TEST_TOKEN", "hf_token", "ghtoken", "SSH_PRIVATE_KEY"])
+                                  "WANDB_API_KEY", "NCCL_TEST_TOKEN", "hf_token", "ghtoken", "SSH_PRIVATE_KEY",
+                                  "KEY", "api_key", "db_pass", "aws_region", "password", "token"])
 def test_secret_names(name):
     assert is_secret_name(name)
 
 
 @pytest.mark.parametrize("name", ["KEYBOARD", "KEYBOARD_LAYOUT", "MONKEY", "tokens_per_s", "tokens_per_step",
                                   "NCCL_IB_HCA", "PATH", "PWD", "SSH_AUTH_SOCK", "PASSENGER", "TOKENIZERS_PARALLELISM",
-                                  "HF_HOME", "NCCL_SOCKET_IFNAME"])
+                                  "HF_HOME", "NCCL_SOCKET_IFNAME", "key", "auth", "keys"])
 def test_names_that_are_not_secrets(name):
     assert not is_secret_name(name)
 
