@@ -181,6 +181,8 @@ def read_hostfile(path: str | Path) -> list[Host]:
         text = Path(path).read_text()
     except OSError as exc:
         raise HostfileError(f"cannot read the hostfile {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise HostfileError(f"cannot read the hostfile {path}: not UTF-8 text; write one host per line") from None
     return parse_hostfile(text, str(path))
 
 
