@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +20,10 @@ from typing import Any
 from filelock import FileLock
 
 from .redact import redact_data
+
+
+class StoreWarning(UserWarning):
+    """The session's store was unreadable and has been set aside."""
 
 
 class ResultStore:
@@ -37,10 +43,22 @@ class ResultStore:
         except FileNotFoundError:
             return {}
         # Writes are atomic (os.replace), so a partial file means someone else wrote it.
-        data = json.loads(text) if text.strip() else {}
+        try:
+            data = json.loads(text) if text.strip() else {}
+        except ValueError as exc:
+            return self._set_aside(exc)
         if not isinstance(data, dict):
             raise ValueError(f"{self.path} is not a pytest-fabric results file (expected a JSON object)")
         return data
+
+    def _set_aside(self, exc: ValueError) -> dict[str, Any]:
+        """An unreadable store (truncated, overwritten) is kept for a person to read, under another
+        name, and the session goes on with an empty one: what is measured from now on is kept."""
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{os.getpid()}-{time.time_ns()}")
+        os.replace(self.path, aside)
+        warnings.warn(StoreWarning(f"{self.path} was not valid JSON ({exc}); moved to {aside}, and the "
+                                   f"configurations in it will be measured again"), stacklevel=3)
+        return {}
 
     def _write(self, data: dict[str, Any]) -> None:
         # Compact: json.dumps(indent=...) falls back to the pure-Python encoder, ~10x slower, and every

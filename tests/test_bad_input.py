@@ -109,10 +109,9 @@ BAD = [
 ]
 
 
-@pytest.fixture
-def files(pytester):
+def make_files(directory):
     for name, content in FILES.items():
-        path = pytester.path / name
+        path = directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if content == "DIR":
             path.mkdir()
@@ -120,6 +119,11 @@ def files(pytester):
             path.write_bytes(content)
         else:
             path.write_text(content)
+
+
+@pytest.fixture
+def files(pytester):
+    make_files(pytester.path)
     pytester.makepyfile(test_any="def test_nothing(): pass")
     return pytester
 
@@ -133,3 +137,73 @@ def test_bad_input_is_one_clear_usage_error(files, args, fragments):
     line = next((x for x in err.splitlines() if x.startswith("ERROR: ")), "")
     for fragment in fragments:
         assert fragment in line, f"{fragment!r} not in the error: {err}"
+
+
+# -- the pytest-fabric command: every broken results file, every subcommand that reads one ----------
+
+# file -> what the one-line error says about it (as any of report, trend, baseline reads it)
+CLI_READ = {
+    "corrupt.json": "invalid JSON",
+    "truncated.xml": "not readable as JUnit XML",
+    "plain-junit.xml": "no testcase carries pytest-fabric measurements",
+    "html.xml": "XML but not JUnit",
+    "empty.json": "neither JSON nor XML",
+    "list.json": "the JSON is a list",
+    "future.json": "upgrade pytest-fabric",
+    "bad-baseline.json": "baseline case 'x'",
+    "results.pkl": "looks like a Python pickle",
+    "binary.dat": "not UTF-8 text",
+    "adir": "cannot read (Is a directory)",
+    "missing.json": "cannot read (No such file or directory)",
+}
+# merge reads JUnit only
+CLI_MERGE = {**{name: "not readable as JUnit XML" for name in CLI_READ},
+             "plain-junit.xml": None, "html.xml": "XML but not JUnit", "adir": "cannot read", "missing.json": "cannot read"}
+
+
+def _cli(capsys, *argv):
+    from pytest_fabric.cli import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["report", "trend", "baseline", "merge"])
+@pytest.mark.parametrize("name", sorted(CLI_READ))
+def test_the_command_refuses_a_broken_file_in_one_line(capsys, tmp_path, monkeypatch, command, name):
+    monkeypatch.chdir(tmp_path)
+    make_files(tmp_path)
+    argv = {"report": ["report", name, "-o", "out"], "trend": ["trend", name, name, "-o", "out"],
+            "baseline": ["baseline", "out.json", name], "merge": ["merge", "out.xml", name]}[command]
+    expected = (CLI_MERGE if command == "merge" else CLI_READ)[name]
+    code, err = _cli(capsys, *argv)
+    if expected is None:  # plain JUnit is fine to merge
+        assert code == 0, err
+        return
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith(f"pytest-fabric {command}: error: {name}") and expected in err, err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.json").exists()
+
+
+def test_the_command_checks_where_it_writes_before_reading_anything(capsys, tmp_path):
+    from test_results import saved
+
+    night = saved(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-dir").mkdir()
+    cases = [
+        (["report", night, "-o", tmp_path / "a-file"], f"-o {tmp_path / 'a-file'}: {tmp_path / 'a-file'} is a file"),
+        (["report", night, "-o", tmp_path / "a-file" / "sub"], f"{tmp_path / 'a-file'} is a file; give a directory"),
+        (["trend", night, night, "-o", tmp_path / "a-file"], "is a file; give a directory"),
+        (["baseline", tmp_path / "a-dir", night], f"OUT {tmp_path / 'a-dir'} is a directory; give a file path"),
+        (["baseline", tmp_path / "a-file" / "b.json", night], f"{tmp_path / 'a-file'} is a file, not a directory"),
+        (["merge", tmp_path / "a-dir", night], f"OUT {tmp_path / 'a-dir'} is a directory"),
+        (["report", night, "--price", "ib=inf"], "--price 'ib=inf': write FABRIC=USD_PER_GPU_HOUR with a positive"),
+        (["report", night, "--price", "ib=nan"], "--price 'ib=nan'"),
+    ]
+    for argv, expected in cases:
+        code, err = _cli(capsys, *argv)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and expected in err, (argv, err)

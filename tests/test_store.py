@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_fabric.store import ResultStore
+from pytest_fabric.store import ResultStore, StoreWarning
 
 
 def test_get_or_compute_computes_once(tmp_path):
@@ -73,6 +73,18 @@ def test_foreign_file_is_refused(tmp_path):
     (tmp_path / "measurements.json").write_text("[1, 2, 3]")
     with pytest.raises(ValueError, match="not a pytest-fabric results file"):
         ResultStore(tmp_path).all()
+
+
+@pytest.mark.parametrize("text", ['{"k": {"v": 1}, "trunc', "\x00\x00\x00", "{]"], ids=["truncated", "zeros", "junk"])
+def test_an_unreadable_store_is_set_aside_and_the_session_goes_on(tmp_path, text):
+    (tmp_path / "measurements.json").write_text(text)
+    store = ResultStore(tmp_path)
+    with pytest.warns(StoreWarning, match="was not valid JSON .* moved to .*measurements.json.corrupt-"):
+        assert store.get_or_compute("k", lambda: {"v": 2}) == ({"v": 2}, True)
+    (aside,) = tmp_path.glob("measurements.json.corrupt-*")
+    assert aside.read_text() == text, "the unreadable file is kept as it was, for a person to read"
+    store.put("k2", {"v": 3})
+    assert store.all() == {"k": {"v": 2}, "k2": {"v": 3}}
 
 
 # -- several processes at once (xdist workers) ---------------------------------------------------
