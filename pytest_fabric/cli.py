@@ -180,6 +180,42 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    from .calibration import configurations, study, study_lines
+    from .results import load_records
+
+    gbit = {}
+    for item in args.gbit:
+        fabric, sep, value = item.partition("=")
+        try:
+            rate = float(value) if sep else -1.0
+        except ValueError:
+            rate = -1.0
+        if not fabric.strip() or not 0 < rate < float("inf"):
+            raise _UserError(f"--gbit {item!r}: write FABRIC=GBIT with a positive rate per node, e.g. eth=100")
+        gbit[fabric.strip()] = rate
+    efficiency = None
+    if args.link_efficiency != "fit":
+        try:
+            efficiency = float(args.link_efficiency)
+        except ValueError:
+            efficiency = -1.0
+        if not 0 < efficiency <= 1:
+            raise _UserError(f"--link-efficiency must be in (0, 1] or 'fit', got {args.link_efficiency!r}")
+    records = {}
+    for i, path in enumerate(args.inputs):
+        records.update({f"{i}:{key}": record for key, record in load_records(path).items()})
+    configs, notes = configurations(records, gbit)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    if not configs:
+        raise _UserError("the inputs hold no usable training launches to calibrate on")
+    print(f"pytest-fabric calibrate: {len(args.inputs)} file(s)")
+    for line in study_lines(study(configs, efficiency)):
+        print(line)
+    return 0
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -234,6 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     predict.add_argument("--flops-per-gpu", type=_number, required=True,
                          help="FLOP/s one GPU achieves (not the datasheet peak), e.g. 4e14")
     predict.set_defaults(func=_predict)
+
+    calibrate = sub.add_parser(
+        "calibrate", help="the model's error on measured runs: predicted vs measured step, tokens/s, fabric penalty",
+        description="INPUT: results JSON (--fabric-save) or a session's measurements.json; several are pooled. "
+                    "Link rates: the emulated rate on the emulated cluster, else the fabric's nominal rate or --gbit.")
+    calibrate.add_argument("inputs", nargs="+", metavar="INPUT")
+    calibrate.add_argument("--link-efficiency", default="0.9", metavar="E",
+                           help="fraction of the link rate a collective reaches, or 'fit' (default 0.9)")
+    calibrate.add_argument("--gbit", action="append", default=[], metavar="FABRIC=GBIT",
+                           help="link rate per node of a fabric on a real cluster (default: its nominal rate)")
+    calibrate.set_defaults(func=_calibrate)
 
     args = parser.parse_args(argv)
     from .results import ResultsError

@@ -22,6 +22,9 @@ class Fabric:
     emulated_mbit: float
     # NCCL settings that select this transport on a real cluster.
     nccl_env: Mapping[str, str] = field(default_factory=dict)
+    # One node's aggregate NIC rate on a typical real cluster, Gbit/s: what the analytical model
+    # (predict.py) assumes for this fabric off the emulated cluster. None: unknown.
+    nominal_gbit: float | None = None
 
     def with_rate(self, mbit: float) -> Fabric:
         return replace(self, emulated_mbit=mbit)
@@ -48,6 +51,7 @@ FABRICS: dict[str, Fabric] = {
             emulated_mbit=2000,
             nccl_env={"NCCL_IB_DISABLE": "0", "NCCL_NET": "IB", "NCCL_NET_GDR_LEVEL": "SYS",
                       "NCCL_IB_TIMEOUT": "22"},
+            nominal_gbit=3200,  # 8 x 400 Gb/s NDR per node
         ),
         Fabric(
             "roce",
@@ -61,18 +65,21 @@ FABRICS: dict[str, Fabric] = {
                 # Auto-detected since NCCL 2.21; 3 is the usual RoCEv2 IPv4 index for older NCCL.
                 "NCCL_IB_GID_INDEX": "3",
             },
+            nominal_gbit=3200,  # 8 x 400 Gb/s RoCE NICs per node
         ),
         Fabric(
             "efa",
             "AWS EFA (libfabric/SRD)",
             emulated_mbit=1000,
             nccl_env={"NCCL_NET": "Libfabric", "FI_PROVIDER": "efa"},
+            nominal_gbit=3200,  # p5: 32 x 100 Gb/s EFA per node
         ),
         Fabric(
             "eth",
             "TCP Ethernet through the kernel",
             emulated_mbit=400,
             nccl_env={"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "=eth0"},
+            nominal_gbit=100,  # one 100 GbE NIC through the kernel's TCP
         ),
     )
 }

@@ -114,12 +114,14 @@ class InconclusiveWarning(UserWarning):
 
 
 def judge(result, a_name: str, b_name: str, threshold: float, requirement: str, unit_values: str,
-          inconclusive: str = "xfail") -> str:
+          inconclusive: str = "xfail", note: str | None = None) -> str:
     """Turn an adaptive comparison (``stats.AdaptiveResult`` of a/b) into the test's outcome.
 
     Pass returns the verdict line (for the report); fail is a pytest failure whose message carries
     the ratio, its interval, the launches and the threshold; inconclusive follows ``inconclusive``:
     ``xfail`` (reported, not failing the night), ``fail``, or ``warn`` (passes with a warning).
+    ``note`` (the model's prediction) goes on a line of its own below a failure's or an
+    inconclusive result's message; the pass line leaves it to the caller.
     """
     iv = result.interval
     line = (f"{a_name}/{b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, {iv.high:.3f}] "
@@ -128,9 +130,10 @@ def judge(result, a_name: str, b_name: str, threshold: float, requirement: str, 
     verdict = str(result.verdict)
     if verdict == "pass":
         return f"pass: {line}"
+    more = f"\n{note}" if note else ""
     if verdict == "fail":
-        pytest.fail(f"interval wholly below the threshold: {line}", pytrace=False)
-    message = f"inconclusive after the launch budget: {line}"
+        pytest.fail(f"interval wholly below the threshold: {line}{more}", pytrace=False)
+    message = f"inconclusive after the launch budget: {line}{more}"
     if inconclusive == "fail":
         pytest.fail(message, pytrace=False)
     if inconclusive == "xfail":
@@ -138,4 +141,4 @@ def judge(result, a_name: str, b_name: str, threshold: float, requirement: str, 
     import warnings
 
     warnings.warn(InconclusiveWarning(message), stacklevel=2)
-    return message
+    return f"inconclusive after the launch budget: {line}"

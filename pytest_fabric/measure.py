@@ -15,13 +15,17 @@ import platform
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from filelock import FileLock, Timeout
+
 from . import preflight
 from .cluster import Cluster, LaunchRequest
+from .cluster.base import OnThisMachine
 from .fabrics import Fabric, get_fabric
 from .models import get_model
 from .stats import launch_value
@@ -292,7 +296,8 @@ class Measurer:
                         "error": f"{case.id}: pre-flight failed on {platform.node()}: " + "; ".join(problems)}
         self.launched.append(case)
         ticker = self._ticker(case, progress_file) if progress_file else None
-        outcome = self.cluster.launch(request, on_tick=ticker)
+        with self._machine_slot(case):
+            outcome = self.cluster.launch(request, on_tick=ticker)
         if not outcome.ok:
             return {"case": asdict(case), "error": f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}"}
         try:
@@ -309,6 +314,25 @@ class Measurer:
         result["launch_s"] = round(outcome.elapsed_s, 2)
         result["run_dir"] = str(run_dir)
         return {"case": asdict(case), "cluster": self.cluster.name, "result": result}
+
+    @contextmanager
+    def _machine_slot(self, case: Case) -> Iterator[None]:
+        """Hold this machine's launch lock where every rank runs here (emulated, local clusters)."""
+        if not isinstance(self.cluster, OnThisMachine):
+            yield
+            return
+        lock = FileLock(str(self.cluster.machine_lock_path()))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if self.progress is not None:
+                self.progress(f"{case.id}: waiting for another pytest-fabric session's launch on this machine "
+                              f"({lock.lock_file})")
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
     def _runs_on_gpus(self) -> bool:
         device = self.settings.device

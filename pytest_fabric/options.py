@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -78,6 +78,9 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("fabric-suite", "TOML file of gate thresholds and expected values per model x nodes x fabric", None),
     ("model-path", "directory of a Hugging Face checkpoint to load (global rank 0 reads it and broadcasts); "
                    "default: random weights from the config", None),
+    ("fabric-flops", "FLOP/s one rank achieves, for the prediction shown next to each comparison (e.g. the "
+                     "fitted value `pytest-fabric calibrate` prints); default: fitted to the faster fabric's "
+                     "measured step", None),
 ]
 _FLAGS = [
     ("activation-checkpointing", "recompute each decoder layer's activations in backward (non-reentrant)"),
@@ -85,6 +88,7 @@ _FLAGS = [
 _LINELISTS = [
     ("fabric_define", "user fabrics, one 'NAME: BASE' per line (e.g. 'roce-dc2: roce')"),
     ("fabric_env", "fabric settings, one 'FABRIC.VARIABLE=VALUE' per line (e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1')"),
+    ("fabric_price", "price of a GPU-hour in USD per fabric, one 'FABRIC = USD' per line (e.g. 'ib = 3.50')"),
 ]
 _CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32")}
 
@@ -99,6 +103,9 @@ def add_options(parser: pytest.Parser) -> None:
         dest = _dest(name)
         group.addoption(f"--{name}", dest=dest, action="store_true", default=None, help=help_text)
         parser.addini(dest, help=f"default for --{name}: {help_text}", type="bool", default=False)
+    group.addoption("--fabric-price", dest="fabric_price_cli", default=None, metavar="FABRIC=USD,...",
+                    help="price of a GPU-hour per fabric, comma-separated (e.g. ib=3.50,eth=2.90); overrides ini "
+                         "fabric_price per fabric; saved with --fabric-save, priced in the summary and reports")
     group.addoption("--fabric-env", dest="fabric_env_cli", action="append", default=[],
                     metavar="FABRIC.VAR=VALUE", help="override one fabric setting (repeatable); adds to ini fabric_env")
     for dest, help_text in _LINELISTS:
@@ -202,6 +209,44 @@ def _check_checkpoint(model_path: str) -> None:
                                 f"directory of a Hugging Face checkpoint saved with save_pretrained")
 
 
+def _positive(config: pytest.Config, name: str, example: str) -> float | None:
+    value = _raw(config, name)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 < number < math.inf:
+        raise pytest.UsageError(f"--{name} must be a positive number such as {example}, got {value!r}")
+    return number
+
+
+def _prices(config: pytest.Config, fabrics: dict) -> dict[str, float]:
+    """USD per GPU-hour by fabric: ini ``fabric_price`` lines, then --fabric-price items over them."""
+    prices: dict[str, float] = {}
+    cli = config.getoption("fabric_price_cli")
+    for where, items in (("ini fabric_price", config.getini("fabric_price")),
+                         ("--fabric-price", (cli or "").split(","))):
+        for item in (i.strip() for line in items for i in line.split(",")):
+            if not item or item.startswith("#"):
+                continue
+            name, sep, usd = (x.strip() for x in item.partition("="))
+            try:
+                price = float(usd) if sep else -1.0
+            except ValueError:
+                price = -1.0
+            if not 0 < price < math.inf:
+                raise pytest.UsageError(
+                    f"{where}: {item!r} is not FABRIC = USD_PER_GPU_HOUR with a positive price; write one "
+                    f"'ib = 3.50' per line under fabric_price in ini, or --fabric-price ib=3.50,eth=2.90")
+            if name not in fabrics:
+                raise pytest.UsageError(f"{where}: {item!r} prices an unknown fabric {name!r}; known fabrics: "
+                                        f"{', '.join(fabrics)}")
+            prices[name] = price
+    return prices
+
+
 @dataclass(frozen=True)
 class FabricOptions:
     nodes: int | None  # None: the cluster's own size (Slurm allocation, hostfile), else DEFAULT_NODES
@@ -219,6 +264,10 @@ class FabricOptions:
     repeats: int = 3
     max_repeats: int = 4
     inconclusive: str = "xfail"
+    # USD per GPU-hour by fabric (ini fabric_price, --fabric-price); empty: no cost figures.
+    prices: dict[str, float] = field(default_factory=dict)
+    # Per-rank FLOP/s the comparison predictions assume; None: fitted to the faster side's step.
+    flops_per_rank: float | None = None
 
 
 def parse(config: pytest.Config) -> FabricOptions:
@@ -312,4 +361,6 @@ def parse(config: pytest.Config) -> FabricOptions:
         repeats=repeats,
         max_repeats=max_repeats,
         inconclusive=_choice(config, "inconclusive"),
+        prices=_prices(config, table),
+        flops_per_rank=_positive(config, "fabric-flops", "4e14"),
     )

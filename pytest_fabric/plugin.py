@@ -7,6 +7,7 @@ wires them into pytest. State lives in ``pytest.StashKey``s.
 from __future__ import annotations
 
 import getpass
+import statistics
 import tempfile
 import time
 import uuid
@@ -22,6 +23,7 @@ from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .cluster.local import LocalCluster
 from .matrix import expand
 from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement, MeasurementError, Measurer
+from .models import get_model
 from .redact import redact_file
 from .references import References
 from .report import SECTION, add_to_junit, bandwidth_table, summary_tables, testcase_text
@@ -29,6 +31,7 @@ from .gates import judge
 from .results import identity_from_records, identity_mismatch, save_results
 from .stats import AdaptiveComparison, AdaptiveResult, Verdict, ahead_gate, decide, ratio_interval, within_gate
 from .store import ResultStore
+from .workload import faults
 
 
 @dataclass
@@ -128,13 +131,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "fabric_matrix(models=None, nodes=None, fabrics=None, min_nodes=1): parametrize the `fabric_case` "
-        "fixture over model x nodes x fabric (each axis restricted to what the session selects)")
+        "fabric_matrix(models=None, nodes=None, fabrics=None, exclude_fabrics=(), min_nodes=1): parametrize "
+        "the `fabric_case` fixture over model x nodes x fabric (each axis restricted to what the session selects)")
     config.addinivalue_line(
         "markers",
         "fabric_comparison: the test compares fabrics; it is skipped on a cluster where every fabric "
         "runs over the same links (the local cluster)")
     opts = fabric_options.parse(config)
+    try:
+        faults.from_env()  # injected faults (harness self-tests): refuse a typo before any launch
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     try:
         cluster, note = make_cluster(opts.cluster, opts.hostfile, opts.ssh_config, opts.ssh_host_key_checking)
     except ClusterUnavailable as exc:
@@ -200,14 +207,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     o = session.options
     marker = metafunc.definition.get_closest_marker("fabric_matrix")
     kw = dict(marker.kwargs) if marker else {}
-    unknown = set(kw) - {"models", "nodes", "fabrics", "min_nodes"}
+    unknown = set(kw) - {"models", "nodes", "fabrics", "exclude_fabrics", "min_nodes"}
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: fabric_matrix got unknown argument(s) "
-                                f"{', '.join(sorted(unknown))}; allowed: models, nodes, fabrics, min_nodes")
+                                f"{', '.join(sorted(unknown))}; allowed: models, nodes, fabrics, exclude_fabrics, "
+                                f"min_nodes")
     # The session selects (--models/--fabrics); a marker only restricts: a suite lists which models
     # form its class (compute-bound, communication-bound) and runs those the session selected.
     models = [m for m in (kw.get("models") or o.models) if m in o.models]
-    fabrics = [f for f in (kw.get("fabrics") or o.fabrics) if f in o.fabrics]
+    excluded = kw.get("exclude_fabrics", ())
+    fabrics = [f for f in (kw.get("fabrics") or o.fabrics) if f in o.fabrics and f not in excluded]
     cases = expand(models, session.nodes, fabrics, nodes=kw.get("nodes"), min_nodes=kw.get("min_nodes", 1))
     metafunc.parametrize("fabric_case", cases, ids=[c.id for c in cases])
 
@@ -239,13 +248,17 @@ class MeasureFixture:
         self._item = item
 
     def __call__(self, case: Case, launch: int = 0) -> Measurement:
-        try:
-            m = self._session.measurer().measure(case, launch)
-        except MeasurementError as exc:
-            pytest.fail(f"measurement failed: {exc}", pytrace=False)
-        return self._record(m)
+        return self._record(lambda: self._session.measurer().measure(case, launch))
 
-    def _record(self, m):
+    def _record(self, measure):
+        try:
+            m = measure()
+        except MeasurementError as exc:
+            message = f"measurement failed: {exc}"
+        else:
+            message = None
+        if message is not None:  # outside the except: the report shows the launch's failure once, unchained
+            pytest.fail(message, pytrace=False)
         self._item.stash.setdefault(MEASURED_KEY, []).append(m)
         if m.result.get("transport_problem"):
             # The numbers are real, but not of the fabric that was asked for.
@@ -254,11 +267,7 @@ class MeasureFixture:
 
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
         """Collective bandwidth over ``case``'s nodes and fabric (all_reduce, all_gather, reduce_scatter)."""
-        try:
-            m = self._session.measurer().measure_bandwidth(case)
-        except MeasurementError as exc:
-            pytest.fail(f"measurement failed: {exc}", pytrace=False)
-        return self._record(m)
+        return self._record(lambda: self._session.measurer().measure_bandwidth(case))
 
 
 class CompareFixture:
@@ -297,8 +306,12 @@ class CompareFixture:
         mean = lambda ms: sum(m.tokens_per_s for m in ms) / len(ms)  # noqa: E731
         values = (f"mean {a.fabric} {mean(runs['a']):.1f} vs {b.fabric} {mean(runs['b']):.1f} tokens/s "
                   f"[{a.model}, {a.nodes} node(s)]")
-        line = judge(result, a.fabric, b.fabric, threshold, requirement, values, o.inconclusive)
-        self._item.stash.setdefault(VERDICTS_KEY, []).append(line)
+        lines = self._item.stash.setdefault(VERDICTS_KEY, [])
+        # In the output (JUnit system-out) whatever the verdict, and in a failure's message.
+        predicted = _predicted(self._session, a, b, runs, result)
+        lines.append(predicted)
+        line = judge(result, a.fabric, b.fabric, threshold, requirement, values, o.inconclusive, note=predicted)
+        lines.insert(len(lines) - 1, line)
         return result
 
 
@@ -344,6 +357,51 @@ class CompareFixture:
                      o.inconclusive)
         self._item.stash.setdefault(VERDICTS_KEY, []).append(line)
         return result
+
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Measurement]],
+               result: AdaptiveResult) -> str:
+    """The analytical model's prediction for comparing ``a`` with ``b``, next to the measurement.
+
+    Link rates: on the emulated cluster the exact emulated rate (--fabric-rate included), on a real
+    one the fabric's nominal rate. Compute throughput: --fabric-flops when given, else fitted to
+    the faster fabric's measured step (so the penalty is predicted from the fast side alone).
+    Never raises: a prediction that cannot be made says why.
+    """
+    try:
+        from .predict import predict_comparison
+
+        o = session.options
+        settings = o.settings
+        emulated = session.cluster.name == "emulated"
+        rates = {}
+        for f in (a.fabric, b.fabric):
+            fabric = settings.fabric(f)
+            rates[f] = fabric.emulated_mbit / 1000 if emulated else fabric.nominal_gbit
+            if not rates[f]:
+                return f"predicted: unavailable (no nominal link rate known for fabric {f!r})"
+        fast = a.fabric if rates[a.fabric] >= rates[b.fabric] else b.fabric
+        fast_runs = runs["a"] if fast == a.fabric else runs["b"]
+        r = fast_runs[0].result  # what ran: shape, precision, ranks per node
+        batch, seq = settings.shape(a.model)
+        fast_step = statistics.median(m.median_step_s for m in fast_runs)
+        prediction = predict_comparison(
+            get_model(a.model), a.nodes, int(r.get("local_world_size") or settings.gpus_per_node),
+            int(r.get("batch_size") or batch), int(r.get("seq_len") or seq), rates=rates,
+            fast_step_s=fast_step, flops_per_s=getattr(o, "flops_per_rank", None),
+            param_bytes=_DTYPE_BYTES.get(str(r.get("dtype")), 2),
+            grad_bytes=_DTYPE_BYTES.get(str(r.get("reduce_dtype")), _DTYPE_BYTES.get(str(r.get("dtype")), 2)),
+            activation_checkpointing=bool(r.get("activation_checkpointing", settings.activation_checkpointing)))
+        iv = result.interval
+        # The measured slow/fast ratio: the interval is of a/b.
+        measured = ((iv.point, iv.low, iv.high, iv.confidence) if fast == b.fabric
+                    else (1 / iv.point, 1 / iv.high, 1 / iv.low, iv.confidence))
+        return prediction.line(measured)
+    except Exception as exc:  # noqa: BLE001 - a prediction must never turn a test into an error
+        return f"predicted: unavailable ({type(exc).__name__}: {exc})"
 
 
 class FabricIdentityWarning(UserWarning):
@@ -445,7 +503,7 @@ class FabricReporter:
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
                     "fabrics": list(fabric.options.fabrics)}
-        save_results(fabric.options.save, fabric.store.all(), identity, self.verdicts)
+        save_results(fabric.options.save, fabric.store.all(), identity, self.verdicts, fabric.options.prices)
 
     def _suite_properties(self) -> dict[str, str]:
         measured = self.fabric.recorded()
@@ -471,6 +529,12 @@ class FabricReporter:
             terminalreporter.write_line(line)
         for line in bandwidth_table(bandwidth):
             terminalreporter.write_line(line)
+        if fabric.options.prices:
+            from .reportgen import cost_lines
+            from .results import run_from_store
+
+            for line in cost_lines(run_from_store(fabric.store.all(), fabric.options.fabrics), fabric.options.prices):
+                terminalreporter.write_line(line)
         for line in errors:
             terminalreporter.write_line(f"failed launch: {line}")
         terminalreporter.write_line(f"launch logs and results: {fabric.directory}")

@@ -27,7 +27,7 @@ from .predict import break_even_premium, cost_per_million_tokens
 from .redact import redact, redact_file
 from .results import CaseResult, SavedRun, identity_mismatch, junit_suites, night_labels, verdict_case
 
-__all__ = ["Written", "combine", "merge_junit", "write_report", "write_trend"]
+__all__ = ["Written", "combine", "cost_lines", "merge_junit", "write_report", "write_trend"]
 
 PLOTS_DIR = "plots"
 NO_MATPLOTLIB = ("plots skipped: matplotlib is not installed (pip install 'fabric-gates[report]' "
@@ -182,6 +182,7 @@ def combine(runs: Sequence[SavedRun]) -> SavedRun:
         combined.bandwidth.update(run.bandwidth)
         combined.verdicts.extend(run.verdicts)
         combined.errors.extend(run.errors)
+        combined.prices.update(run.prices)
         if not combined.identity.get("fabrics") and run.identity.get("fabrics"):
             combined.identity["fabrics"] = run.identity["fabrics"]
     return combined
@@ -245,8 +246,9 @@ def _verdicts_by_row(run: SavedRun) -> dict[tuple[str, int], list[str]]:
 def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mapping[str, float] | None = None) -> Written:
     """``report.md``, ``report.html`` and ``plots/*.png`` in ``directory`` for the night in ``runs``.
 
-    ``prices``: USD per GPU-hour by fabric; with them the report adds cost per million tokens and
-    the break-even premium of the reference fabric over each other one.
+    ``prices``: USD per GPU-hour by fabric, over those saved with the night (``SavedRun.prices``);
+    with any, the report adds cost per million tokens and the break-even premium of the reference
+    fabric over each other one.
     """
     directory = Path(directory)
     run = combine(runs)
@@ -315,8 +317,11 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
                     *(f"{b.busbw_gbit[op]:.3f}" if op in b.busbw_gbit else "-" for op in ops),
                     f"{b.payload_bytes / 2**20:g}"] for b in links])
 
+    # Prices saved with the night (ini fabric_price, --fabric-price) unless given here.
+    saved = {f for f in run.prices if f not in (prices or {})}
+    prices = {**run.prices, **(prices or {})}
     if prices:
-        _cost_section(doc, by_model, fabrics, ref, prices, notes)
+        _cost_section(doc, by_model, fabrics, ref, prices, notes, saved)
 
     if run.errors:
         doc.heading("Failed launches")
@@ -325,21 +330,31 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
 
 
 def _cost_section(doc: _Document, by_model: dict[str, dict[int, dict[str, CaseResult]]], fabrics: Sequence[str],
-                  ref: str | None, prices: Mapping[str, float], notes: list[str]) -> None:
+                  ref: str | None, prices: Mapping[str, float], notes: list[str], saved: set[str]) -> None:
     doc.heading("Cost")
     if not by_model:
         doc.para("No training measurements to price.")
         return
-    priced = [f for f in fabrics if f in prices]
     unknown = sorted(set(prices) - set(fabrics))
     if unknown:
         note = f"prices given for fabrics with no measurements: {', '.join(unknown)}"
         notes.append(note)
         doc.para(note + ".")
-    doc.para("Prices per GPU-hour: " + ", ".join(f"{f} ${prices[f]:g}" for f in sorted(prices)) + ". "
+    doc.para("Prices per GPU-hour: " + ", ".join(f"{f} ${prices[f]:g}" + (" (saved with the night)" if f in saved else "")
+                                                for f in sorted(prices)) + ". "
              f"Break-even premium: how much more per GPU-hour {ref} may cost than the other fabric and still "
              f"cost no more per token (its tokens/s advantage).")
+    for model, header, body in _cost_tables(by_model, fabrics, ref, prices):
+        doc.heading(f"{model}: cost", 3)
+        doc.table(header, body)
+
+
+def _cost_tables(by_model: dict[str, dict[int, dict[str, CaseResult]]], fabrics: Sequence[str], ref: str | None,
+                 prices: Mapping[str, float]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Per model: (model, header, rows) of $ per million tokens per fabric and break-even premiums."""
+    priced = [f for f in fabrics if f in prices]
     others = [f for f in fabrics if f != ref]
+    tables = []
     for model, rows in sorted(by_model.items()):
         header = ["nodes", "GPUs", *(f"{f} $/M tokens" for f in priced),
                   *(f"{ref} break-even premium over {f}" for f in others)]
@@ -363,8 +378,21 @@ def _cost_section(doc: _Document, by_model: dict[str, dict[int, dict[str, CaseRe
                 cells += [f"{(prices[ref] / prices[f] - 1) * 100:+.1f}%" for f in others if f in prices]
             cells.append(min(cost, key=cost.__getitem__) if cost else "-")
             body.append(cells)
-        doc.heading(f"{model}: cost", 3)
-        doc.table(header, body)
+        tables.append((model, header, body))
+    return tables
+
+
+def cost_lines(run: SavedRun, prices: Mapping[str, float]) -> list[str]:
+    """The cost tables as aligned text lines (the pytest terminal summary); none without prices."""
+    fabrics = run.fabrics()
+    if not prices or not run.cases:
+        return []
+    out = ["cost (USD per GPU-hour: " + ", ".join(f"{f} {prices[f]:g}" for f in sorted(prices)) + "):"]
+    for model, header, body in _cost_tables(_by_model(run), fabrics, _reference(fabrics), prices):
+        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+        out.append(f"{model}:")
+        out.extend("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [header, *body])
+    return out
 
 
 def _plot_per_gpu(Figure, png: Path, model: str, rows: dict[int, dict[str, CaseResult]],

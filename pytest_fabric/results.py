@@ -44,9 +44,11 @@ __all__ = [
     "identity_mismatch",
     "junit_suites",
     "load_baseline",
+    "load_records",
     "load_results",
     "night_labels",
     "parse_case_id",
+    "run_from_store",
     "save_baseline",
     "save_results",
     "verdict_case",
@@ -127,6 +129,8 @@ class SavedRun:
     errors: list[str] = field(default_factory=list)  # first line of each failed launch
     source: Path | None = None
     kind: str = "results"  # "results", "store", "junit" or "baseline"
+    # USD per GPU-hour by fabric, as the night was run with (ini fabric_price, --fabric-price).
+    prices: dict[str, float] = field(default_factory=dict)
 
     @property
     def measurements(self) -> dict[str, list[float]]:
@@ -264,9 +268,21 @@ def _write_json_atomically(path: Path, data: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def run_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None = None,
+                   where: str = "session store") -> SavedRun:
+    """A session's store records as a ``SavedRun`` (one-node launches listed under each of ``fabrics``)."""
+    cases, links, errors = _runs_from_store(records, fabrics, where)
+    identity = identity_from_records(records)
+    if fabrics:
+        identity["fabrics"] = list(fabrics)
+    return SavedRun(identity, cases, links, [], errors, None, "store")
+
+
 def save_results(path: Path | str, store_records: Mapping[str, Any], identity: Mapping[str, Any],
-                 verdicts: Sequence[Mapping[str, Any]] = ()) -> None:
+                 verdicts: Sequence[Mapping[str, Any]] = (), prices: Mapping[str, float] | None = None) -> None:
     """Write one night: per-case launch values, bandwidth, verdicts and the identity, as JSON.
+
+    ``prices`` (USD per GPU-hour by fabric) go along, so that a report prices the night by default.
 
     ``identity`` is what the caller knows (see ``identity_from_records`` for what the records add:
     the caller's values win). The raw store records go along too: the step times and NCCL settings
@@ -291,6 +307,7 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
                       for lid, b in sorted(links.items())},
         "verdicts": [dict(v) for v in verdicts],
         "errors": errors,
+        "prices": {f: float(p) for f, p in sorted((prices or {}).items())},
         "records": dict(store_records),
     })
 
@@ -298,11 +315,7 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
 def load_results(path: Path | str) -> SavedRun:
     """A night from any of: ``save_results`` JSON, a baseline, a session store, or JUnit XML."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    text = _decode(raw, path)
+    text = _read_text(path)
     head = text.lstrip()
     if head.startswith("<"):
         return _load_junit(path)
@@ -311,6 +324,33 @@ def load_results(path: Path | str) -> SavedRun:
     raise ResultsError(f"{path}: neither JSON nor XML; expected a pytest-fabric results file (.json, "
                        "written by --fabric-save or pytest-fabric baseline), a session's measurements.json, "
                        "or a JUnit XML file written by pytest --junitxml")
+
+
+def load_records(path: Path | str) -> dict[str, Any]:
+    """The raw launch records (step times and what ran) of a ``save_results`` file or a session's
+    store; ResultsError for anything else (JUnit and baselines keep only tokens/s)."""
+    path = Path(path)
+    text = _read_text(path)
+    data = None if text.lstrip().startswith("<") else _parse_json(text, path)
+    if isinstance(data, dict) and data.get("format") == RESULTS_FORMAT:
+        _check_version(data, path)
+        data = data.get("records")
+    elif isinstance(data, dict) and "format" not in data and data:
+        _runs_from_store(data, None, str(path))  # validates every record
+    else:
+        data = None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: holds no launch records; expected a results file written by --fabric-save "
+                           "or a session's measurements.json (JUnit XML and baselines keep only tokens/s)")
+    return data
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return _decode(raw, path)
 
 
 def _decode(raw: bytes, path: Path) -> str:
@@ -346,8 +386,9 @@ def _from_json(data: Any, path: Path) -> SavedRun:
         raise ResultsError(f"{path}: an empty JSON object holds no measurements; expected a pytest-fabric "
                            "results file or a session's measurements.json")
     # No marker: a session's store as the plugin leaves it.
-    cases, links, errors = _runs_from_store(data, None, str(path))
-    return SavedRun(identity_from_records(data), cases, links, [], errors, path, "store")
+    run = run_from_store(data, None, str(path))
+    run.source = path
+    return run
 
 
 def _check_version(data: Mapping[str, Any], path: Path) -> None:
@@ -398,7 +439,12 @@ def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
     if not all(isinstance(v, dict) for v in verdicts):
         raise ResultsError(f"{path}: \"verdicts\" must be a list of objects")
     errors = [str(e) for e in data.get("errors") or []]
-    return SavedRun(identity, cases, links, verdicts, errors, path, "results")
+    prices = data.get("prices") or {}  # absent in files written before prices were saved
+    if not isinstance(prices, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in prices.values()):
+        raise ResultsError(f"{path}: \"prices\" must map fabric names to positive USD per GPU-hour")
+    return SavedRun(identity, cases, links, verdicts, errors, path, "results",
+                    {str(f): float(v) for f, v in prices.items()})
 
 
 # --------------------------------------------------------------------------------------------
@@ -657,11 +703,7 @@ def save_baseline(path: Path | str, baseline: Mapping[str, Any]) -> None:
 def load_baseline(path: Path | str) -> dict[str, Any]:
     """A baseline written by ``save_baseline``; ResultsError for anything else."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    data = _parse_json(_decode(raw, path), path)
+    data = _parse_json(_read_text(path), path)
     if not isinstance(data, dict) or data.get("format") != BASELINE_FORMAT:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ResultsError(f"{path}: not a pytest-fabric baseline (format {found!r}); expected "

@@ -8,5 +8,5 @@ class. Add your own models here (or write your own suite) to gate your cluster.
 COMPUTE_BOUND = ["qwen2-tiny", "qwen2.5-7b", "llama-3.1-8b", "qwen2.5-1.5b"]
 # Communication-bound: many parameters for little compute per GPU; the fabric decides.
 COMMUNICATION_BOUND = ["llama-wide", "qwen2.5-72b", "llama-3.1-70b"]
-# Fabrics compared against the reference (ib).
-CANDIDATES = ["eth", "roce", "efa"]
+# Every selected fabric other than the reference (ib) is compared against it: the presets eth, roce,
+# efa and any fabric defined in the ini (fabric_define), e.g. `roce-dc2: roce`.

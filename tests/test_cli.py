@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import REPO
 from test_results import junit_text, nights, saved, session_store
 
 from pytest_fabric.cli import main
@@ -47,6 +48,22 @@ def test_report_writes_the_documents(capsys, tmp_path):
     assert "matplotlib is not installed" in err  # said once, on stderr, not as a failure
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| 2 | 2 | 1803.3 | 1700.0 | -5.7% |" in md and "ib break-even premium over eth" in md
+
+
+def test_report_prices_the_night_with_its_saved_prices_unless_given(capsys, tmp_path):
+    from test_results import IDENTITY, VERDICTS
+
+    from pytest_fabric.results import save_results
+
+    night = tmp_path / "night.json"
+    save_results(night, session_store(), IDENTITY, VERDICTS, {"ib": 4.0, "eth": 3.0})
+    code, _, err = run(capsys, "report", str(night), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "ib break-even premium over eth" in md and "eth $3 (saved with the night)" in md
+    code, _, err = run(capsys, "report", str(night), "-o", str(tmp_path / "out"), "--price", "eth=2")
+    assert code == 0, err
+    assert "eth $2, ib $4 (saved with the night)" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_report_reads_a_session_store_and_junit_together(capsys, tmp_path):
@@ -170,3 +187,50 @@ def test_the_installed_command_exits_2_without_a_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"pytest-fabric report: error: {bad}: the JSON is a list, expected an object with "
                                    "\"format\": \"pytest-fabric-results\" (or a session's measurements.json)")
+
+
+# -- calibrate -----------------------------------------------------------------------------------
+
+CALIBRATION_FIXTURE = REPO / "fixtures" / "calibration" / "synthetic-night.json"
+
+
+def test_calibrate_prints_constants_and_the_error_tables(capsys):
+    code, out, err = run(capsys, "calibrate", str(CALIBRATION_FIXTURE))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[:3] == ["pytest-fabric calibrate: 1 file(s)", "6 configuration(s); link efficiency 0.90 (assumed)",
+                         "fit on all: 2e+10 FLOP/s per rank, multi-node overhead 50.0 ms per step; in-sample step "
+                         "error RMS 0.0%, max 0.0%"]
+    assert "leave-one-out step error: RMS 0.0%, max 0.0% over 6 configuration(s)" in lines
+    qwen = next(line for line in lines if line.strip().startswith("qwen2-tiny n2x1  ib vs eth"))
+    assert qwen.split()[-1] == "compute-bound"
+    assert lines[-1].startswith("penalty error: fit RMS 0.0 points; per step RMS ")
+
+
+def test_calibrate_pools_files_and_reads_a_session_store(capsys, tmp_path):
+    records = json.loads(CALIBRATION_FIXTURE.read_text())["records"]
+    store = tmp_path / "measurements.json"
+    store.write_text(json.dumps(records))
+    code, out, err = run(capsys, "calibrate", str(CALIBRATION_FIXTURE), str(store), "--link-efficiency", "fit")
+    assert code == 0, err
+    assert "link efficiency 0.90 (fitted)" in out
+    # The same launches twice: four per configuration.
+    row = next(line for line in out.splitlines() if line.strip().startswith("llama-wide n2x1 ib"))
+    assert row.split()[4] == "4"
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--gbit", "eth"], "--gbit 'eth': write FABRIC=GBIT"),
+    (["--gbit", "eth=-1"], "--gbit 'eth=-1': write FABRIC=GBIT"),
+    (["--link-efficiency", "1.5"], "--link-efficiency must be in (0, 1] or 'fit', got '1.5'"),
+])
+def test_calibrate_bad_options(capsys, args, expected):
+    code, _, err = run(capsys, "calibrate", str(CALIBRATION_FIXTURE), *args)
+    assert_one_line_error(code, err, expected)
+
+
+def test_calibrate_needs_step_times(capsys, tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(junit_text(session_store()))
+    code, _, err = run(capsys, "calibrate", str(junit))
+    assert_one_line_error(code, err, "holds no launch records", "--fabric-save")

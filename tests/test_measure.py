@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pytest_fabric import Case, MeasurementError, Settings
 from pytest_fabric.cluster import Cluster, LaunchRequest
+from pytest_fabric.cluster.base import OnThisMachine
 from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
 from pytest_fabric.measure import Measurer
 from pytest_fabric.store import ResultStore
@@ -170,3 +174,50 @@ def test_every_launch_gets_its_own_directory(tmp_path):
     for launch in range(3):
         m.measure(case, launch=launch)
     assert len({r.workdir for r in cluster.requests}) == 3
+
+
+class FakeLocalCluster(OnThisMachine, FakeCluster):
+    """A cluster whose ranks would share this machine: launches take the machine-wide lock."""
+
+    def __init__(self, lock_path: Path) -> None:
+        super().__init__()
+        self.lock_path = lock_path
+        self.started_at: list[float] = []
+
+    def machine_lock_path(self) -> Path:
+        return self.lock_path
+
+    def launch(self, request, on_tick=None):
+        self.started_at.append(time.monotonic())
+        return super().launch(request, on_tick)
+
+
+def test_launches_on_this_machine_wait_for_another_sessions_launch(tmp_path):
+    lock_path = tmp_path / "machine.lock"
+    # Another session (another process: fcntl locks are per process) holds the machine for 2 s.
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom filelock import FileLock\n"
+        f"lock = FileLock({str(lock_path)!r})\nlock.acquire()\nprint('held', flush=True)\ntime.sleep(2)\n")],
+        stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    held_at = time.monotonic()
+    cluster = FakeLocalCluster(lock_path)
+    said: list[str] = []
+    m = Measurer(cluster, Settings(steps=3, warmup_steps=1, batch_size=2, seq_len=16), ResultStore(tmp_path / "s"),
+                 tmp_path / "launches", progress=said.append)
+    m.measure(Case("qwen2-tiny", 2, "eth"))
+    assert holder.wait(timeout=10) == 0
+    assert cluster.started_at[0] - held_at >= 1.5  # it launched only once the other session let go...
+    assert any("waiting for another pytest-fabric session's launch on this machine" in s for s in said), said
+    # ...and the lock is free again for the next session.
+    from filelock import FileLock
+    FileLock(str(lock_path)).acquire(timeout=0)
+
+
+def test_a_free_machine_launches_at_once_without_a_message(tmp_path):
+    cluster = FakeLocalCluster(tmp_path / "machine.lock")
+    said: list[str] = []
+    m = Measurer(cluster, Settings(steps=3, warmup_steps=1, batch_size=2, seq_len=16), ResultStore(tmp_path / "s"),
+                 tmp_path / "launches", progress=said.append)
+    m.measure(Case("qwen2-tiny", 2, "eth"))
+    assert len(cluster.started_at) == 1 and not any("waiting" in s for s in said)

@@ -65,6 +65,14 @@ BAD_INPUT = [
     (["--fabric-rate", "eth=0"], "--fabric-rate: 'eth=0' is not NAME=MBIT*"),
     (["--fabric-rate", "eth=-100"], "--fabric-rate: 'eth=-100' is not NAME=MBIT*"),
     (["--fabric-rate", "ib=4000,ethernet=100"], "*'ethernet'*ib, roce, efa, eth*"),
+    (["--fabric-price", "ib"], "--fabric-price: 'ib' is not FABRIC = USD_PER_GPU_HOUR*'ib = 3.50'*"
+                               "--fabric-price ib=3.50,eth=2.90"),
+    (["--fabric-price", "ib=free"], "--fabric-price: 'ib=free' is not FABRIC = USD_PER_GPU_HOUR*"),
+    (["--fabric-price", "ib=3.5,eth=0"], "--fabric-price: 'eth=0' is not FABRIC = USD_PER_GPU_HOUR*"),
+    (["--fabric-price", "ib=3.5,myrinet=1"], "--fabric-price: 'myrinet=1' prices an unknown fabric 'myrinet'; "
+                                             "known fabrics: ib, roce, efa, eth"),
+    (["--fabric-flops", "fast"], "--fabric-flops must be a positive number such as 4e14, got 'fast'"),
+    (["--fabric-flops", "0"], "--fabric-flops must be a positive number such as 4e14, got '0'"),
     (["--nodes", "251"], "--nodes 251: the emulated cluster has 250 nodes; use --nodes 250 or fewer"),
     (["--cluster", "local", "--nodes", str(4 * CPUS + 1)],
      f"--nodes {4 * CPUS + 1}: the local cluster has {4 * CPUS} nodes; use --nodes {4 * CPUS} or fewer"),
@@ -100,6 +108,26 @@ def test_ini_values_are_validated_like_the_command_line(pytester):
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --nodes must be an integer >= 1, got 0"])
+
+
+def test_ini_prices_are_validated_and_say_what_to_write(pytester):
+    pytester.makeini("[pytest]\nfabric_price =\n    ib = 3.50\n    eth: 2.90\n")
+    pytester.makepyfile(test_any="def test_nothing(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini fabric_price: 'eth: 2.90' is not FABRIC = USD_PER_GPU_HOUR*"
+                                 "'ib = 3.50' per line*"])
+
+
+def test_prices_from_ini_and_command_line_per_fabric(pytester):
+    pytester.makeini("[pytest]\nfabric_price =\n    ib = 3.50\n    # a comment\n    eth = 2.90\n")
+    pytester.makepyfile(test_opts="""
+        def test_options(fabric_session):
+            assert fabric_session.options.prices == {"ib": 4.0, "eth": 2.9, "roce": 3.0}
+            assert fabric_session.options.flops_per_rank == 2e10
+    """)
+    result = pytester.runpytest("--fabric-price", "ib=4, roce=3", "--fabric-flops", "2e10")
+    result.assert_outcomes(passed=1)
 
 
 def test_ini_sets_defaults_and_the_command_line_wins(pytester):
@@ -195,7 +223,23 @@ def test_misspelled_marker_argument_is_reported(pytester):
     result = pytester.runpytest("--collect-only", "-q")
     assert result.ret != pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*test_typo.py::test_step: fabric_matrix got unknown argument(s) node; "
-                                 "allowed: models, nodes, fabrics, min_nodes*"])
+                                 "allowed: models, nodes, fabrics, exclude_fabrics, min_nodes*"])
+
+
+def test_exclude_fabrics_compares_every_other_selected_fabric_including_defined_ones(pytester):
+    # The embedded comparison suites exclude the reference: a fabric defined in the ini is a candidate too.
+    pytester.makeini("[pytest]\nfabric_define = roce-dc2: roce\n")
+    pytester.makepyfile(test_candidates="""
+        import pytest
+
+        @pytest.mark.fabric_matrix(nodes=[2], exclude_fabrics=["ib"])
+        def test_candidate(fabric_case):
+            pass
+    """)
+    result = pytester.runpytest("--collect-only", "-q", "--nodes", "2", "--models", "qwen2-tiny",
+                                "--fabrics", "ib,roce-dc2,eth")
+    assert collected_ids(result) == ["test_candidates.py::test_candidate[qwen2-tiny-n2-roce-dc2]",
+                                     "test_candidates.py::test_candidate[qwen2-tiny-n2-eth]"]
 
 
 def test_every_known_model_and_fabric_can_be_selected(pytester):

@@ -130,7 +130,7 @@ def _plain_cache():
 @pytest.fixture
 def plain_run(_plain_cache, pytester, monkeypatch) -> Run:
     return run_once(_plain_cache, pytester, monkeypatch, SUITE, "--nodes", "2", "--fabrics", "ib,eth",
-                    "--fabric-rate", "eth=200", *FAST_LAUNCH)
+                    "--fabric-rate", "eth=200", "--fabric-price", "ib=3.5,eth=2.9", *FAST_LAUNCH)
 
 
 def test_outcomes_and_gate_message(plain_run):
@@ -179,6 +179,19 @@ def test_terminal_table_shows_the_stored_numbers(plain_run):
     assert lines[start + 3].split() == [
         "2", "2", f"{ib.tokens_per_s:.1f}", f"{eth.tokens_per_s:.1f}", f"{delta:+.1f}%",
         f"{ib.tokens_per_s_per_gpu:.1f}", f"{eth.tokens_per_s_per_gpu:.1f}"]
+
+
+def test_terminal_summary_prices_the_fabrics(plain_run):
+    from pytest_fabric.predict import break_even_premium, cost_per_million_tokens
+
+    lines = plain_run.output.splitlines()
+    start = lines.index("cost (USD per GPU-hour: eth 2.9, ib 3.5):")
+    assert lines[start + 1] == "qwen2-tiny:" and "ib break-even premium over eth" in lines[start + 2]
+    ib, eth = plain_run.measured("ib"), plain_run.measured("eth")
+    row = lines[start + 3].split()
+    assert row[:5] == ["2", "2", f"{cost_per_million_tokens(ib.tokens_per_s, 2, 3.5):.4g}",
+                       f"{cost_per_million_tokens(eth.tokens_per_s, 2, 2.9):.4g}",
+                       f"{break_even_premium(ib.tokens_per_s, eth.tokens_per_s) * 100:+.1f}%"]
 
 
 def test_junit_is_schema_valid(plain_run, junit_schema):

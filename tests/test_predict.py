@@ -15,7 +15,9 @@ from pytest_fabric.predict import (
     bytes_per_param,
     calibrate,
     cost_per_million_tokens,
+    fit_flops,
     fsdp_bytes_per_rank,
+    predict_comparison,
     predict_penalty,
     predict_step,
 )
@@ -182,6 +184,64 @@ class TestCalibrate:
     def test_needs_observations(self):
         with pytest.raises(ValueError):
             calibrate([])
+
+
+class TestComparison:
+    def test_fit_flops_reproduces_the_measured_step(self):
+        spec = get_model("llama-wide")
+        true = predict_step(spec, 2, flops_per_s=3e9, inter_gbit=2.0, dtype="fp32")
+        assert true.bound != "communication"
+        obs = Observation(spec, 2, true.step_s, inter_gbit=2.0, dtype="fp32")
+        assert fit_flops(obs) == pytest.approx(3e9, rel=1e-6)
+
+    def test_a_step_that_is_all_transfer_fits_the_smallest_throughput_that_hides_compute(self):
+        spec = get_model("llama-wide")
+        true = predict_step(spec, 2, flops_per_s=3e10, inter_gbit=2.0, dtype="fp32")
+        theta = fit_flops(Observation(spec, 2, true.step_s, inter_gbit=2.0, dtype="fp32"))
+        assert theta < 3e10
+        again = predict_step(spec, 2, flops_per_s=theta, inter_gbit=2.0, dtype="fp32")
+        assert again.step_s == pytest.approx(true.step_s, rel=1e-6)
+
+    def test_a_step_shorter_than_its_transfer_cannot_be_fitted(self):
+        spec = get_model("llama-wide")
+        fast = predict_step(spec, 2, flops_per_s=1e30, inter_gbit=2.0, dtype="fp32")
+        with pytest.raises(ValueError, match="shorter than the predicted transfer"):
+            fit_flops(Observation(spec, 2, fast.step_s * 0.9, inter_gbit=2.0, dtype="fp32"))
+
+    def test_penalty_predicted_from_the_fast_side_alone(self):
+        spec = get_model("llama-wide")
+        fast = predict_step(spec, 2, flops_per_s=3e9, inter_gbit=2.0, dtype="fp32")
+        slow = predict_step(spec, 2, flops_per_s=3e9, inter_gbit=0.4, dtype="fp32")
+        cp = predict_comparison(spec, 2, rates={"eth": 0.4, "ib": 2.0}, fast_step_s=fast.step_s, dtype="fp32")
+        assert (cp.fast, cp.slow) == ("ib", "eth")
+        assert cp.flops_per_s == pytest.approx(3e9, rel=1e-6)
+        assert cp.slowdown == pytest.approx(1 - fast.step_s / slow.step_s, rel=1e-6)
+        line = cp.line((0.5, 0.45, 0.55, 0.95))
+        assert line.startswith(f"predicted: eth {cp.slowdown * 100:.1f}% slower than ib (traffic/compute ")
+        assert "measured: eth 50.0% slower, 95% CI of the slowdown [+45.0%, +55.0%]" in line
+        assert f"prediction off by {(cp.slowdown - 0.5) * 100:+.1f} points" in line
+
+    def test_compute_bound_label_follows_the_threshold(self):
+        spec = get_model("qwen2-tiny")
+        cp = predict_comparison(spec, 2, rates={"ib": 2.0, "eth": 0.4}, flops_per_s=CPU_FLOPS, dtype="fp32")
+        assert cp.penalty.slow.traffic_ratio < 0.5 and cp.compute_bound
+        assert "compute-bound: cannot tell the fabrics apart" in cp.line()
+        wide = predict_comparison(get_model("llama-wide"), 2, rates={"ib": 2.0, "eth": 0.4},
+                                  flops_per_s=CPU_FLOPS, dtype="fp32")
+        assert not wide.compute_bound and "compute-bound" not in wide.line()
+
+    def test_one_node_and_equal_rates_predict_no_difference(self):
+        spec = get_model("llama-wide")
+        one = predict_comparison(spec, 1, rates={"ib": 2.0, "eth": 0.4}, flops_per_s=CPU_FLOPS)
+        assert one.penalty is None and "one node" in one.line() and one.compute_bound
+        same = predict_comparison(spec, 2, rates={"ib": 2.0, "eth": 2.0}, flops_per_s=CPU_FLOPS)
+        assert same.slowdown == 0 and "both 2 Gbit/s" in same.line()
+
+    def test_needs_a_throughput_or_a_step(self):
+        with pytest.raises(ValueError, match="neither"):
+            predict_comparison(get_model("llama-wide"), 2, rates={"ib": 2.0, "eth": 0.4})
+        with pytest.raises(ValueError, match="no link rate"):
+            predict_comparison(get_model("llama-wide"), 2, rates={"ib": 2.0, "eth": None}, flops_per_s=1e10)
 
 
 class TestCost:

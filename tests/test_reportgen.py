@@ -100,6 +100,30 @@ def test_cost_and_break_even(tmp_path, no_plots, night):
     assert llama and llama[0][-1] == "ib"
 
 
+def test_prices_saved_with_the_night_are_used_and_given_ones_win(tmp_path, no_plots):
+    path = tmp_path / "priced.json"
+    save_results(path, session_store(), IDENTITY, [], {"ib": 4.0, "eth": 3.0})
+    md = write_report([load_results(path)], tmp_path / "out").markdown.read_text()
+    assert "eth $3 (saved with the night), ib $4 (saved with the night)" in md
+    assert f"| {cost_per_million_tokens(1700.0, 2, 3.0):.4g} |" in md
+    md = write_report([load_results(path)], tmp_path / "out2", prices={"eth": 1.0}).markdown.read_text()
+    assert "eth $1, ib $4 (saved with the night)" in md
+    assert f"| {cost_per_million_tokens(1700.0, 2, 1.0):.4g} |" in md
+
+
+def test_cost_lines_for_the_terminal(night):
+    from pytest_fabric.reportgen import cost_lines
+
+    lines = cost_lines(night, {"ib": 4.0, "eth": 3.0})
+    assert lines[0] == "cost (USD per GPU-hour: eth 3, ib 4):"
+    header = next(line for line in lines if "ib $/M tokens" in line)
+    assert header.split() == ["nodes", "GPUs", "ib", "$/M", "tokens", "eth", "$/M", "tokens", "ib", "break-even",
+                              "premium", "over", "eth", "ib", "price", "premium", "over", "eth", "cheapest",
+                              "per", "token"]
+    assert any(line.split()[:2] == ["2", "2"] and line.split()[-1] == "ib" for line in lines)  # llama-wide
+    assert cost_lines(night, {}) == []
+
+
 def test_a_price_for_an_unmeasured_fabric_is_reported(tmp_path, no_plots, night):
     written = write_report([night], tmp_path / "out", prices={"ib": 4.0, "efa": 2.0})
     assert any("efa" in n for n in written.notes)

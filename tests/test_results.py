@@ -261,6 +261,7 @@ CORRUPT = {
                                              "cluster": "emulated", "result": {"step_s": [0.1]}}}),
                    "record 'm-n2-ib#x' is malformed"),
     "notrecords.json": ('{"a": 1}', "has no \"case\" object"),
+    "prices.json": (saved_json()[:-1] + ', "prices": {"ib": "cheap"}}', "\"prices\" must map fabric names"),
 }
 
 
@@ -272,6 +273,14 @@ def test_corrupt_inputs_raise_a_message_naming_the_file(tmp_path, name):
     with pytest.raises(ResultsError) as info:
         load_results(path)
     assert str(path) in str(info.value) and expected in str(info.value)
+
+
+def test_prices_are_saved_with_the_night_and_read_back(tmp_path):
+    path = tmp_path / "night.json"
+    save_results(path, session_store(), IDENTITY, VERDICTS, {"ib": 3.5, "eth": 2.9})
+    assert json.loads(path.read_text())["prices"] == {"eth": 2.9, "ib": 3.5}
+    assert load_results(path).prices == {"eth": 2.9, "ib": 3.5}
+    assert load_results(saved(tmp_path, "plain.json")).prices == {}  # none given: none saved
 
 
 def test_a_pickle_is_refused_without_being_loaded(tmp_path):

@@ -146,6 +146,46 @@ def test_failure_report_carries_each_log_tail(tmp_path):
     assert "node1: exit code 0" in report and "bye" in report
 
 
+HUNG_RANK = """
+import faulthandler, signal, sys, time
+
+def on_term(signum, frame):  # what torchrun does when killed: a long traceback
+    for i in range(100):
+        print("noise while being killed", i, flush=True)
+    sys.exit(1)
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+signal.signal(signal.SIGTERM, on_term)
+print("entering the collective", flush=True)
+
+def wait_inside_collective():
+    time.sleep(3600)
+
+wait_inside_collective()
+"""
+
+
+def test_deadline_report_shows_where_each_rank_waited_not_the_noise_of_its_kill(tmp_path):
+    # The rank programs' command lines hold the marker; they dump their stacks on SIGUSR1.
+    spec = ProcSpec("node0", [sys.executable, "-c", HUNG_RANK, "pytest_fabric.workload.train"], dict(os.environ))
+    outcome = supervise([spec], tmp_path, deadline_s=3)
+    assert outcome.timed_out
+    tail = outcome.procs[0].tail()
+    assert "entering the collective" in tail
+    assert "in wait_inside_collective" in tail  # faulthandler's dump, taken before the kill
+    assert "noise while being killed" not in tail
+    # The whole log is still on disk for whoever wants all of it.
+    assert "noise while being killed 99" in (tmp_path / "node0.log").read_text()
+
+
+def test_processes_without_the_marker_get_no_stack_dump_signal(tmp_path):
+    # SIGUSR1 would kill a process that did not register a handler (a torchrun agent, a shell).
+    code = "import time; print('agent', flush=True); time.sleep(3600)"
+    outcome = supervise([python("node0", code)], tmp_path, deadline_s=2)
+    assert outcome.timed_out and outcome.procs[0].returncode is None
+    assert "User defined signal" not in outcome.procs[0].tail()
+
+
 def test_output_of_both_streams_goes_to_the_log(tmp_path):
     code = "import sys; print('to stdout'); print('to stderr', file=sys.stderr); sys.exit(2)"
     outcome = supervise([python("node0", code)], tmp_path, deadline_s=60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,12 @@ MAX_RANKS_PER_CPU = 4
 
 class OnThisMachine:
     """Mixin for clusters whose every rank shares this machine's cores."""
+
+    @staticmethod
+    def machine_lock_path() -> Path:
+        """One launch at a time on this machine, across pytest sessions: two sessions' ranks on the
+        same cores would measure each other (a session already serializes its own xdist workers)."""
+        return Path(tempfile.gettempdir()) / "pytest-fabric-machine.lock"
 
     def max_ranks(self) -> int:
         return MAX_RANKS_PER_CPU * len(os.sched_getaffinity(0))
@@ -105,10 +112,11 @@ def torchrun_argv(
     """One node's torchrun command: c10d rendezvous hosted on node 0, no restarts, bounded joins."""
     join_timeout = max(30, int(request.deadline_s))
     conf = f"join_timeout={join_timeout}"
-    if node_rank == 0:
-        # The node that hosts the rendezvous store must say so; otherwise every agent tries to
-        # connect to a store nobody started when the hostname does not resolve to the local address.
-        conf += ",is_host=true"
+    # Say who hosts the rendezvous store. Left to guess, torch makes every agent whose address
+    # matches the endpoint try to host it (all of them on the local cluster's loopback: node 1 could
+    # bind first and node 0 then fail with EADDRINUSE), and none when the hostname does not resolve
+    # to the local address.
+    conf += ",is_host=true" if node_rank == 0 else ",is_host=false"
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={request.nodes}",

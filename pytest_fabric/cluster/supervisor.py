@@ -25,6 +25,11 @@ FAILURE_GRACE_S = 5.0
 # Between SIGTERM and SIGKILL.
 TERM_GRACE_S = 3.0
 LOG_TAIL_LINES = 30
+# At the deadline, processes whose command line holds this marker (the rank programs, which register
+# faulthandler on SIGUSR1) are asked to print every thread's Python stack before anything is killed,
+# so the report of a hang shows where each rank was waiting.
+STACK_DUMP_MARKER = b"pytest_fabric.workload"
+STACK_DUMP_WAIT_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -40,11 +45,16 @@ class ProcOutcome:
     name: str
     returncode: int | None  # None: killed by the supervisor
     log_path: Path
+    # Bytes of the log written before the supervisor killed anything (None: all of it). What a
+    # process prints while being killed (torchrun's SignalException traceback) would push what it
+    # was doing out of the tail.
+    log_upto: int | None = None
 
     def tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The log's last lines, secrets masked (they are shown and stored: see ``redact``)."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as f:
+                text = f.read(self.log_upto if self.log_upto is not None else -1).decode(errors="replace")
         except OSError as exc:
             return f"(log unreadable: {exc})"
         return redact("\n".join(text.splitlines()[-lines:]))
@@ -106,6 +116,7 @@ def supervise(
             started.append((spec, proc, log_path))
 
         timed_out = False
+        log_upto: dict[str, int | None] = {}
         first_failure: float | None = None
         while True:
             codes = [p.poll() for _, p, _ in started]
@@ -118,6 +129,8 @@ def supervise(
                 break
             if now - start > deadline_s:
                 timed_out = True
+                _dump_stacks(started)
+                log_upto = {spec.name: _size(log_path) for spec, _, log_path in started}
                 break
             if on_tick is not None:
                 on_tick(now - start)
@@ -129,13 +142,38 @@ def supervise(
 
     return LaunchOutcome(
         procs=[
-            ProcOutcome(spec.name, None if spec.name in killed else proc.returncode, log_path)
+            ProcOutcome(spec.name, None if spec.name in killed else proc.returncode, log_path,
+                        log_upto.get(spec.name))
             for spec, proc, log_path in started
         ],
         elapsed_s=time.monotonic() - start,
         timed_out=timed_out,
         killed=killed,
     )
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> None:
+    """Ask every rank program still running to print its threads' stacks (SIGUSR1, faulthandler)."""
+    asked = 0
+    for _, proc, _ in started:
+        for pid in process_tree(proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if STACK_DUMP_MARKER not in f.read():
+                        continue
+                os.kill(pid, signal.SIGUSR1)
+                asked += 1
+            except (OSError, ProcessLookupError):
+                continue
+    if asked:
+        time.sleep(STACK_DUMP_WAIT_S)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

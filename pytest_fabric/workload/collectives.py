@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import os
+import signal
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import CollectivesConfig
 from .train import _exit_now, finish
@@ -106,7 +109,10 @@ def run(cfg: CollectivesConfig) -> dict | None:
     return result
 
 
+@record  # torchrun's failure summary then names the rank's exception, not just its exit code
 def main(argv: list[str] | None = None) -> int:
+    # The harness sends SIGUSR1 at its deadline: every thread's stack goes to the log (where a hang waits).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="CollectivesConfig JSON written by the harness")
     args = parser.parse_args(argv)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import faulthandler
 import json
 import math
 import os
 import platform
+import signal
 import socket
 import statistics
 import sys
@@ -28,8 +30,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
-from . import fsdp, metrics, weights
+from . import faults, fsdp, metrics, weights
 from .config import ConfigError, TrainConfig
 
 
@@ -125,6 +128,7 @@ def run(cfg: TrainConfig) -> dict | None:
 
     from ..models import ModelSpec
 
+    injected = faults.from_env()  # harness self-tests only; empty in real runs
     device = _pick_device(cfg.device)
     cfg.check_device(device.type)  # before joining the group: every rank refuses at once
     precision = fsdp.Precision(cfg.precision(device.type))
@@ -157,6 +161,7 @@ def run(cfg: TrainConfig) -> dict | None:
     losses: list[torch.Tensor] = []  # read after the loop: reading a loss would wait for the GPU
     compute_dtype = None  # what the forward really ran in, as the logits show
     for step in range(cfg.warmup_steps + cfg.steps):
+        faults.at_step(injected, rank, step, cfg.fabric.get("name"))
         sync()
         start = time.perf_counter()
         out = model(input_ids=batch, labels=batch, use_cache=False)
@@ -244,7 +249,10 @@ def _mfu_note(device: torch.device, gpu_names: list[str], peak: metrics.Peak | N
     return None
 
 
+@record  # torchrun's failure summary then names the rank's exception, not just its exit code
 def main(argv: list[str] | None = None) -> int:
+    # The harness sends SIGUSR1 at its deadline: every thread's stack goes to the log (where a hang waits).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="TrainConfig JSON written by the harness")
     args = parser.parse_args(argv)

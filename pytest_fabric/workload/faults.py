@@ -1,0 +1,99 @@
+"""Fault injection, for testing the harness itself on the emulated (or local) cluster.
+
+    PYTEST_FABRIC_FAULT="crash:fabric=eth,rank=1,step=1; hang:fabric=roce; nojoin:fabric=efa,node=1"
+
+One or more faults separated by ``;``, each ``KIND[:key=value,...]``:
+
+- ``crash``: global rank ``rank`` raises an exception at the start of step ``step`` (0-based, warm-up
+  steps count), as an out-of-memory or a CUDA error would, mid-run with its peers inside FSDP.
+- ``abort``: the same rank dies by SIGABRT there, with no Python clean-up (a C++ crash).
+- ``hang``: the same rank stops there forever, so its peers block inside the step's collectives.
+- ``nojoin``: node ``node`` never joins the rendezvous: the harness leaves its link down, so its
+  torchrun cannot reach node 0 (emulated cluster only).
+
+``fabric=NAME`` limits a fault to launches on that fabric (default: every launch). Defaults:
+``rank=1``, ``step=1``, ``node=1``. The harness reads the variable from its own environment; the
+ranks inherit it. A malformed value is refused before anything is launched.
+Plain standard library: the harness parses it without importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV = "PYTEST_FABRIC_FAULT"
+RANK_KINDS = ("crash", "abort", "hang")
+KINDS = (*RANK_KINDS, "nojoin")
+_INTS = ("rank", "step", "node")
+
+
+class InjectedFault(RuntimeError):
+    """What a ``crash`` fault raises inside a rank."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    fabric: str | None = None
+    rank: int = 1
+    step: int = 1
+    node: int = 1
+
+    def applies(self, fabric: str | None) -> bool:
+        return self.fabric is None or self.fabric == fabric
+
+    def describe(self) -> str:
+        where = f"node {self.node}" if self.kind == "nojoin" else f"rank {self.rank} at step {self.step}"
+        return f"{self.kind} on {where}" + (f" (fabric {self.fabric})" if self.fabric else "")
+
+
+def parse(text: str) -> list[Fault]:
+    """The faults ``text`` names; ValueError saying what to write when it is malformed."""
+    faults = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        kind, _, args = item.partition(":")
+        kind = kind.strip()
+        if kind not in KINDS:
+            raise ValueError(f"{ENV}: unknown fault {kind!r} in {item!r}; use one of {', '.join(KINDS)}, "
+                             f"e.g. {ENV}='crash:fabric=eth,rank=1,step=1'")
+        fields: dict[str, object] = {}
+        for pair in filter(None, (a.strip() for a in args.split(","))):
+            key, sep, value = (s.strip() for s in pair.partition("="))
+            if not sep or key not in ("fabric", *_INTS) or not value:
+                raise ValueError(f"{ENV}: {pair!r} in {item!r} is not one of fabric=NAME, rank=N, step=N, node=N")
+            if key in _INTS:
+                if not value.isdigit():
+                    raise ValueError(f"{ENV}: {key}={value!r} in {item!r} must be a whole number >= 0")
+                fields[key] = int(value)
+            else:
+                fields[key] = value
+        faults.append(Fault(kind, **fields))  # type: ignore[arg-type]
+    return faults
+
+
+def from_env(environ: Mapping[str, str] | None = None) -> list[Fault]:
+    return parse((os.environ if environ is None else environ).get(ENV, ""))
+
+
+def nodes_left_out(faults: list[Fault], fabric: str) -> set[int]:
+    """The node indexes that must never join a launch on ``fabric``."""
+    return {f.node for f in faults if f.kind == "nojoin" and f.applies(fabric)}
+
+
+def at_step(faults: list[Fault], rank: int, step: int, fabric: str | None) -> None:
+    """Called by every rank at the start of every step: do what a fault for here says."""
+    for fault in faults:
+        if fault.kind not in RANK_KINDS or fault.rank != rank or fault.step != step or not fault.applies(fabric):
+            continue
+        print(f"pytest-fabric: injected fault: {fault.describe()}", file=sys.stderr, flush=True)
+        if fault.kind == "crash":
+            raise InjectedFault(f"injected fault: {fault.describe()}")
+        if fault.kind == "abort":
+            os.kill(os.getpid(), signal.SIGABRT)
+        while True:  # hang
+            time.sleep(3600)

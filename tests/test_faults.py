@@ -1,0 +1,248 @@
+"""Faults injected into real launches on the emulated cluster (pytest_fabric/workload/faults.py).
+
+One pytest run, as a subprocess like a user's, measures five configurations in turn: ib is healthy
+and measured first, then each other fabric gets one fault: a rank that raises mid-run (eth), a rank
+killed by SIGABRT (eth-b, a copy of eth), a rank that stops while its peer waits inside the step's
+collectives (roce), a node whose link is down so it never joins the rendezvous (efa). Every fault
+must become a failed test within the launch deadline, with the ranks' last log lines in the failure,
+no rank process and no network namespace left behind, and the healthy measurement kept on disk.
+A second run is interrupted with SIGINT (Ctrl-C) in the middle of a launch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cluster_env import leftover_processes
+from helpers import FAST_LAUNCH, namespaces, session_directory
+from lxml import etree
+
+from pytest_fabric.cluster import ClusterUnavailable
+from pytest_fabric.cluster.emulated import check_available
+from pytest_fabric.workload import faults
+
+try:
+    check_available()
+    UNAVAILABLE = None
+except ClusterUnavailable as exc:
+    UNAVAILABLE = str(exc)
+
+DEADLINE_S = 75  # per launch; a healthy FAST_LAUNCH takes 15-25 s here
+FAULTS = "crash:fabric=eth,rank=1,step=1; abort:fabric=eth-b,rank=0,step=1; hang:fabric=roce,rank=1,step=1; " \
+         "nojoin:fabric=efa,node=1"
+ARGS = [*FAST_LAUNCH, "--steps", "2", "--launch-timeout", str(DEADLINE_S), "--nodes", "2"]
+SOURCE = """
+import pytest
+
+
+@pytest.mark.fabric_matrix(nodes=[2])
+def test_step(fabric_case, fabric_measure):
+    fabric_measure(fabric_case)
+"""
+
+
+# -- the parser, no launch -------------------------------------------------------------------------
+
+def test_parse_reads_each_fault_with_defaults():
+    parsed = faults.parse(FAULTS)
+    assert [f.kind for f in parsed] == ["crash", "abort", "hang", "nojoin"]
+    assert parsed[0] == faults.Fault("crash", fabric="eth", rank=1, step=1)
+    assert parsed[3] == faults.Fault("nojoin", fabric="efa", node=1)
+    assert faults.parse("hang") == [faults.Fault("hang", fabric=None, rank=1, step=1, node=1)]
+    assert faults.parse("") == []
+    assert faults.nodes_left_out(parsed, "efa") == {1} and faults.nodes_left_out(parsed, "eth") == set()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("explode", "unknown fault 'explode'"),
+    ("crash:rank=one", "rank='one'"),
+    ("crash:colour=red", "is not one of fabric=NAME"),
+    ("hang:fabric=", "is not one of fabric=NAME"),
+])
+def test_parse_refuses_malformed_values_saying_what_to_write(text, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        faults.parse(text)
+
+
+def test_a_malformed_fault_is_a_usage_error_before_any_launch(pytester, monkeypatch):
+    if UNAVAILABLE:
+        pytest.skip(UNAVAILABLE)
+    monkeypatch.setenv(faults.ENV, "crash:rank=x")
+    pytester.makepyfile(test_generated=SOURCE)
+    result = pytester.runpytest_subprocess("--fabrics", "eth", "--nodes", "2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "PYTEST_FABRIC_FAULT: rank='x'" in result.stderr.str()
+
+
+# -- real launches ---------------------------------------------------------------------------------
+
+def harness_namespaces_of_dead_owners(before: set[str]) -> set[str]:
+    """Emulated-cluster namespaces that appeared since ``before`` and whose harness has exited."""
+    return {n for n in namespaces() - before
+            if re.match(r"pf\d+-", n) and not os.path.exists(f"/proc/{n[2:].split('-')[0]}")}
+
+
+class FaultRun:
+    def __init__(self, pytester: pytest.Pytester, monkeypatch) -> None:
+        tmp = pytester.path / "tmp"
+        tmp.mkdir()
+        monkeypatch.setenv("TMPDIR", str(tmp))
+        monkeypatch.setenv(faults.ENV, FAULTS)
+        pytester.makeini("[pytest]\nfabric_define = eth-b: eth\n")
+        pytester.makepyfile(test_generated=SOURCE)
+        self.saved = pytester.path / "saved.json"
+        self.junit = pytester.path / "junit.xml"
+        before = namespaces()
+        start = time.monotonic()
+        self.result = pytester.runpytest_subprocess(*ARGS, "--fabrics", "ib,eth,eth-b,roce,efa",
+                                                    f"--fabric-save={self.saved}", f"--junitxml={self.junit}",
+                                                    timeout=5 * DEADLINE_S + 120)
+        self.wall_s = time.monotonic() - start
+        self.output = self.result.stdout.str()
+        self.directory = session_directory(self.output)
+        self.leftover_namespaces = harness_namespaces_of_dead_owners(before)
+        self.leftover_processes = leftover_processes(str(pytester.path))
+
+    def record(self, fabric: str) -> dict:
+        records = json.loads((self.directory / "measurements.json").read_text())
+        (record,) = [r for r in records.values() if r["case"]["fabric"] == fabric]
+        return record
+
+    def failure(self, fabric: str) -> str:
+        tree = etree.parse(str(self.junit))
+        (case,) = [c for c in tree.iter("testcase") if c.get("name") == f"test_step[qwen2-tiny-n2-{fabric}]"]
+        failure = case.find("failure")
+        assert failure is not None, f"{fabric}: not a failure in JUnit"
+        return f"{failure.get('message')}\n{failure.text}"
+
+
+@pytest.fixture(scope="module")
+def _cache():
+    return {}
+
+
+@pytest.fixture
+def fault_run(_cache, pytester, monkeypatch) -> FaultRun:
+    if UNAVAILABLE:
+        pytest.skip(UNAVAILABLE)
+    if "run" not in _cache:
+        _cache["run"] = FaultRun(pytester, monkeypatch)
+    return _cache["run"]
+
+
+@pytest.mark.slow
+def test_healthy_launch_passes_and_each_fault_fails_its_test(fault_run):
+    fault_run.result.assert_outcomes(passed=1, failed=4)
+    tree = etree.parse(str(fault_run.junit))
+    passed = [c.get("name") for c in tree.iter("testcase") if not len(c.findall("failure"))]
+    assert passed == ["test_step[qwen2-tiny-n2-ib]"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fabric, head, says", [
+    ("eth", "launch failed", "InjectedFault: injected fault: crash on rank 1 at step 1"),
+    ("eth-b", "launch failed", "Signal 6 (SIGABRT)"),
+    ("roce", "deadline exceeded", "in at_step"),
+    ("efa", "", "node1: "),
+])
+def test_each_fault_fails_within_the_deadline_with_the_ranks_log_tails(fault_run, fabric, head, says):
+    failure = fault_run.failure(fabric)
+    match = re.search(r"(launch failed|deadline exceeded) after ([\d.]+)s", failure)
+    assert match, failure
+    assert head in match.group(1)
+    assert float(match.group(2)) <= DEADLINE_S + 5, failure
+    assert "--- node0: " in failure and "--- node1: " in failure and "last lines of" in failure
+    assert says in failure, failure
+    # The store keeps the failure, so every other test of the configuration reports it without relaunching.
+    assert fault_run.record(fabric)["error"].split("\n")[0] in failure
+
+
+@pytest.mark.slow
+def test_a_hang_report_shows_the_peer_waiting_inside_a_collective(fault_run):
+    # At the deadline every rank prints its stacks (faulthandler, SIGUSR1) before anything is killed.
+    node0 = fault_run.failure("roce").split("--- node0: ", 1)[1].split("--- node1: ", 1)[0]
+    assert re.search(r"in (all_gather\w*|reduce_scatter\w*|all_reduce|wait)\b", node0), node0
+    assert "SignalException" not in node0  # the noise of the kill is not what the report shows
+
+
+@pytest.mark.slow
+def test_a_node_that_never_joins_is_reported_from_its_own_log(fault_run):
+    failure = fault_run.failure("efa")
+    node1 = failure.split("--- node1: ", 1)[1]
+    # node1's torchrun cannot reach node 0's rendezvous store over its dead link.
+    assert re.search(r"rendezvous|TCPStore|connect|unreachable", node1, re.IGNORECASE), node1
+
+
+@pytest.mark.slow
+def test_faults_leave_no_process_or_namespace_behind(fault_run):
+    assert fault_run.leftover_processes == []
+    assert fault_run.leftover_namespaces == set()
+    assert fault_run.wall_s < 5 * DEADLINE_S + 60
+
+
+@pytest.mark.slow
+def test_the_healthy_measurement_is_kept_on_disk(fault_run):
+    assert fault_run.record("ib")["result"]["tokens_per_s"] > 0
+    saved = json.loads(fault_run.saved.read_text())
+    assert json.dumps(saved)  # plain JSON
+    text = fault_run.saved.read_text()
+    assert '"ib"' in text and "tokens_per_s" in text
+    for fabric in ("eth", "eth-b", "roce", "efa"):
+        assert "error" in fault_run.record(fabric)
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pytester):
+    if UNAVAILABLE:
+        pytest.skip(UNAVAILABLE)
+    tmp = pytester.path / "tmp"
+    tmp.mkdir()
+    pytester.makepyfile(test_generated=SOURCE)
+    saved = pytester.path / "saved.json"
+    env = {**os.environ, "TMPDIR": str(tmp), faults.ENV: "hang:fabric=eth,rank=1,step=1"}
+    before = namespaces()
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_generated.py", *ARGS,
+                             "--fabrics", "ib,eth", f"--fabric-save={saved}"],
+                            cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        # Wait until the eth launch is inside its hang: its rank 1 has logged the injected fault.
+        deadline = time.monotonic() + 3 * DEADLINE_S
+        while time.monotonic() < deadline:
+            if any("injected fault: hang" in p.read_text(errors="replace") for p in tmp.rglob("node1.log")
+                   if "qwen2-tiny-n2-eth" in str(p)):
+                break
+            assert proc.poll() is None, proc.stdout.read().decode()
+            time.sleep(0.5)
+        else:
+            pytest.fail("the eth launch never reached its injected hang")
+        interrupted = time.monotonic()
+        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground pytest
+        out, _ = proc.communicate(timeout=30)
+        stopped_s = time.monotonic() - interrupted
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    output = out.decode(errors="replace")
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert "KeyboardInterrupt" in output
+    assert stopped_s < 15, output
+    assert leftover_processes(str(pytester.path)) == []
+    assert harness_namespaces_of_dead_owners(before) == set()
+    directory = session_directory(output)
+    records = json.loads((directory / "measurements.json").read_text())
+    (ib,) = [r for r in records.values() if r["case"]["fabric"] == "ib"]
+    assert ib["result"]["tokens_per_s"] > 0
+    saved_text = saved.read_text()
+    assert "tokens_per_s" in saved_text and '"ib"' in saved_text

@@ -1,0 +1,64 @@
+"""The local cluster: torchrun agents on loopback, the fallback where namespaces cannot be made."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from helpers import FAST_LAUNCH, session_directory
+
+from pytest_fabric.cluster import local
+
+
+def test_free_port_is_below_the_ephemeral_range_and_bindable():
+    low, high = local._ephemeral_range()
+    for _ in range(20):
+        port = local.free_port()
+        assert not low <= port <= high
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_free_port_skips_a_port_in_use(monkeypatch):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        monkeypatch.setattr(local.random, "sample", lambda population, k: [taken, 23456, 23457])
+        assert local.free_port() in (23456, 23457)
+
+
+@pytest.mark.slow
+def test_two_local_nodes_train_and_comparisons_are_skipped(pytester, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(pytester.mkdir("tmp")))
+    pytester.makepyfile(test_generated="""
+        import pytest
+
+        @pytest.mark.fabric_matrix(nodes=[2], fabrics=["eth"])
+        def test_step(fabric_case, fabric_measure):
+            assert fabric_measure(fabric_case).tokens_per_s > 0
+
+        @pytest.mark.fabric_comparison
+        @pytest.mark.fabric_matrix(nodes=[2], fabrics=["eth"])
+        def test_compare(fabric_case, fabric_compare):
+            fabric_compare.within(fabric_case, fabric_case.with_fabric("ib"), rel=0.05)
+    """)
+    result = pytester.runpytest_subprocess("--cluster", "local", "--nodes", "2", *FAST_LAUNCH, "-rs", timeout=300)
+    result.assert_outcomes(passed=1, skipped=1)
+    records = json.loads((session_directory(result.stdout.str()) / "measurements.json").read_text())
+    (record,) = records.values()
+    assert record["result"]["world_size"] == 2 and record["cluster"] == "local"
+
+
+def test_only_node_0_hosts_the_rendezvous_store(tmp_path):
+    # Left to guess, torch lets every agent on 127.0.0.1 try to host it: one of them fails EADDRINUSE.
+    from pytest_fabric.cluster.base import LaunchRequest, torchrun_argv
+    from pytest_fabric.fabrics import get_fabric
+
+    request = LaunchRequest(nodes=3, procs_per_node=1, fabric=get_fabric("eth"), program=["-m", "x"],
+                            workdir=tmp_path, deadline_s=60, job_id="j")
+    confs = [next(a for a in torchrun_argv(request, i, "127.0.0.1", "127.0.0.1") if a.startswith("--rdzv-conf="))
+             for i in range(3)]
+    assert confs[0].endswith(",is_host=true")
+    assert confs[1].endswith(",is_host=false") and confs[2].endswith(",is_host=false")
