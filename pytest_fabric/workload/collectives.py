@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import faulthandler
 import os
-import signal
 import sys
 import time
 
@@ -25,7 +23,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import CollectivesConfig
-from .train import _exit_now, finish
+from .train import _dump_stacks_on_sigusr1, _exit_now, finish
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -111,8 +109,7 @@ def run(cfg: CollectivesConfig) -> dict | None:
 
 @record  # torchrun's failure summary then names the rank's exception, not just its exit code
 def main(argv: list[str] | None = None) -> int:
-    # The harness sends SIGUSR1 at its deadline: every thread's stack goes to the log (where a hang waits).
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _dump_stacks_on_sigusr1()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="CollectivesConfig JSON written by the harness")
     args = parser.parse_args(argv)
