@@ -8,6 +8,7 @@ CI jobs whose logs a person skims.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,10 +72,30 @@ def _prices(items: Sequence[str]) -> dict[str, float]:
             price = float(value)
         except ValueError:
             price = -1.0
-        if not sep or not fabric.strip() or not price > 0:
+        if not sep or not fabric.strip() or not 0 < price < math.inf:
             raise _UserError(f"--price {item!r}: write FABRIC=USD_PER_GPU_HOUR with a positive price, e.g. ib=3.50")
         prices[fabric.strip()] = price
     return prices
+
+
+def _output_dir(path: str, option: str) -> Path:
+    """A directory the command may write into (made if missing); checked before any work."""
+    out = Path(path)
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise _UserError(f"{option} {path}: {blocker} is a file; give a directory (made if missing)")
+    return out
+
+
+def _output_file(path: str, what: str) -> str:
+    """A file path the command may write (replacing a file there); checked before any work."""
+    out = Path(path)
+    if out.is_dir():
+        raise _UserError(f"{what} {path} is a directory; give a file path such as {out / 'out'}")
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise _UserError(f"{what} {path}: {blocker} is a file, not a directory; give another path")
+    return path
 
 
 def _print_written(written: Written) -> None:
@@ -90,14 +111,15 @@ def _report(args: argparse.Namespace) -> int:
     from .reportgen import write_report
 
     prices = _prices(args.price)
-    _print_written(write_report(_load(args.inputs), Path(args.output), prices))
+    output = _output_dir(args.output, "-o")
+    _print_written(write_report(_load(args.inputs), output, prices))
     return 0
 
 
 def _merge(args: argparse.Namespace) -> int:
     from .reportgen import merge_junit
 
-    testcases = merge_junit(args.inputs, args.out)
+    testcases = merge_junit(args.inputs, _output_file(args.out, "OUT"))
     print(f"wrote {args.out}: {testcases} testcase(s) from {len(args.inputs)} file(s)")
     return 0
 
@@ -107,13 +129,15 @@ def _trend(args: argparse.Namespace) -> int:
 
     if len(args.nights) < 2:
         raise _UserError("a trend needs at least two nights; give two or more results files")
-    _print_written(write_trend(_load(args.nights), Path(args.output)))
+    output = _output_dir(args.output, "-o")
+    _print_written(write_trend(_load(args.nights), output))
     return 0
 
 
 def _baseline(args: argparse.Namespace) -> int:
     from .results import build_baseline, save_baseline
 
+    _output_file(args.out, "OUT")
     baseline = build_baseline(_load(args.nights))
     if not baseline["cases"]:
         raise _UserError("the nights hold no training measurements to make a baseline from")

@@ -6,6 +6,7 @@ the command line wins. Bad values raise ``pytest.UsageError`` naming what is all
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from .cluster import CLUSTER_KINDS
 from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
+from .redact import remember
 from .references import ReferenceError, References
 from .results import ResultsError, baseline_for, load_baseline, load_results
 
@@ -174,6 +176,39 @@ def _rates(config: pytest.Config) -> dict[str, float]:
     return rates
 
 
+def _flag(config: pytest.Config, name: str) -> bool:
+    if config.getoption(_dest(name)):
+        return True
+    try:
+        return bool(config.getini(_dest(name)))
+    except ValueError:  # pytest's own bool parsing of an ini value
+        raise pytest.UsageError(f"ini {_dest(name)}: {config.inicfg.get(_dest(name))!r} is not a boolean; "
+                                f"write true or false") from None
+
+
+def _check_file(path: str | None, name: str, hint: str) -> None:
+    if path is None or Path(path).is_file():
+        return
+    what = "is a directory" if Path(path).is_dir() else "no such file"
+    raise pytest.UsageError(f"--{name} {path}: {what}; {hint}")
+
+
+def _check_checkpoint(model_path: str) -> None:
+    """The checkpoint's config.json is there and is a JSON object (the ranks read the rest)."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        raise pytest.UsageError(f"--model-path {model_path}: no config.json there; give the directory of a "
+                                f"Hugging Face checkpoint (config.json + *.safetensors)")
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise pytest.UsageError(f"--model-path {model_path}: config.json is not valid JSON ({exc}); give the "
+                                f"directory of a Hugging Face checkpoint saved with save_pretrained") from None
+    if not isinstance(data, dict):
+        raise pytest.UsageError(f"--model-path {model_path}: config.json is not a JSON object; give the "
+                                f"directory of a Hugging Face checkpoint saved with save_pretrained")
+
+
 def _positive(config: pytest.Config, name: str, example: str) -> float | None:
     value = _raw(config, name)
     if value is None:
@@ -245,6 +280,8 @@ def parse(config: pytest.Config) -> FabricOptions:
                             _rates(config))
     except FabricConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
+    for fabric in table.values():
+        remember(fabric.nccl_env)  # a token given as a fabric setting is masked like the environment's
     fabrics = _names(config, "fabrics", table)
     models = _names(config, "models", MODELS)
     timeout_value = _raw(config, "launch-timeout")
@@ -255,9 +292,8 @@ def parse(config: pytest.Config) -> FabricOptions:
     if not 0 < timeout < math.inf:
         raise pytest.UsageError(f"--launch-timeout must be a positive number of seconds, got {timeout_value!r}")
     model_path = _raw(config, "model-path")
-    if model_path is not None and not (Path(model_path) / "config.json").is_file():
-        raise pytest.UsageError(f"--model-path {model_path}: no config.json there; give the directory of a "
-                                f"Hugging Face checkpoint (config.json + *.safetensors)")
+    if model_path is not None:
+        _check_checkpoint(model_path)
     device = _choice(config, "device")
     fsdp = int(_choice(config, "fsdp"))
     if fsdp == 1 and device == "cpu":
@@ -274,7 +310,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         device=device,
         fsdp=fsdp,
         mixed_precision=_choice(config, "mixed-precision"),
-        activation_checkpointing=bool(_raw(config, "activation-checkpointing") in ("True", "true", "1")),
+        activation_checkpointing=_flag(config, "activation-checkpointing"),
         model_path=str(Path(model_path).resolve()) if model_path else None,
     )
     suite = _raw(config, "fabric-suite")
@@ -298,21 +334,24 @@ def parse(config: pytest.Config) -> FabricOptions:
     save = _raw(config, "fabric-save")
     if save is not None and not Path(save).resolve().parent.is_dir():
         raise pytest.UsageError(f"--fabric-save {save}: the directory {Path(save).resolve().parent} does not exist")
+    if save is not None and Path(save).is_dir():
+        raise pytest.UsageError(f"--fabric-save {save}: is a directory; give a file path such as {save}/night.json")
     repeats = _int(config, "repeats", 1, default=3)
     max_repeats = _int(config, "max-repeats", 1, default=4)
     if max_repeats < repeats:
         raise pytest.UsageError(f"--max-repeats {max_repeats} is below --repeats {repeats}; "
                                 f"give --max-repeats >= --repeats")
     hostfile = _raw(config, "hostfile")
-    if hostfile is not None and not Path(hostfile).is_file():
-        raise pytest.UsageError(f"--hostfile {hostfile}: no such file; write one host per line")
+    _check_file(hostfile, "hostfile", "write one host per line")
+    ssh_config = _raw(config, "ssh-config")
+    _check_file(ssh_config, "ssh-config", "give an ssh_config file (ssh -F), or leave the option out")
     return FabricOptions(
         nodes=_int(config, "nodes", 1),
         fabrics=fabrics or DEFAULT_FABRICS,
         models=models or DEFAULT_CPU_MODELS,
         cluster=cluster,
         hostfile=hostfile,
-        ssh_config=_raw(config, "ssh-config"),
+        ssh_config=ssh_config,
         ssh_host_key_checking=_choice(config, "ssh-host-key-checking"),
         settings=settings,
         references=references,

@@ -24,6 +24,7 @@ from .cluster.local import LocalCluster
 from .matrix import expand
 from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement, MeasurementError, Measurer
 from .models import get_model
+from .redact import redact_file
 from .references import References
 from .report import SECTION, add_to_junit, bandwidth_table, summary_tables, testcase_text
 from .gates import judge
@@ -486,11 +487,12 @@ class FabricReporter:
         config = session.config
         self._save()
         xmlpath = getattr(config.option, "xmlpath", None)
-        if hasattr(config, "workerinput") or not xmlpath or not self.fabric.outputs:
+        if hasattr(config, "workerinput") or not xmlpath or not Path(xmlpath).exists():
             return
         path = Path(xmlpath)
-        if path.exists():
+        if self.fabric.outputs:
             add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix)
+        redact_file(path)  # failure messages and captured output may quote a rank's environment
 
     def _save(self) -> None:
         """--fabric-save: everything measured, also when tests failed or the run was interrupted."""

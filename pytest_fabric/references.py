@@ -97,6 +97,10 @@ class References:
             data = tomllib.loads(path.read_text())
         except FileNotFoundError:
             raise ReferenceError(f"suite file {path} does not exist") from None
+        except IsADirectoryError:
+            raise ReferenceError(f"suite file {path} is a directory; give the path of a TOML file") from None
+        except OSError as exc:
+            raise ReferenceError(f"suite file {path} cannot be read ({exc.strerror or exc})") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ReferenceError(f"suite file {path} is not valid TOML: {exc}") from None
         unknown = set(data) - {"gate", "expect"}

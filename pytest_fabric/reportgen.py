@@ -24,6 +24,7 @@ from typing import Any
 
 from .fabrics import REFERENCE_FABRIC
 from .predict import break_even_premium, cost_per_million_tokens
+from .redact import redact, redact_file
 from .results import CaseResult, SavedRun, identity_mismatch, junit_suites, night_labels, verdict_case
 
 __all__ = ["Written", "combine", "cost_lines", "merge_junit", "write_report", "write_trend"]
@@ -148,7 +149,7 @@ def _write(directory: Path, doc: _Document, stem: str, plots: list[Path], notes:
     markdown, page = directory / f"{stem}.md", directory / f"{stem}.html"
     for path, text in ((markdown, doc.markdown()), (page, doc.html())):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
+        tmp.write_text(redact(text))  # inputs may come from an older version or another tool
         os.replace(tmp, path)
     return Written(markdown, page, plots, notes)
 
@@ -530,6 +531,7 @@ def merge_junit(paths: Sequence[Path | str], out: Path | str) -> int:
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         merged.write(str(tmp))
+        redact_file(tmp)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)

@@ -28,6 +28,7 @@ from typing import Any
 
 from .fabrics import FABRICS
 from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement
+from .redact import redact_data
 from .stats import Baseline, robust_baseline
 
 __all__ = [
@@ -255,6 +256,8 @@ def _now() -> str:
 
 
 def _write_json_atomically(path: Path, data: Any) -> None:
+    """``data`` as JSON at ``path``, secrets masked (``redact``); a reader never sees half a file."""
+    data = redact_data(data)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -3,18 +3,27 @@
 Under pytest-xdist each worker is a separate process; the first worker that needs a configuration
 measures it while holding the lock and the others read the result. The lock also serialises
 launches: two jobs on the same machines at once would measure each other, not the fabric.
+Records are stored with secrets masked (``redact``): the store is shown, saved and reported.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+
+from .redact import redact_data
+
+
+class StoreWarning(UserWarning):
+    """The session's store was unreadable and has been set aside."""
 
 
 class ResultStore:
@@ -34,14 +43,28 @@ class ResultStore:
         except FileNotFoundError:
             return {}
         # Writes are atomic (os.replace), so a partial file means someone else wrote it.
-        data = json.loads(text) if text.strip() else {}
+        try:
+            data = json.loads(text) if text.strip() else {}
+        except ValueError as exc:
+            return self._set_aside(exc)
         if not isinstance(data, dict):
             raise ValueError(f"{self.path} is not a pytest-fabric results file (expected a JSON object)")
         return data
 
+    def _set_aside(self, exc: ValueError) -> dict[str, Any]:
+        """An unreadable store (truncated, overwritten) is kept for a person to read, under another
+        name, and the session goes on with an empty one: what is measured from now on is kept."""
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{os.getpid()}-{time.time_ns()}")
+        os.replace(self.path, aside)
+        warnings.warn(StoreWarning(f"{self.path} was not valid JSON ({exc}); moved to {aside}, and the "
+                                   f"configurations in it will be measured again"), stacklevel=3)
+        return {}
+
     def _write(self, data: dict[str, Any]) -> None:
+        # Compact: json.dumps(indent=...) falls back to the pure-Python encoder, ~10x slower, and every
+        # write rewrites every record (8 processes x 500 records took minutes; tests/test_store.py).
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.write_text(json.dumps(data, sort_keys=True, separators=(",", ":")))
         os.replace(tmp, self.path)
 
     def get(self, key: str) -> dict[str, Any] | None:
@@ -49,6 +72,7 @@ class ResultStore:
             return self._read().get(key)
 
     def put(self, key: str, record: dict[str, Any]) -> None:
+        record = redact_data(record)
         with self._lock:
             data = self._read()
             data[key] = record
@@ -63,7 +87,7 @@ class ResultStore:
             data = self._read()
             if key in data:
                 return data[key], False
-            record = compute()
+            record = redact_data(compute())
             data = self._read()
             data[key] = record
             self._write(data)

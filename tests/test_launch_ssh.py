@@ -69,6 +69,66 @@ def test_remote_command_survives_a_real_shell_word_for_word(tmp_path: Path) -> N
     assert shlex.split(command)[:2] == ["exec", "env"]
 
 
+RECORDER = """import json, os, sys
+json.dump({"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in ("NCCL_HOSTILE", "NCCL_SOCKET_IFNAME",
+                                                                        "MY_SETTING", "HF_TOKEN")}},
+          open(os.environ["RECORD_TO"], "w"))
+"""
+
+
+def test_every_user_supplied_piece_of_a_launch_reaches_the_host_as_literal_data(tmp_path, monkeypatch) -> None:
+    """The whole command SshCluster.launch builds (run dir, program and its config path, job id, fabric
+    settings, the request's env) goes through a real shell as ssh's login shell would run it: every
+    hostile value arrives word for word, and nothing in it runs."""
+    from pytest_fabric.cluster import ssh as ssh_module
+    from pytest_fabric.cluster.base import LaunchRequest
+    from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
+    from pytest_fabric.fabrics import get_fabric
+    from dataclasses import replace
+
+    monkeypatch.chdir(tmp_path)  # a hostile value that ran would make ./pwned
+    canary = "pwned"
+    hostile = [f"$(touch {canary})", f"`touch {canary}`", f"'; touch {canary}; '", f'"; touch {canary}; "',
+               f"a\nb; touch {canary}", "*", "-rf"]
+    workdir = tmp_path / f"run $(touch {canary}) '; touch {canary}; '"
+    workdir.mkdir()
+    recorder = tmp_path / "python-recorder"  # stands for the hosts' Python: records what it was given
+    recorder.write_text(f"#!{sys.executable}\n{RECORDER}")
+    recorder.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(recorder))
+    monkeypatch.setenv("HF_TOKEN", "hf_never_sent_anywhere")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1\n")
+    captured = []
+
+    def fake_supervise(specs, log_dir, deadline_s, on_tick=None):
+        captured.extend(specs)
+        return LaunchOutcome([ProcOutcome(s.name, 0, log_dir / f"{s.name}.log") for s in specs], 0.0)
+
+    monkeypatch.setattr(ssh_module, "supervise", fake_supervise)
+    fabric = replace(get_fabric("eth"), nccl_env={"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_HOSTILE": hostile[0]})
+    request = LaunchRequest(nodes=1, procs_per_node=1, fabric=fabric,
+                            program=["-m", "pytest_fabric.workload.train", "--config", str(workdir / "config.json"),
+                                     *hostile],
+                            workdir=workdir, deadline_s=30, job_id=f"job$(touch {canary})",
+                            env={"MY_SETTING": hostile[2]})
+    SshCluster(hostfile).launch(request)
+    (spec,) = captured
+    assert spec.argv[-3:-1] == ["--", "node1"], "the host comes after '--': never an ssh option"
+    command = spec.argv[-1]
+    record = tmp_path / "record.json"
+    # ssh hands `command` to the login shell; here the shell runs on this machine instead.
+    # The remote side's environment is its own: only what the command line sets reaches the program.
+    subprocess.run(["sh", "-c", command], check=True, env={"PATH": "/usr/bin:/bin", "RECORD_TO": str(record)})
+    got = json.loads(record.read_text())
+    assert not (tmp_path / canary).exists(), "a value was executed by the shell"
+    assert got["argv"][-len(hostile) - 2:] == ["--config", str(workdir / "config.json"), *hostile]
+    assert f"--rdzv-id=job$(touch {canary})" in got["argv"]
+    assert got["env"] == {"NCCL_HOSTILE": hostile[0], "NCCL_SOCKET_IFNAME": "=eth0", "MY_SETTING": hostile[2],
+                          "HF_TOKEN": None}
+    assert "hf_never_sent_anywhere" not in command
+
+
 def test_only_needed_variables_go_to_the_hosts_and_never_secrets() -> None:
     local = {"PATH": "/usr/bin", "HOME": "/root", "PYTHONPATH": "/src", "OMP_NUM_THREADS": "4",
              "NCCL_IB_HCA": "=mlx5_0", "NCCL_IB_PKEY": "0x8001", "GLOO_SOCKET_IFNAME": "ib0", "FI_PROVIDER": "efa",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import multiprocessing
+import time
 from pathlib import Path
 
 import pytest
 
-from pytest_fabric.store import ResultStore
+from pytest_fabric.store import ResultStore, StoreWarning
 
 
 def test_get_or_compute_computes_once(tmp_path):
@@ -73,6 +75,18 @@ def test_foreign_file_is_refused(tmp_path):
         ResultStore(tmp_path).all()
 
 
+@pytest.mark.parametrize("text", ['{"k": {"v": 1}, "trunc', "\x00\x00\x00", "{]"], ids=["truncated", "zeros", "junk"])
+def test_an_unreadable_store_is_set_aside_and_the_session_goes_on(tmp_path, text):
+    (tmp_path / "measurements.json").write_text(text)
+    store = ResultStore(tmp_path)
+    with pytest.warns(StoreWarning, match="was not valid JSON .* moved to .*measurements.json.corrupt-"):
+        assert store.get_or_compute("k", lambda: {"v": 2}) == ({"v": 2}, True)
+    (aside,) = tmp_path.glob("measurements.json.corrupt-*")
+    assert aside.read_text() == text, "the unreadable file is kept as it was, for a person to read"
+    store.put("k2", {"v": 3})
+    assert store.all() == {"k": {"v": 2}, "k2": {"v": 3}}
+
+
 # -- several processes at once (xdist workers) ---------------------------------------------------
 
 def _put_many(directory: str, worker: int, count: int) -> None:
@@ -94,13 +108,13 @@ def _compute_shared(directory: str, worker: int, keys: list[str]) -> None:
         store.get_or_compute(key, lambda key=key: compute(key))
 
 
-def _run_processes(target, args_per_process) -> None:
+def _run_processes(target, args_per_process, timeout: float = 60) -> None:
     ctx = multiprocessing.get_context("spawn")  # like xdist workers: nothing shared but the files
     procs = [ctx.Process(target=target, args=args) for args in args_per_process]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(60)
+        p.join(timeout)
     assert [p.exitcode for p in procs] == [0] * len(procs)
 
 
@@ -121,3 +135,61 @@ def test_concurrent_get_or_compute_computes_each_key_once(tmp_path):
     assert sorted(computed) == sorted(keys), "each key must be computed by exactly one process"
     data = ResultStore(tmp_path).all()
     assert set(data) == set(keys)
+
+
+# -- the hammer: thousands of writes from many processes ------------------------------------------
+
+HAMMER_WORKERS, HAMMER_OPS, HAMMER_SHARED = 8, 300, 40
+
+
+def _hammer_record(key: str) -> dict:
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return {"key": key, "digest": digest, "value": int(digest[:6], 16) / 7, "text": f"{key}\n\"\u00e9\u2603"}
+
+
+def _hammer(directory: str, worker: int) -> None:
+    """Per worker: puts of its own keys, get_or_compute of its own keys, and of keys every worker
+    wants (computed once, by whoever gets the lock first), interleaved, with reads in between."""
+    store = ResultStore(Path(directory))
+    log = Path(directory) / "computed.log"
+
+    def compute(key: str) -> dict:
+        with open(log, "a") as f:
+            f.write(f"{key}\n")
+        return _hammer_record(key)
+
+    for i in range(HAMMER_OPS):
+        kind = i % 4
+        if kind in (0, 1):
+            key = f"w{worker}-put-{i}"
+            store.put(key, _hammer_record(key))
+        elif kind == 2:
+            key = f"w{worker}-own-{i}"
+            record, computed = store.get_or_compute(key, lambda key=key: compute(key))
+            assert computed and record == _hammer_record(key)
+        else:
+            key = f"shared-{(i * 7 + worker) % HAMMER_SHARED}"
+            record, _ = store.get_or_compute(key, lambda key=key: compute(key))
+            assert record == _hammer_record(key)
+            assert store.get(f"w{worker}-put-{i - 3}") == _hammer_record(f"w{worker}-put-{i - 3}")
+
+
+def test_hammer_thousands_of_writes_from_eight_processes_lose_nothing(tmp_path):
+    start = time.monotonic()
+    _run_processes(_hammer, [(str(tmp_path), w) for w in range(HAMMER_WORKERS)], timeout=120)
+    elapsed = time.monotonic() - start
+    data = json.loads((tmp_path / "measurements.json").read_text())  # valid JSON, as a reader sees it
+    expected = {f"w{w}-{kind}-{i}" for w in range(HAMMER_WORKERS) for i in range(HAMMER_OPS)
+                for kind in ("put", "own") if (i % 4 in (0, 1)) == (kind == "put") and i % 4 != 3}
+    expected |= {f"shared-{k}" for k in range(HAMMER_SHARED)}
+    assert len(expected) == HAMMER_WORKERS * sum(1 for i in range(HAMMER_OPS) if i % 4 != 3) + HAMMER_SHARED
+    missing = expected - set(data)
+    assert not missing, f"{len(missing)} record(s) lost, e.g. {sorted(missing)[:5]}"
+    assert set(data) == expected
+    broken = [key for key, record in data.items() if record != _hammer_record(key)]
+    assert not broken, f"{len(broken)} record(s) damaged, e.g. {broken[:5]}"
+    computed = (tmp_path / "computed.log").read_text().split()
+    assert len(computed) == len(set(computed)), "a key was computed twice"
+    assert set(computed) == {k for k in expected if "-put-" not in k}
+    assert not list(tmp_path.glob("*.tmp")), "temporary files must be renamed into place"
+    print(f"{HAMMER_WORKERS * HAMMER_OPS} operations by {HAMMER_WORKERS} processes in {elapsed:.1f}s")

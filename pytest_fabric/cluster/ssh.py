@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..redact import is_secret_name
 from .base import Cluster, ClusterUnavailable, LaunchRequest, rank_env, torchrun_argv
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
@@ -47,8 +48,6 @@ STRICT_HOST_KEY_CHECKING = ("yes", "accept-new", "no")
 # families that configure collectives. A request's own variables and its fabric's pass too.
 _FORWARDED = {"PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTEST_FABRIC_NODE"}
 _FORWARDED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "FI_")
-# Never sent to another machine, whoever asks.
-_SECRET = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?|KEY|AUTH)(_|$)")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Runs on each host around torchrun: records the pid the cleanup starts from, removes it when done.
@@ -182,6 +181,8 @@ def read_hostfile(path: str | Path) -> list[Host]:
         text = Path(path).read_text()
     except OSError as exc:
         raise HostfileError(f"cannot read the hostfile {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise HostfileError(f"cannot read the hostfile {path}: not UTF-8 text; write one host per line") from None
     return parse_hostfile(text, str(path))
 
 
@@ -191,7 +192,7 @@ def remote_env(env: Mapping[str, str], explicit: Iterable[str] = ()) -> dict[str
     return {
         name: value for name, value in env.items()
         if (name in wanted or name.startswith(_FORWARDED_PREFIXES))
-        and _ENV_NAME.match(name) and not _SECRET.search(name.upper())
+        and _ENV_NAME.match(name) and not is_secret_name(name)  # never sent to another machine, whoever asks
     }
 
 

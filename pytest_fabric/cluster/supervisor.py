@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..redact import redact
+
 # After the first process fails, the others get this long to fail or finish on their own (their
 # own error messages are usually the useful ones) before they are killed.
 FAILURE_GRACE_S = 5.0
@@ -49,12 +51,13 @@ class ProcOutcome:
     log_upto: int | None = None
 
     def tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The log's last lines, secrets masked (they are shown and stored: see ``redact``)."""
         try:
             with open(self.log_path, "rb") as f:
                 text = f.read(self.log_upto if self.log_upto is not None else -1).decode(errors="replace")
         except OSError as exc:
             return f"(log unreadable: {exc})"
-        return "\n".join(text.splitlines()[-lines:])
+        return redact("\n".join(text.splitlines()[-lines:]))
 
 
 @dataclass
@@ -69,13 +72,13 @@ class LaunchOutcome:
         return not self.timed_out and all(p.returncode == 0 for p in self.procs)
 
     def describe(self) -> str:
-        """A failure report: what happened to each process, with the last lines of its log."""
+        """A failure report: what happened to each process, with the last lines of its log (secrets masked)."""
         head = "deadline exceeded" if self.timed_out else "launch failed"
         parts = [f"{head} after {self.elapsed_s:.1f}s"]
         for p in self.procs:
             state = "killed" if p.returncode is None else f"exit code {p.returncode}"
             parts.append(f"--- {p.name}: {state}; last lines of {p.log_path} ---\n{p.tail()}")
-        return "\n".join(parts)
+        return redact("\n".join(parts))
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
