@@ -45,9 +45,12 @@ NIGHTLY = ["suites/test_parity.py", "suites/test_regression.py",
 BASELINE = ["suites/test_throughput.py", "-k", "llama and n2 and not ib2"]
 
 
-def night(index: int | str, out: Path, extra: list[str]) -> tuple[dict[str, tuple[str, str]], float]:
-    """Run one night; {test id: (outcome, message)} and its wall time."""
+def night(index: int | str, out: Path, extra: list[str],
+          resume: bool = False) -> tuple[dict[str, tuple[str, str]], float]:
+    """Run one night (or, with ``resume``, read the one already run); {test id: (outcome, message)}, wall time."""
     junit = out / f"night{index}.xml"
+    if resume and junit.exists():
+        return verdicts_of(junit), 0.0
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
             "--nodes", "2", "--fabrics", "ib,ib2", "--models", "qwen2-tiny,llama-wide",
             "-o", "fabric_define=ib2: ib",
@@ -58,6 +61,10 @@ def night(index: int | str, out: Path, extra: list[str]) -> tuple[dict[str, tupl
     (out / f"night{index}.log").write_text(proc.stdout + proc.stderr)
     if not junit.exists():
         raise SystemExit(f"night {index}: pytest wrote no JUnit (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    return verdicts_of(junit), wall
+
+
+def verdicts_of(junit: Path) -> dict[str, tuple[str, str]]:
     verdicts = {}
     for suite in JUnitXml.fromfile(str(junit)):
         for case in suite:
@@ -71,12 +78,12 @@ def night(index: int | str, out: Path, extra: list[str]) -> tuple[dict[str, tupl
                 found = re.search(r"^(pass: .*)$", case.system_out or "", re.MULTILINE)
                 message = found.group(1) if found else ""
             verdicts[case.name] = (outcome, message)
-    return verdicts, wall
+    return verdicts
 
 
 def short(message: str) -> str:
-    interval = re.search(r"(\d\.\d+) \[(\d\.\d+), (\d\.\d+)\]", message)
-    launches = re.search(r"(\d+) launch(?:es)?|(\d+) pairs?", message)
+    interval = re.search(r"= (\d+\.\d+), [\d.]+% CI \[(\d+\.\d+), (\d+\.\d+)\]", message)
+    launches = re.search(r"(\d+\+\d+|\d+) launch(?:es)?", message)
     bits = []
     if interval:
         bits.append(f"ratio {interval.group(1)} [{interval.group(2)}, {interval.group(3)}]")
@@ -92,13 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=0.3,
                         help="fraction of ib's link rate removed on the planted night (default 0.3)")
     parser.add_argument("--out", default="nightly-gates", help="directory for JUnit, saved results and logs")
+    parser.add_argument("--resume", action="store_true", help="reuse the nights already in --out (their JUnit)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
     baseline = out / "baseline.json"
     for b in range(1, args.baseline_nights + 1):
-        _, wall = night(f"b{b}", out, BASELINE)
+        _, wall = night(f"b{b}", out, BASELINE, args.resume)
         print(f"baseline night b{b}: {wall:.0f}s", flush=True)
     merged = subprocess.run([sys.executable, "-m", "pytest_fabric.cli", "baseline", str(baseline),
                              *(str(out / f"nightb{b}.json") for b in range(1, args.baseline_nights + 1))],
@@ -113,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, ok = [], True
     for label, index, extra in plans:
-        verdicts, wall = night(index, out, extra)
+        verdicts, wall = night(index, out, extra, args.resume)
         for test, (outcome, message) in sorted(verdicts.items()):
             rows.append((index, label, test, outcome, short(message), wall))
             print(f"night {index:2d} {label:28s} {test:55s} {outcome:8s} {short(message)}  ({wall:.0f}s)",
