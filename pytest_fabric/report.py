@@ -61,10 +61,14 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
 
 
 def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) -> list[str]:
-    """Per model: nodes, GPUs, tokens/s per fabric, delta % against the reference, tokens/s/GPU."""
-    table: dict[str, dict[int, dict[str, Measurement]]] = {}
+    """Per model: nodes, GPUs, tokens/s per fabric, delta % against the reference, tokens/s/GPU.
+
+    A configuration launched several times (the comparison gates' repeats) shows the mean over its
+    launches, as the report does; the number of launches follows in parentheses.
+    """
+    table: dict[str, dict[int, dict[str, list[Measurement]]]] = {}
     for m in measurements:
-        table.setdefault(m.case.model, {}).setdefault(m.case.nodes, {})[m.case.fabric] = m
+        table.setdefault(m.case.model, {}).setdefault(m.case.nodes, {}).setdefault(m.case.fabric, []).append(m)
     cols = [f for f in fabrics if any(f in row for rows in table.values() for row in rows.values())]
     ref = REFERENCE_FABRIC if REFERENCE_FABRIC in cols else (cols[0] if cols else None)
     out: list[str] = []
@@ -73,20 +77,22 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
         header += [f"{f} vs {ref}" for f in cols if f != ref] + [f"{f} tok/s/GPU" for f in cols]
         body = []
         for nodes in sorted(rows):
-            row = rows[nodes]
-            any_m = next(iter(row.values()))
-            cells = [str(nodes), str(any_m.gpus)]
-            cells += [f"{row[f].tokens_per_s:.1f}" if f in row else "-" for f in cols]
+            runs = rows[nodes]
+            tps = {f: sum(m.tokens_per_s for m in ms) / len(ms) for f, ms in runs.items()}
+            gpus = next(iter(runs.values()))[0].gpus
+            cells = [str(nodes), str(gpus)]
+            cells += [(f"{tps[f]:.1f}" + (f" ({len(runs[f])})" if len(runs[f]) > 1 else "")) if f in tps else "-"
+                      for f in cols]
             for f in cols:
                 if f == ref:
                     continue
-                if nodes == 1 and f in row:
+                if nodes == 1 and f in tps:
                     cells.append("n/a")  # one node: no traffic crosses the fabric
-                elif f in row and ref in row:
-                    cells.append(f"{(row[f].tokens_per_s / row[ref].tokens_per_s - 1) * 100:+.1f}%")
+                elif f in tps and ref in tps:
+                    cells.append(f"{(tps[f] / tps[ref] - 1) * 100:+.1f}%")
                 else:
                     cells.append("-")
-            cells += [f"{row[f].tokens_per_s_per_gpu:.1f}" if f in row else "-" for f in cols]
+            cells += [f"{tps[f] / gpus:.1f}" if f in tps else "-" for f in cols]
             body.append(cells)
         widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
         out.append(f"{model}:")

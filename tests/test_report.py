@@ -50,6 +50,13 @@ def test_summary_table_per_model_with_delta_against_ib():
     assert rows[2].split()[:5] == ["1", "1", "100.0", "100.0", "n/a"]
 
 
+def test_summary_table_shows_the_mean_over_repeated_launches_and_their_number():
+    # The comparison gates launch a configuration several times: the table is their mean, as the report.
+    rows = summary_tables([measurement("m", 2, "ib", 200.0), measurement("m", 2, "ib", 220.0),
+                           measurement("m", 2, "ib", 240.0), measurement("m", 2, "eth", 110.0)], ["ib", "eth"])
+    assert rows[2].split() == ["2", "2", "220.0", "(3)", "110.0", "-50.0%", "110.0", "55.0"]
+
+
 def test_summary_table_lists_models_separately_and_marks_missing_cells():
     rows = summary_tables([measurement("b", 2, "ib", 10.0), measurement("a", 2, "eth", 5.0)], ["ib", "eth"])
     assert [r for r in rows if r.endswith(":")] == ["a:", "b:"]
