@@ -26,7 +26,7 @@ from helpers import FAST_LAUNCH, namespaces, session_directory
 from lxml import etree
 
 from pytest_fabric.cluster import ClusterUnavailable
-from pytest_fabric.cluster.emulated import check_available
+from pytest_fabric.cluster.emulated import check_available, sweep_stale_namespaces
 from pytest_fabric.workload import faults
 
 try:
@@ -214,7 +214,10 @@ def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pyte
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_generated.py", *ARGS,
                              "--fabrics", "ib,eth", f"--fabric-save={saved}"],
                             cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True,
+                            # A shell's background job inherits SIGINT ignored, and Python then never
+                            # turns it into KeyboardInterrupt: give the child what a terminal gives.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # Wait until the eth launch is inside its hang: its rank 1 has logged the injected fault.
         deadline = time.monotonic() + 3 * DEADLINE_S
@@ -234,6 +237,7 @@ def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pyte
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            sweep_stale_namespaces()  # its namespaces, so that the failure stays this test's alone
     output = out.decode(errors="replace")
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
     assert "KeyboardInterrupt" in output

@@ -178,12 +178,15 @@ def test_deadline_report_shows_where_each_rank_waited_not_the_noise_of_its_kill(
     assert "noise while being killed 99" in (tmp_path / "node0.log").read_text()
 
 
-def test_processes_without_the_marker_get_no_stack_dump_signal(tmp_path):
-    # SIGUSR1 would kill a process that did not register a handler (a torchrun agent, a shell).
+@pytest.mark.parametrize("marker", [False, True])
+def test_processes_that_do_not_catch_sigusr1_get_no_stack_dump_signal(tmp_path, marker):
+    # SIGUSR1 would kill a process without a handler: a torchrun agent (its command line names the
+    # rank program too), a rank still importing torch, a shell.
     code = "import time; print('agent', flush=True); time.sleep(3600)"
-    outcome = supervise([python("node0", code)], tmp_path, deadline_s=2)
-    assert outcome.timed_out and outcome.procs[0].returncode is None
-    assert "User defined signal" not in outcome.procs[0].tail()
+    argv = [sys.executable, "-c", code, *(["-m", "pytest_fabric.workload.train"] if marker else [])]
+    outcome = supervise([ProcSpec("node0", argv, dict(os.environ))], tmp_path, deadline_s=2)
+    # Killed by the supervisor's TERM (returncode None), not by SIGUSR1 before it (-10).
+    assert outcome.timed_out and outcome.procs[0].returncode is None and outcome.killed == ["node0"]
 
 
 def test_output_of_both_streams_goes_to_the_log(tmp_path):

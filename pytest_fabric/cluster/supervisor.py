@@ -159,8 +159,25 @@ def _size(path: Path) -> int | None:
         return None
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` now (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> None:
-    """Ask every rank program still running to print its threads' stacks (SIGUSR1, faulthandler)."""
+    """Ask every rank program still running to print its threads' stacks (SIGUSR1, faulthandler).
+
+    Only processes that hold the marker *and* catch SIGUSR1 get it: SIGUSR1 kills a process that
+    does not (the torchrun agent, whose command line names the rank program too; a rank still
+    importing torch, before it registered faulthandler).
+    """
     asked = 0
     for _, proc, _ in started:
         for pid in process_tree(proc.pid):
@@ -168,6 +185,8 @@ def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> None
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if STACK_DUMP_MARKER not in f.read():
                         continue
+                if not _catches(pid, signal.SIGUSR1):
+                    continue
                 os.kill(pid, signal.SIGUSR1)
                 asked += 1
             except (OSError, ProcessLookupError):
