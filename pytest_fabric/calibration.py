@@ -35,13 +35,13 @@ from .predict import (
     Observation,
     calibrate,
     predict_comparison,
+    recorded_bytes,
 )
 from .stats import launch_value
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
 
 BANDWIDTH_MODEL = "collectives"
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 # Link efficiencies tried when asked to fit it too.
 EFFICIENCY_GRID = tuple(round(0.5 + 0.05 * k, 2) for k in range(11))
 
@@ -107,12 +107,11 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
             else:
                 notes.append(f"{key}: no link rate known for fabric {fabric!r} (give --gbit {fabric}=GBIT); left out")
                 continue
-        dtype = str(r.get("dtype"))
+        param_bytes, grad_bytes = recorded_bytes(r)
         obs = Observation(
             spec, nodes, step, inter_gbit=rate, gpus_per_node=int(r.get("local_world_size") or 1),
             batch=r.get("batch_size"), seq=r.get("seq_len"),
-            param_bytes=_DTYPE_BYTES.get(dtype, 2), grad_bytes=_DTYPE_BYTES.get(str(r.get("reduce_dtype")),
-                                                                                _DTYPE_BYTES.get(dtype, 2)),
+            param_bytes=param_bytes, grad_bytes=grad_bytes,
             activation_checkpointing=bool(r.get("activation_checkpointing", False)))
         label = fabric if nodes > 1 else "any"
         group = (label, *Configuration(label, obs, 1).shape, rate)

@@ -359,9 +359,6 @@ class CompareFixture:
         return result
 
 
-_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
-
-
 def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Measurement]],
                result: AdaptiveResult) -> str:
     """The analytical model's prediction for comparing ``a`` with ``b``, next to the measurement.
@@ -372,7 +369,7 @@ def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Me
     Never raises: a prediction that cannot be made says why.
     """
     try:
-        from .predict import predict_comparison
+        from .predict import predict_comparison, recorded_bytes
 
         o = session.options
         settings = o.settings
@@ -388,12 +385,12 @@ def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Me
         r = fast_runs[0].result  # what ran: shape, precision, ranks per node
         batch, seq = settings.shape(a.model)
         fast_step = statistics.median(m.median_step_s for m in fast_runs)
+        param_bytes, grad_bytes = recorded_bytes(r)
         prediction = predict_comparison(
             get_model(a.model), a.nodes, int(r.get("local_world_size") or settings.gpus_per_node),
             int(r.get("batch_size") or batch), int(r.get("seq_len") or seq), rates=rates,
-            fast_step_s=fast_step, flops_per_s=getattr(o, "flops_per_rank", None),
-            param_bytes=_DTYPE_BYTES.get(str(r.get("dtype")), 2),
-            grad_bytes=_DTYPE_BYTES.get(str(r.get("reduce_dtype")), _DTYPE_BYTES.get(str(r.get("dtype")), 2)),
+            fast_step_s=fast_step, flops_per_s=o.flops_per_rank,
+            param_bytes=param_bytes, grad_bytes=grad_bytes,
             activation_checkpointing=bool(r.get("activation_checkpointing", settings.activation_checkpointing)))
         iv = result.interval
         # The measured slow/fast ratio: the interval is of a/b.

@@ -55,6 +55,7 @@ __all__ = [
     "predict_comparison",
     "predict_penalty",
     "predict_step",
+    "recorded_bytes",
 ]
 
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -77,6 +78,17 @@ def bytes_per_param(dtype: str) -> int:
         return BYTES_PER_DTYPE[dtype]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(BYTES_PER_DTYPE)}") from None
+
+
+# torch's dtype names, as a measurement records them ("dtype", "reduce_dtype").
+_TORCH_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def recorded_bytes(result: dict) -> tuple[int, int]:
+    """(parameter bytes, gradient bytes) per element of what a measurement ran: its compute dtype
+    and its reduce dtype (default: the compute dtype); 2 where either is unknown."""
+    param = _TORCH_DTYPE_BYTES.get(str(result.get("dtype")), 2)
+    return param, _TORCH_DTYPE_BYTES.get(str(result.get("reduce_dtype")), param)
 
 
 def fsdp_bytes_per_rank(params: float, world: int, param_bytes: float = 2, grad_bytes: float = 2,

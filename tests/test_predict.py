@@ -264,3 +264,12 @@ class TestCost:
             cost_per_million_tokens(0.0, 8, 2.0)
         with pytest.raises(ValueError):
             break_even_premium(1000.0, 0.0)
+
+
+def test_recorded_bytes_reads_torch_dtype_names_from_a_result():
+    from pytest_fabric.predict import recorded_bytes
+
+    assert recorded_bytes({"dtype": "float32", "reduce_dtype": "float32"}) == (4, 4)
+    assert recorded_bytes({"dtype": "bfloat16", "reduce_dtype": "float32"}) == (2, 4)
+    assert recorded_bytes({"dtype": "bfloat16"}) == (2, 2)  # reduced in the compute dtype
+    assert recorded_bytes({}) == (2, 2)
