@@ -8,7 +8,6 @@ CI jobs whose logs a person skims.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,16 +64,17 @@ def _load(paths: Sequence[str]):
 
 
 def _prices(items: Sequence[str]) -> dict[str, float]:
+    from .predict import parse_price
+
     prices = {}
     for item in items:
-        fabric, sep, value = item.partition("=")
         try:
-            price = float(value)
+            fabric, price = parse_price(item)
         except ValueError:
-            price = -1.0
-        if not sep or not fabric.strip() or not 0 < price < math.inf:
+            fabric = ""
+        if not fabric:
             raise _UserError(f"--price {item!r}: write FABRIC=USD_PER_GPU_HOUR with a positive price, e.g. ib=3.50")
-        prices[fabric.strip()] = price
+        prices[fabric] = price
     return prices
 
 

@@ -17,6 +17,7 @@ from .cluster import CLUSTER_KINDS
 from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
+from .predict import parse_price
 from .redact import remember
 from .references import ReferenceError, References
 from .results import ResultsError, baseline_for, load_baseline, load_results
@@ -231,15 +232,12 @@ def _prices(config: pytest.Config, fabrics: dict) -> dict[str, float]:
         for item in (i.strip() for line in items for i in line.split(",")):
             if not item or item.startswith("#"):
                 continue
-            name, sep, usd = (x.strip() for x in item.partition("="))
             try:
-                price = float(usd) if sep else -1.0
+                name, price = parse_price(item)
             except ValueError:
-                price = -1.0
-            if not 0 < price < math.inf:
                 raise pytest.UsageError(
                     f"{where}: {item!r} is not FABRIC = USD_PER_GPU_HOUR with a positive price; write one "
-                    f"'ib = 3.50' per line under fabric_price in ini, or --fabric-price ib=3.50,eth=2.90")
+                    f"'ib = 3.50' per line under fabric_price in ini, or --fabric-price ib=3.50,eth=2.90") from None
             if name not in fabrics:
                 raise pytest.UsageError(f"{where}: {item!r} prices an unknown fabric {name!r}; known fabrics: "
                                         f"{', '.join(fabrics)}")

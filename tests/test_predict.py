@@ -273,3 +273,18 @@ def test_recorded_bytes_reads_torch_dtype_names_from_a_result():
     assert recorded_bytes({"dtype": "bfloat16", "reduce_dtype": "float32"}) == (2, 4)
     assert recorded_bytes({"dtype": "bfloat16"}) == (2, 2)  # reduced in the compute dtype
     assert recorded_bytes({}) == (2, 2)
+
+
+@pytest.mark.parametrize("item, parsed", [("ib=3.50", ("ib", 3.5)), (" eth = 2.9 ", ("eth", 2.9)), ("=1", ("", 1.0))])
+def test_parse_price_reads_fabric_and_usd(item, parsed):
+    from pytest_fabric.predict import parse_price
+
+    assert parse_price(item) == parsed
+
+
+@pytest.mark.parametrize("item", ["ib", "ib=", "ib=abc", "ib=0", "ib=-1", "ib=inf", "ib=nan"])
+def test_parse_price_refuses_what_is_not_a_positive_finite_price(item):
+    from pytest_fabric.predict import parse_price
+
+    with pytest.raises(ValueError, match="positive price"):
+        parse_price(item)
