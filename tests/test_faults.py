@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from cluster_env import leftover_processes
-from helpers import FAST_LAUNCH, namespaces, session_directory
+from helpers import FAST_LAUNCH, namespaces, owner_alive, session_directory
 from lxml import etree
 
 from pytest_fabric.cluster import ClusterUnavailable
@@ -86,8 +86,7 @@ def test_a_malformed_fault_is_a_usage_error_before_any_launch(pytester, monkeypa
 
 def harness_namespaces_of_dead_owners(before: set[str]) -> set[str]:
     """Emulated-cluster namespaces that appeared since ``before`` and whose harness has exited."""
-    return {n for n in namespaces() - before
-            if re.match(r"pf\d+-", n) and not os.path.exists(f"/proc/{n[2:].split('-')[0]}")}
+    return {n for n in namespaces() - before if re.match(r"pf\d+-", n) and not owner_alive(n)}
 
 
 class FaultRun:
