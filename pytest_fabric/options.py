@@ -103,7 +103,8 @@ def add_options(parser: pytest.Parser) -> None:
     for name, help_text in _FLAGS:
         dest = _dest(name)
         group.addoption(f"--{name}", dest=dest, action="store_true", default=None, help=help_text)
-        parser.addini(dest, help=f"default for --{name}: {help_text}", type="bool", default=False)
+        # A string, parsed by _flag: pytest's own bool parsing (and its wording) changes between versions.
+        parser.addini(dest, help=f"default for --{name}: {help_text} (true/false)", type="string", default="false")
     group.addoption("--fabric-price", dest="fabric_price_cli", default=None, metavar="FABRIC=USD,...",
                     help="price of a GPU-hour per fabric, comma-separated (e.g. ib=3.50,eth=2.90); overrides ini "
                          "fabric_price per fabric; saved with --fabric-save, priced in the summary and reports")
@@ -177,14 +178,19 @@ def _rates(config: pytest.Config) -> dict[str, float]:
     return rates
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
 def _flag(config: pytest.Config, name: str) -> bool:
     if config.getoption(_dest(name)):
         return True
-    try:
-        return bool(config.getini(_dest(name)))
-    except ValueError:  # pytest's own bool parsing of an ini value
-        raise pytest.UsageError(f"ini {_dest(name)}: {config.inicfg.get(_dest(name))!r} is not a boolean; "
-                                f"write true or false") from None
+    value = str(config.getini(_dest(name))).strip()
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise pytest.UsageError(f"ini {_dest(name)}: {value!r} is not a boolean; write true or false")
 
 
 def _check_file(path: str | None, name: str, hint: str) -> None:
