@@ -48,6 +48,8 @@ from pytest_fabric.cluster.base import RDZV_PORT  # noqa: E402
 from pytest_fabric.cluster.emulated import IFNAME, EmulatedNetwork, check_available, owned_namespaces  # noqa: E402
 from pytest_fabric.fabrics import FABRICS, Fabric, get_fabric  # noqa: E402
 from pytest_fabric.measure import Settings  # noqa: E402
+from pytest_fabric.stats import launch_estimate  # noqa: E402
+from pytest_fabric.workload.result import TrainResult  # noqa: E402
 from pytest_fabric.models import MODELS, get_model  # noqa: E402
 from pytest_fabric.workload.config import TrainConfig  # noqa: E402
 
@@ -65,7 +67,7 @@ import pytest
 def test_training_step(fabric_case, fabric_measure):
     m = fabric_measure(fabric_case)
     assert m.gpus == fabric_case.nodes * {gpus_per_node}
-    assert math.isfinite(m.result["final_loss"])
+    assert math.isfinite(m.result.final_loss)
     assert m.tokens_per_s > 0
 '''
 
@@ -110,6 +112,7 @@ def run_plugin(args: argparse.Namespace, work: Path, index: int) -> Run:
         "--fabrics", args.fabric,
         "--models", args.model,
         "--steps", str(args.steps),
+        "--measure-seconds", "0",  # a fixed number of steps, as the bare side runs
         "--warmup-steps", str(args.warmup_steps),
         "--launch-timeout", str(args.timeout),
     ]
@@ -162,7 +165,13 @@ def run_plugin(args: argparse.Namespace, work: Path, index: int) -> Run:
         print(f"(measurements.json unreadable; tokens/s read from {junit}, workloads not compared)",
               end=" ", file=sys.stderr)
         return Run(float(value.group(1)), float("nan"), total, {}, {}, *watch.findings())
-    return Run(result["tokens_per_s"], result.get("launch_s", float("nan")), total, result, config, *watch.findings())
+    return Run(tokens_per_s(result), result.get("launch_s", float("nan")), total, result, config, *watch.findings())
+
+
+def tokens_per_s(result: dict) -> float:
+    """A launch's tokens/s as the harness values it (``stats.launch_estimate`` of its steps)."""
+    r = TrainResult.from_dict(result)
+    return r.tokens_per_step / launch_estimate(r.step_s, r.signals.disturbed or None).step_s
 
 
 # -- the bare side: what a user does by hand ---------------------------------------------------
@@ -203,6 +212,7 @@ def run_bare(args: argparse.Namespace, work: Path, index: int) -> Run:
         seq_len=spec.seq_len,
         steps=args.steps,
         warmup_steps=args.warmup_steps,
+        measure_s=0,
         result_path=str(here / "result.json"),
         progress_path=str(here / "progress.jsonl"),
         collective_timeout_s=args.timeout,
@@ -270,7 +280,7 @@ def run_bare(args: argparse.Namespace, work: Path, index: int) -> Run:
         result = json.loads((here / "result.json").read_text())
     except (OSError, ValueError) as exc:
         raise BenchError(f"bare run {index}: every torchrun exited 0 but result.json is unreadable: {exc}") from exc
-    return Run(result["tokens_per_s"], launch, total, result, asdict(config), *watch.findings())
+    return Run(tokens_per_s(result), launch, total, result, asdict(config), *watch.findings())
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ Plain standard library, like predict.py.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,7 +36,7 @@ from .predict import (
     predict_comparison,
     recorded_bytes,
 )
-from .stats import launch_value
+from .stats import configuration_value, launch_estimate
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
 
@@ -48,7 +47,7 @@ EFFICIENCY_GRID = tuple(round(0.5 + 0.05 * k, 2) for k in range(11))
 
 @dataclass(frozen=True)
 class Configuration:
-    """One measured configuration: its observation (median step over launches) and its fabric."""
+    """One measured configuration: its observation (geometric mean step over launches) and its fabric."""
 
     fabric: str  # "any" on one node: no fabric is crossed
     observation: Observation
@@ -74,8 +73,8 @@ class Configuration:
 def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None = None
                    ) -> tuple[list[Configuration], list[str]]:
     """Configurations from store records (``key -> {"case", "cluster", "result"}``), and notes on
-    what was left out and why. Launches of one configuration give one observation: the median of
-    their launch values (each launch's steady-window median step)."""
+    what was left out and why. Launches of one configuration give one observation: the geometric
+    mean of their launch values (``stats.configuration_value`` of each ``stats.launch_estimate``)."""
     gbit = dict(gbit or {})
     notes: list[str] = []
     groups: dict[tuple, list[float]] = {}
@@ -91,8 +90,8 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
             notes.append(f"{key}: model {model!r} is not in the catalog; left out")
             continue
         try:
-            step = launch_value(r["step_s"])
-        except (KeyError, TypeError, ValueError) as exc:
+            step = launch_estimate(r["step_s"], (r.get("signals") or {}).get("disturbed") or None).step_s
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             notes.append(f"{key}: no step times ({type(exc).__name__}: {exc}); left out")
             continue
         rate = None
@@ -120,7 +119,7 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
     out = []
     for group, steps in groups.items():
         label, obs = proto[group]
-        out.append(Configuration(label, replace(obs, step_s=statistics.median(steps)), len(steps)))
+        out.append(Configuration(label, replace(obs, step_s=configuration_value(steps)), len(steps)))
     out.sort(key=lambda c: (c.observation.spec.name, c.observation.nodes, -(c.observation.inter_gbit or 0)))
     return out, notes
 

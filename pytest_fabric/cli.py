@@ -117,7 +117,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .reportgen import merge_junit
+    from .junit import merge_junit
 
     testcases = merge_junit(args.inputs, _output_file(args.out, "OUT"))
     print(f"wrote {args.out}: {testcases} testcase(s) from {len(args.inputs)} file(s)")

@@ -12,6 +12,7 @@ from typing import Union
 import pytest
 
 from .measure import BandwidthMeasurement, Measurement
+from .stats import Interval, NoisePrior, Verdict
 
 
 @dataclass(frozen=True)
@@ -113,9 +114,49 @@ class InconclusiveWarning(UserWarning):
     """A comparison whose interval still straddles its threshold after the launch budget."""
 
 
-def judge(result, a_name: str, b_name: str, threshold: float, requirement: str, unit_values: str,
-          inconclusive: str = "xfail", note: str | None = None) -> str:
-    """Turn an adaptive comparison (``stats.AdaptiveResult`` of a/b) into the test's outcome.
+@dataclass(frozen=True)
+class GateOutcome:
+    """A comparison as the gate decided it: the numbers every renderer shows.
+
+    ``interval`` is of ``a_name`` / ``b_name`` (tokens/s, or scaling efficiency for a regression
+    gate); ``values`` are the two sides' estimates (``stats.configuration_value`` of the launches
+    that counted); ``set_aside`` says which launches the gate did not count, and why.
+    """
+
+    a_name: str
+    b_name: str
+    threshold: float
+    requirement: str
+    interval: Interval
+    verdict: Verdict
+    values: tuple[float, float]
+    unit: str
+    context: str  # "[qwen2-tiny, 2 node(s)]"
+    noise: NoisePrior
+    set_aside: tuple[str, ...] = ()
+    extra: str = ""  # a second figure shown beside the gated one (raw tokens/s of a regression)
+
+    def line(self) -> str:
+        iv = self.interval
+        launches = "+".join(map(str, iv.launches))
+        aside = f" ({len(self.set_aside)} set aside: {'; '.join(self.set_aside)})" if self.set_aside else ""
+        return (f"{self.a_name}/{self.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, "
+                f"{iv.high:.3f}] over {launches} launches{aside}; required >= {self.threshold:.3f} "
+                f"({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} {self.values[1]:.1f} "
+                f"{self.unit} {self.context}; launch noise {self.noise.sigma * 100:.1f}% ({self.noise.source})"
+                + (f"; {self.extra}" if self.extra else ""))
+
+    def fields(self) -> dict[str, str]:
+        """The verdict as name=value pairs: what a script reads instead of the sentence."""
+        iv = self.interval
+        return {"verdict": str(self.verdict), "ratio": f"{iv.point:.6g}", "ci_low": f"{iv.low:.6g}",
+                "ci_high": f"{iv.high:.6g}", "confidence": f"{iv.confidence:.6g}", "threshold": f"{self.threshold:.6g}",
+                "launches": "+".join(map(str, iv.launches)), "set_aside": str(len(self.set_aside)),
+                "launch_noise": f"{self.noise.sigma:.6g}"}
+
+
+def judge(outcome: GateOutcome, inconclusive: str = "xfail", note: str | None = None) -> str:
+    """Turn a decided comparison into the test's outcome.
 
     Pass returns the verdict line (for the report); fail is a pytest failure whose message carries
     the ratio, its interval, the launches and the threshold; inconclusive follows ``inconclusive``:
@@ -123,15 +164,12 @@ def judge(result, a_name: str, b_name: str, threshold: float, requirement: str, 
     ``note`` (the model's prediction) goes on a line of its own below a failure's or an
     inconclusive result's message; the pass line leaves it to the caller.
     """
-    iv = result.interval
-    line = (f"{a_name}/{b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, {iv.high:.3f}] "
-            f"over {len(result.a)}+{len(result.b)} launches; required >= {threshold:.3f} ({requirement}); "
-            f"{unit_values}")
-    verdict = str(result.verdict)
-    if verdict == "pass":
+    line = outcome.line()
+    verdict = outcome.verdict
+    if verdict is Verdict.PASS:
         return f"pass: {line}"
     more = f"\n{note}" if note else ""
-    if verdict == "fail":
+    if verdict is Verdict.FAIL:
         pytest.fail(f"interval wholly below the threshold: {line}{more}", pytrace=False)
     message = f"inconclusive after the launch budget: {line}{more}"
     if inconclusive == "fail":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .measure import Case
+from .case import Case
 
 
 def powers_of_two_up_to(n: int) -> list[int]:

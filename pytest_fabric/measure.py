@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,33 +25,16 @@ from typing import Any, Mapping
 from filelock import FileLock, Timeout
 
 from . import preflight
+from .case import BANDWIDTH, Case
 from .cluster import Cluster, LaunchRequest
 from .cluster.base import OnThisMachine
 from .fabrics import Fabric, get_fabric
 from .models import get_model
-from .stats import launch_value
-from .transport import nccl_debug_env, prove_transport
+from .stats import LaunchEstimate, configuration_value, launch_estimate
 from .store import ResultStore
+from .transport import nccl_debug_env, prove_transport
 from .workload.config import CollectivesConfig, TrainConfig
-
-
-@dataclass(frozen=True, order=True)
-class Case:
-    model: str
-    nodes: int
-    fabric: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.model}-n{self.nodes}-{self.fabric}"
-
-    def with_fabric(self, fabric: str) -> Case:
-        return Case(self.model, self.nodes, fabric)
-
-    @property
-    def crosses_fabric(self) -> bool:
-        # On one node no traffic crosses the inter-node fabric (NVLink / loopback does the work).
-        return self.nodes > 1
+from .workload.result import CollectiveRow, CollectivesResult, TrainResult
 
 
 @dataclass(frozen=True)
@@ -58,8 +42,13 @@ class Settings:
     """Everything besides the case that decides what a launch measures."""
 
     gpus_per_node: int = 1
-    steps: int = 8
+    steps: int = 10  # measured steps at least
     warmup_steps: int = 2
+    # Then measuring goes on until the launch's step time is known to `step_precision`, for at most
+    # `measure_s` seconds of measured steps (0: exactly `steps` steps) and `max_steps` steps.
+    measure_s: float = 6.0
+    step_precision: float = 0.01
+    max_steps: int = 200
     batch_size: int | None = None  # None: the model's own default shape
     seq_len: int | None = None
     launch_timeout_s: float = 300.0
@@ -72,9 +61,11 @@ class Settings:
     model_path: str | None = None
 
     def workload_knobs(self) -> dict[str, Any]:
-        """The TrainConfig fields these settings decide (beyond model, shape and steps)."""
+        """The TrainConfig fields these settings decide (beyond model and shape)."""
         return {"device": self.device, "fsdp": self.fsdp, "mixed_precision": self.mixed_precision,
-                "activation_checkpointing": self.activation_checkpointing, "model_path": self.model_path}
+                "activation_checkpointing": self.activation_checkpointing, "model_path": self.model_path,
+                "steps": self.steps, "warmup_steps": self.warmup_steps, "max_steps": self.max_steps,
+                "measure_s": self.measure_s, "step_precision": self.step_precision}
 
     def fabric(self, name: str) -> Fabric:
         return get_fabric(name, self.fabric_table)
@@ -90,16 +81,51 @@ class MeasurementError(Exception):
 
 @dataclass
 class Measurement:
+    """One training launch of a case: the rank program's result and the launch's value.
+
+    The value is ``stats.launch_estimate`` of the measured steps (their median once warm-up-like
+    and disturbed steps are set aside), and every figure here (tokens/s, per GPU, MFU) derives from
+    it: one number per launch, computed in one place.
+    """
+
     case: Case
-    tokens_per_s: float
-    tokens_per_s_per_gpu: float
-    median_step_s: float
-    step_s: list[float]
-    gpus: int
+    result: TrainResult = field(repr=False)
+    estimate: LaunchEstimate
     cluster: str
-    result: dict[str, Any] = field(repr=False)
+    launch: int = 0  # the launch's index among the repeats of its case
     # Set when this measurement was taken for another fabric and serves this one too (one node).
     shared_with: str | None = None
+
+    @property
+    def step_s(self) -> float:
+        """The launch's step time: its value."""
+        return self.estimate.step_s
+
+    @property
+    def gpus(self) -> int:
+        return self.result.world_size
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.result.tokens_per_step / self.estimate.step_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.gpus
+
+    @property
+    def mfu(self) -> float | None:
+        return self.result.mfu(self.tokens_per_s)
+
+    @property
+    def set_aside(self) -> str:
+        """Why the whole launch is set aside by the gates ("" when it counts)."""
+        return self.estimate.disturbed
+
+    def sample(self, per_gpu: bool = False) -> tuple[float, float]:
+        """(log tokens/s, its within-launch variance): what a launch contributes to a contrast."""
+        value = self.tokens_per_s_per_gpu if per_gpu else self.tokens_per_s
+        return math.log(value), self.estimate.log_se ** 2
 
     @property
     def label(self) -> str:
@@ -107,52 +133,44 @@ class Measurement:
 
     def summary(self) -> str:
         shared = f" [one node: shared with {self.shared_with}]" if self.shared_with else ""
+        e = self.estimate
+        if e.disturbed:
+            how = f"median of all {e.steps - e.warmup_like} steady steps; launch set aside: {e.disturbed}"
+        else:
+            how = f"median of {e.used} of {e.steps} steps" + (f", {e.set_aside_steps} set aside" if e.set_aside_steps
+                                                                else "")
         return (f"{self.case.id}: {self.tokens_per_s:.1f} tokens/s, {self.tokens_per_s_per_gpu:.1f} tokens/s/GPU, "
-                f"median step {self.median_step_s * 1000:.1f} ms over {len(self.step_s)} steps, "
-                f"{self.gpus} GPU(s){shared}")
-
-    def metrics(self) -> dict[str, str]:
-        """Flat name -> value pairs for JUnit properties and system-out."""
-        p = f"fabric.{self.case.id}"
-        r = self.result
-        versions = r.get("versions", {})
-        return {
-            f"{p}.tokens_per_s": f"{self.tokens_per_s:.3f}",
-            f"{p}.tokens_per_s_per_gpu": f"{self.tokens_per_s_per_gpu:.3f}",
-            f"{p}.median_step_s": f"{self.median_step_s:.6f}",
-            f"{p}.steps": str(len(self.step_s)),
-            f"{p}.gpus": str(self.gpus),
-            f"{p}.cluster": self.cluster,
-            f"{p}.nodes": ",".join(r.get("nodes", [])),
-            f"{p}.fabric_settings": json.dumps(r.get("fabric", {}), sort_keys=True),
-            f"{p}.attention": str(r.get("attention")),
-            f"{p}.device": f"{r.get('device')}/{r.get('dtype')}",
-            f"{p}.versions": ", ".join(f"{k} {v}" for k, v in versions.items() if v),
-        }
+                f"step {self.step_s * 1000:.1f} ms ({how}), {self.gpus} GPU(s){shared}")
 
     def to_record(self) -> dict[str, Any]:
-        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result}
+        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict()}
 
     @classmethod
-    def from_record(cls, case: Case, record: dict[str, Any]) -> Measurement:
-        r = record["result"]
+    def from_record(cls, case: Case, record: Mapping[str, Any], launch: int = 0) -> Measurement:
+        """A store record (``{"case", "cluster", "result"}``) as the Measurement of ``case``.
+
+        ``ResultFormatError`` when the result is not a readable training result.
+        """
         measured_for = Case(**record["case"])
-        # One value per launch: the median of its steady window (leading warm-up-like steps dropped).
-        step = launch_value(r["step_s"])
-        return cls(
-            case=case,
-            tokens_per_s=r["tokens_per_step"] / step,
-            tokens_per_s_per_gpu=r["tokens_per_step"] / step / r["world_size"],
-            median_step_s=step,
-            step_s=r["step_s"],
-            gpus=r["world_size"],
-            cluster=record["cluster"],
-            result=r,
-            shared_with=measured_for.fabric if measured_for != case else None,
-        )
+        result = TrainResult.from_dict(record["result"], f"result of {measured_for.id}")
+        return cls(case=case, result=result,
+                   estimate=launch_estimate(result.step_s, result.signals.disturbed or None),
+                   cluster=str(record.get("cluster", "")), launch=launch,
+                   shared_with=measured_for.fabric if measured_for != case else None)
 
 
-BANDWIDTH = "collectives"  # the model name of a collective-bandwidth case
+def counted(launches: Sequence[Measurement]) -> list[Measurement]:
+    """The launches a configuration's value rests on: those not set aside as disturbed (all of
+    them when every one was, so that a value still exists; the verdict line says so)."""
+    kept = [m for m in launches if not m.set_aside]
+    return kept or list(launches)
+
+
+def configuration_tokens_per_s(launches: Sequence[Measurement], per_gpu: bool = False) -> float:
+    """A configuration's tokens/s (per GPU) from its launches: ``stats.configuration_value`` of the
+    counted launches. The one number the gates, the terminal, JUnit and saved nights show."""
+    ms = counted(launches)
+    return configuration_value([m.tokens_per_s_per_gpu if per_gpu else m.tokens_per_s for m in ms])
 
 
 @dataclass
@@ -160,36 +178,33 @@ class BandwidthMeasurement:
     """Collective bandwidth of one (nodes, fabric), nccl-tests semantics (see workload/collectives.py)."""
 
     case: Case
-    rows: list[dict[str, Any]]
+    result: CollectivesResult = field(repr=False)
     cluster: str
-    result: dict[str, Any] = field(repr=False)
 
-    def largest(self, op: str) -> dict[str, Any]:
+    @property
+    def rows(self) -> list[CollectiveRow]:
+        return self.result.rows
+
+    def largest(self, op: str) -> CollectiveRow:
         """The row gates read: the largest payload of ``op``."""
-        rows = [r for r in self.rows if r["op"] == op]
-        if not rows:
-            raise KeyError(f"{op} was not measured; measured: {', '.join(sorted({r['op'] for r in self.rows}))}")
-        return max(rows, key=lambda r: r["bytes"])
+        return self.result.largest(op)
 
     def busbw_gbit(self, op: str) -> float:
-        return self.largest(op)["busbw_GBps"] * 8
+        return self.largest(op).busbw_gbit
 
     def summary(self) -> str:
-        ops = sorted({r["op"] for r in self.rows})
-        parts = [f"{op} {self.busbw_gbit(op):.3f} Gbit/s at {self.largest(op)['bytes'] / 2**20:g} MiB" for op in ops]
+        parts = [f"{op} {self.busbw_gbit(op):.3f} Gbit/s at {self.largest(op).bytes / 2**20:g} MiB"
+                 for op in self.result.ops()]
         return f"{self.case.id}: busbw " + ", ".join(parts)
 
-    def metrics(self) -> dict[str, str]:
-        p = f"fabric.{self.case.id}"
-        out = {f"{p}.{r['op']}.{r['bytes']}.busbw_gbit": f"{r['busbw_GBps'] * 8:.4f}" for r in self.rows}
-        out[f"{p}.fabric_settings"] = json.dumps(self.result.get("fabric", {}), sort_keys=True)
-        out[f"{p}.versions"] = ", ".join(f"{k} {v}" for k, v in self.result.get("versions", {}).items() if v)
-        return out
+    def to_record(self) -> dict[str, Any]:
+        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict()}
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> BandwidthMeasurement:
-        r = record["result"]
-        return cls(Case(**record["case"]), r["rows"], record["cluster"], r)
+    def from_record(cls, record: Mapping[str, Any]) -> BandwidthMeasurement:
+        case = Case(**record["case"])
+        return cls(case, CollectivesResult.from_dict(record["result"], f"result of {case.id}"),
+                   str(record.get("cluster", "")))
 
 
 Progress = Callable[[str], None]
@@ -213,8 +228,8 @@ class Measurer:
         # One node never touches the fabric: any fabric's measurement serves all of them.
         fabric = case.fabric if case.crosses_fabric else "any"
         fabric_settings = s.fabric(case.fabric).settings() if case.crosses_fabric else None
-        knobs = json.dumps([self.cluster.name, s.gpus_per_node, s.steps, s.warmup_steps, batch, seq,
-                            fabric_settings, s.workload_knobs()], sort_keys=True)
+        knobs = json.dumps([self.cluster.name, s.gpus_per_node, batch, seq, fabric_settings, s.workload_knobs()],
+                           sort_keys=True)
         return f"{case.model}-n{case.nodes}-{fabric}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
 
     def measure(self, case: Case, launch: int = 0) -> Measurement:
@@ -223,7 +238,7 @@ class Measurer:
         record, _ = self.store.get_or_compute(key, lambda: self._launch(case))
         if "error" in record:
             raise MeasurementError(record["error"])
-        return Measurement.from_record(case, record)
+        return Measurement.from_record(case, record, launch)
 
     def _launch(self, case: Case) -> dict[str, Any]:
         s = self.settings
@@ -233,8 +248,6 @@ class Measurer:
             model=get_model(case.model).to_dict(),
             batch_size=batch,
             seq_len=seq,
-            steps=s.steps,
-            warmup_steps=s.warmup_steps,
             result_path=str(run_dir / "result.json"),
             progress_path=str(run_dir / "progress.jsonl"),
             collective_timeout_s=s.launch_timeout_s,
@@ -300,20 +313,21 @@ class Measurer:
             outcome = self.cluster.launch(request, on_tick=ticker)
         if not outcome.ok:
             return {"case": asdict(case), "error": f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}"}
+        kind = CollectivesResult if isinstance(config, CollectivesConfig) else TrainResult
         try:
-            result = json.loads(Path(config.result_path).read_text())
-        except (OSError, ValueError) as exc:
+            result = kind.from_dict(json.loads(Path(config.result_path).read_text()), config.result_path)
+        except (OSError, ValueError) as exc:  # ResultFormatError is a ValueError
             return {"case": asdict(case), "error": f"{case.id}: every rank exited 0 but the result is unreadable "
                                                    f"({exc}).\n{outcome.describe()}"}
-        if result.get("device") == "cuda" and self.cluster.proves_transport:
+        if result.device == "cuda" and self.cluster.proves_transport:
             facts, problem = prove_transport(case.fabric, nccl_logs, crosses_fabric=case.crosses_fabric,
                                              table=s.fabric_table)
-            result["transport"] = facts.summary()
-            result["transport_problem"] = problem
-        result["cluster"] = self.cluster.describe()
-        result["launch_s"] = round(outcome.elapsed_s, 2)
-        result["run_dir"] = str(run_dir)
-        return {"case": asdict(case), "cluster": self.cluster.name, "result": result}
+            result.transport = facts.summary()
+            result.transport_problem = problem
+        result.cluster = self.cluster.describe()
+        result.launch_s = round(outcome.elapsed_s, 2)
+        result.run_dir = str(run_dir)
+        return {"case": asdict(case), "cluster": self.cluster.name, "result": result.to_dict()}
 
     @contextmanager
     def _machine_slot(self, case: Case) -> Iterator[None]:
@@ -366,4 +380,4 @@ def _progress_text(progress_file: Path) -> str:
     if last is None:
         return "starting ranks"
     phase = "warm-up" if last["phase"] == "warmup" else "measuring"
-    return f"step {last['step']}/{last['of']} ({phase}), {last['tokens_per_s']:.0f} tokens/s"
+    return f"step {last['step']} of at least {last['of']} ({phase}), {last['tokens_per_s']:.0f} tokens/s"

@@ -20,27 +20,34 @@ from .models import DEFAULT_CPU_MODELS, MODELS
 from .predict import parse_price
 from .redact import remember
 from .references import ReferenceError, References
-from .results import ResultsError, baseline_for, load_baseline, load_results
+from .results import ResultsError, baseline_for, baseline_noise, load_baseline, load_results
+from .stats import NoisePrior
 
 
 @dataclass(frozen=True)
 class Baseline:
-    """Last nights' tokens/s per case id, and what they ran on."""
+    """Last nights' tokens/s per case id (one value per kept night, or per launch of a single saved
+    night), GPUs per case, the launch noise learned from the nights, and what they ran on."""
 
     path: str
     values: dict[str, list[float]]
+    gpus: dict[str, int]
     identity: dict
+    noise: NoisePrior | None = None
 
     @classmethod
     def load(cls, path: str) -> Baseline:
         run = load_results(path)
+        noise = None
         if run.kind == "baseline":
             # A built baseline keeps one value per kept night: those are its samples.
             data = load_baseline(path)
             values = {cid: list(b.kept) for cid in run.cases if (b := baseline_for(data, cid)) is not None}
+            noise = baseline_noise(data)
         else:
             values = run.measurements
-        return cls(str(path), {cid: v for cid, v in values.items() if v}, dict(run.identity))
+        return cls(str(path), {cid: v for cid, v in values.items() if v},
+                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), noise)
 
 DEFAULT_NODES = 2
 
@@ -58,13 +65,18 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("ssh-config", "ssh cluster: ssh_config file passed to ssh -F", None),
     ("ssh-host-key-checking", "ssh cluster: StrictHostKeyChecking yes|accept-new|no (default accept-new)",
      "accept-new"),
-    ("steps", "measured training steps per launch, after warm-up (default 8)", "8"),
+    ("steps", "measured training steps per launch at least, after warm-up (default 10)", "10"),
+    ("measure-seconds", "after --steps, each launch measures until its step time is known to --step-precision, "
+                        "for at most this many seconds of measured steps (default 6; 0: exactly --steps steps)",
+     "6"),
+    ("step-precision", "the precision a launch measures to: half-width of its step time's 95%% interval, as a "
+                       "fraction (default 0.01)", "0.01"),
     ("warmup-steps", "warm-up steps per launch, excluded from the figures (default 2)", "2"),
     ("batch-size", "micro-batch per rank (default: the model's own)", None),
     ("seq-len", "sequence length (default: the model's own)", None),
     ("launch-timeout", "seconds one launch may take before every rank is killed (default 300)", "300"),
-    ("repeats", "launches per side before a comparison is first judged (default 3)", "3"),
-    ("max-repeats", "launches per side a comparison may take while inconclusive (default 4)", "4"),
+    ("repeats", "launches per side before a comparison is first judged (default 2)", "2"),
+    ("max-repeats", "launches per side a comparison may take while inconclusive (default 6)", "6"),
     ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
     ("fabric-rate", "emulated link rate override NAME=MBIT, comma-separated (e.g. eth=200)", None),
     ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
@@ -74,6 +86,11 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("fabric-save", "write this run's results to this JSON file (atomically) for later baselines and reports", None),
     ("fabric-baseline", "a previous run (saved JSON, JUnit XML, or a `pytest-fabric baseline` file) to test "
                         "for regressions against", None),
+    ("regression-on", "what the regression gate judges: scaling (multi-node tokens/s/GPU over the same night's "
+                      "one-node, immune to a machine that is slower all night) or tokens (raw tokens/s) "
+                      "(default scaling)", "scaling"),
+    ("launch-noise", "launch-to-launch variation the gates assume before a night's own launches, as a fraction "
+                     "(e.g. 0.03); default: learned by the --fabric-baseline, else 0.02", None),
     ("regression-threshold", "fail a configuration whose tokens/s fell more than this fraction below its "
                              "baseline (default 0.10)", "0.10"),
     ("fabric-suite", "TOML file of gate thresholds and expected values per model x nodes x fabric", None),
@@ -91,7 +108,8 @@ _LINELISTS = [
     ("fabric_env", "fabric settings, one 'FABRIC.VARIABLE=VALUE' per line (e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1')"),
     ("fabric_price", "price of a GPU-hour in USD per fabric, one 'FABRIC = USD' per line (e.g. 'ib = 3.50')"),
 ]
-_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32")}
+_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32"),
+            "regression-on": ("scaling", "tokens")}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -229,6 +247,22 @@ def _positive(config: pytest.Config, name: str, example: str) -> float | None:
     return number
 
 
+def _fraction_or_seconds(config: pytest.Config, name: str, default: float, upper: float | None) -> float:
+    """A number >= 0 (seconds) or, with ``upper``, in (0, upper) (a fraction)."""
+    value = _raw(config, name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    ok = 0 < number < upper if upper is not None else 0 <= number < math.inf
+    if not ok:
+        what = f"a fraction in (0, {upper:g})" if upper is not None else "a number of seconds >= 0"
+        raise pytest.UsageError(f"--{name} must be {what}, got {value!r}")
+    return number
+
+
 def _prices(config: pytest.Config, fabrics: dict) -> dict[str, float]:
     """USD per GPU-hour by fabric: ini ``fabric_price`` lines, then --fabric-price items over them."""
     prices: dict[str, float] = {}
@@ -265,13 +299,16 @@ class FabricOptions:
     save: str | None = None
     baseline: Baseline | None = None
     regression_threshold: float = 0.10
-    repeats: int = 3
-    max_repeats: int = 4
+    repeats: int = 2
+    max_repeats: int = 6
     inconclusive: str = "xfail"
     # USD per GPU-hour by fabric (ini fabric_price, --fabric-price); empty: no cost figures.
     prices: dict[str, float] = field(default_factory=dict)
     # Per-rank FLOP/s the comparison predictions assume; None: fitted to the faster side's step.
     flops_per_rank: float | None = None
+    regression_on: str = "scaling"
+    # Declared launch-to-launch noise; None: the baseline's learned one, else stats.DEFAULT_NOISE.
+    launch_noise: NoisePrior | None = None
 
 
 def parse(config: pytest.Config) -> FabricOptions:
@@ -305,7 +342,9 @@ def parse(config: pytest.Config) -> FabricOptions:
                                 "use --fsdp 2 on CPU")
     settings = Settings(
         gpus_per_node=_int(config, "gpus-per-node", 1, default=1),
-        steps=_int(config, "steps", 1, default=8),
+        steps=_int(config, "steps", 1, default=10),
+        measure_s=_fraction_or_seconds(config, "measure-seconds", 6.0, upper=None),
+        step_precision=_fraction_or_seconds(config, "step-precision", 0.01, upper=1.0),
         warmup_steps=_int(config, "warmup-steps", 0, default=2),
         batch_size=_int(config, "batch-size", 1),
         seq_len=_int(config, "seq-len", 1),
@@ -340,8 +379,8 @@ def parse(config: pytest.Config) -> FabricOptions:
         raise pytest.UsageError(f"--fabric-save {save}: the directory {Path(save).resolve().parent} does not exist")
     if save is not None and Path(save).is_dir():
         raise pytest.UsageError(f"--fabric-save {save}: is a directory; give a file path such as {save}/night.json")
-    repeats = _int(config, "repeats", 1, default=3)
-    max_repeats = _int(config, "max-repeats", 1, default=4)
+    repeats = _int(config, "repeats", 1, default=2)
+    max_repeats = _int(config, "max-repeats", 1, default=6)
     if max_repeats < repeats:
         raise pytest.UsageError(f"--max-repeats {max_repeats} is below --repeats {repeats}; "
                                 f"give --max-repeats >= --repeats")
@@ -367,4 +406,15 @@ def parse(config: pytest.Config) -> FabricOptions:
         inconclusive=_choice(config, "inconclusive"),
         prices=_prices(config, table),
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),
+        regression_on=_choice(config, "regression-on"),
+        launch_noise=_launch_noise(config),
     )
+
+
+def _launch_noise(config: pytest.Config) -> NoisePrior | None:
+    value = _raw(config, "launch-noise")
+    if value is None:
+        return None
+    sigma = _fraction_or_seconds(config, "launch-noise", 0.0, upper=0.5)
+    # Declared by the user: as much weight as a few nights of launches.
+    return NoisePrior(sigma, 8.0, f"declared --launch-noise {value}")

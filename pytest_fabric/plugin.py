@@ -7,12 +7,13 @@ wires them into pytest. State lives in ``pytest.StashKey``s.
 from __future__ import annotations
 
 import getpass
-import statistics
+import math
 import tempfile
 import time
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,18 @@ from . import options as fabric_options
 from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .cluster.local import LocalCluster
 from .matrix import expand
-from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement, MeasurementError, Measurer
+from .case import BANDWIDTH, Case
+from .measure import (BandwidthMeasurement, Measurement, MeasurementError, Measurer, configuration_tokens_per_s,
+                      counted)
 from .models import get_model
 from .redact import redact_file
 from .references import References
-from .report import SECTION, add_to_junit, bandwidth_table, summary_tables, testcase_text
-from .gates import judge
+from .junit import SECTION, add_to_junit, measurement_lines, testcase_text
+from .report import bandwidth_table, summary_tables
+from .gates import GateOutcome, judge
 from .results import identity_from_records, identity_mismatch, save_results
-from .stats import AdaptiveComparison, AdaptiveResult, Verdict, ahead_gate, decide, ratio_interval, within_gate
+from .stats import (DEFAULT_NOISE, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate, contrast_interval,
+                    reference_term, within_gate)
 from .store import ResultStore
 from .workload import faults
 
@@ -62,6 +67,17 @@ class FabricSession:
         return self.cluster
 
     @property
+    def noise(self) -> NoisePrior:
+        """Launch-to-launch noise the gates assume before tonight's launches: --launch-noise, else
+        what the --fabric-baseline learned from its nights, else the declared default."""
+        o = self.options
+        if o.launch_noise is not None:
+            return o.launch_noise
+        if o.baseline is not None and o.baseline.noise is not None:
+            return o.baseline.noise
+        return DEFAULT_NOISE
+
+    @property
     def store(self) -> ResultStore:
         return ResultStore(self.directory)
 
@@ -91,6 +107,7 @@ class FabricSession:
 SESSION_KEY = pytest.StashKey[FabricSession]()
 MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
 VERDICTS_KEY = pytest.StashKey[list[str]]()
+OUTCOMES_KEY = pytest.StashKey[list[GateOutcome]]()
 REPORTER_NAME = "fabric-reporter"
 
 
@@ -260,9 +277,9 @@ class MeasureFixture:
         if message is not None:  # outside the except: the report shows the launch's failure once, unchained
             pytest.fail(message, pytrace=False)
         self._item.stash.setdefault(MEASURED_KEY, []).append(m)
-        if m.result.get("transport_problem"):
+        if m.result.transport_problem:
             # The numbers are real, but not of the fabric that was asked for.
-            pytest.fail(f"wrong transport: {m.result['transport_problem']}", pytrace=False)
+            pytest.fail(f"wrong transport: {m.result.transport_problem}", pytrace=False)
         return m
 
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
@@ -273,9 +290,11 @@ class MeasureFixture:
 class CompareFixture:
     """Gates decided on repeated, interleaved launches (reference, candidate, reference, ...).
 
-    ``--repeats`` launches per side first, then one pair more while the ratio's confidence interval
-    straddles the threshold, up to ``--max-repeats``; launches are cached per index, so a reference
-    measured for one comparison serves the next one too.
+    ``--repeats`` launches per side first (launches set aside as disturbed are replaced), then one
+    pair more while the interval of the ratio straddles the threshold, up to ``--max-repeats``
+    per side; launches are cached per index, so a reference measured for one comparison serves
+    the next one too. The interval is ``stats.contrast_interval`` of the launches' values (each a
+    robust value of its steps, with its own precision), with the session's launch-noise prior.
     """
 
     def __init__(self, measure: MeasureFixture, session: FabricSession, item: pytest.Item) -> None:
@@ -283,84 +302,135 @@ class CompareFixture:
         self._session = session
         self._item = item
 
-    def within(self, candidate: Case, reference: Case, rel: float = 0.05):
+    def within(self, candidate: Case, reference: Case, rel: float = 0.05) -> GateOutcome:
         """``candidate`` is at most ``rel`` slower than ``reference`` (one-sided)."""
         return self._compare(candidate, reference, within_gate(rel), f"{candidate.fabric} at most {rel:.0%} slower")
 
-    def ahead(self, reference: Case, candidate: Case, by: float = 0.20):
+    def ahead(self, reference: Case, candidate: Case, by: float = 0.20) -> GateOutcome:
         """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
         return self._compare(reference, candidate, ahead_gate(by), f"{reference.fabric} at least {by:.0%} ahead")
 
-    def _compare(self, a: Case, b: Case, gate: tuple[float, str], requirement: str):
+    def _gate(self, threshold: float, direction: str) -> SequentialGate:
         o = self._session.options
-        threshold, direction = gate
-        runs: dict[str, list[Measurement]] = {"a": [], "b": []}
+        return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats, prior=self._session.noise)
 
-        def pair() -> tuple[float, float]:
-            i = len(runs["a"])
-            runs["b"].append(self._measure(b, launch=i))  # b first: interleaved b a b a ...
-            runs["a"].append(self._measure(a, launch=i))
-            return runs["a"][-1].tokens_per_s, runs["b"][-1].tokens_per_s
+    def _launch_until_decided(self, cases: Sequence[Case], gate: SequentialGate,
+                              look: Callable[[list[list[Measurement]]], Look]) -> tuple[list[list[Measurement]], Look]:
+        """Launch every case once per round (interleaved) until each has ``--repeats`` counted
+        launches and a look decides, or the budget is spent."""
+        o = self._session.options
+        runs: list[list[Measurement]] = [[] for _ in cases]
+        while True:
+            index = len(runs[0])
+            for case, launches in zip(cases, runs):
+                launches.append(self._measure(case, launch=index))
+            spent = index + 1 >= o.max_repeats
+            if not spent and min(sum(not m.set_aside for m in launches) for launches in runs) < o.repeats:
+                continue  # a disturbed launch is replaced before the first look
+            result = look(runs)
+            if spent and any(all(m.set_aside for m in launches) for launches in runs):
+                # Only disturbed launches on a side: their figures stand in the output, but decide nothing.
+                return runs, replace(result, verdict=Verdict.INCONCLUSIVE)
+            if result.verdict is not Verdict.INCONCLUSIVE or spent:
+                return runs, result
 
-        result = AdaptiveComparison(threshold, direction, start_pairs=o.repeats, max_pairs=o.max_repeats).run(pair)
-        mean = lambda ms: sum(m.tokens_per_s for m in ms) / len(ms)  # noqa: E731
-        values = (f"mean {a.fabric} {mean(runs['a']):.1f} vs {b.fabric} {mean(runs['b']):.1f} tokens/s "
-                  f"[{a.model}, {a.nodes} node(s)]")
+    def _compare(self, a: Case, b: Case, gate_spec: tuple[float, str], requirement: str) -> GateOutcome:
+        threshold, direction = gate_spec
+        gate = self._gate(threshold, direction)
+        # b first: interleaved b a b a ...
+        (runs_b, runs_a), look = self._launch_until_decided(
+            (b, a), gate, lambda runs: gate.look([(+1, [m.sample() for m in counted(runs[1])]),
+                                                   (-1, [m.sample() for m in counted(runs[0])])]))
+        outcome = GateOutcome(
+            a.fabric, b.fabric, threshold, requirement, look.interval, look.verdict,
+            (configuration_tokens_per_s(runs_a), configuration_tokens_per_s(runs_b)), "tokens/s",
+            f"[{a.model}, {a.nodes} node(s)]", gate.prior, _set_aside(runs_a + runs_b))
+        predicted = _predicted(self._session, a, b, {"a": counted(runs_a), "b": counted(runs_b)}, outcome.interval)
+        self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
         lines = self._item.stash.setdefault(VERDICTS_KEY, [])
         # In the output (JUnit system-out) whatever the verdict, and in a failure's message.
-        predicted = _predicted(self._session, a, b, runs, result)
         lines.append(predicted)
-        line = judge(result, a.fabric, b.fabric, threshold, requirement, values, o.inconclusive, note=predicted)
+        line = judge(outcome, self._session.options.inconclusive, note=predicted)
         lines.insert(len(lines) - 1, line)
-        return result
+        return outcome
 
+    def no_regression(self, case: Case, rel: float | None = None) -> GateOutcome:
+        """Tonight's ``case`` is not more than ``rel`` below the --fabric-baseline run's.
 
-    def no_regression(self, case: Case, rel: float | None = None):
-        """Tonight's tokens/s of ``case`` is not more than ``rel`` below the --fabric-baseline run's.
+        A fabric regression is a loss of scaling, so by default (``--regression-on scaling``) the
+        gate judges scaling efficiency: tokens/s/GPU of ``case`` over the same night's one-node
+        tokens/s/GPU (a launch that never crosses the fabric), tonight against the baseline's.
+        A machine that is slower all night moves both and not their ratio. The raw tokens/s
+        ratio is shown beside it; ``--regression-on tokens`` gates that instead (also where the
+        baseline has no one-node measurement of the model, or ``case`` is one node).
 
-        Skips when there is no baseline or it never measured ``case``. Launches tonight's side
-        adaptively like the other gates; the baseline's side is its saved per-launch (or per-night)
-        values. A baseline from other hardware or software is compared all the same, with a loud
-        warning naming the differences.
+        Skips when there is no baseline or it never measured ``case``. A baseline from other
+        hardware or software is compared all the same, with a loud warning naming the differences.
         """
         o = self._session.options
-        if o.baseline is None:
+        baseline = o.baseline
+        if baseline is None:
             pytest.skip("no --fabric-baseline given")
-        past = o.baseline.values.get(case.id)
-        if not past:
-            pytest.skip(f"the baseline {o.baseline.path} has no measurement of {case.id}")
+        if not baseline.values.get(case.id):
+            pytest.skip(f"the baseline {baseline.path} has no measurement of {case.id}")
         rel = o.regression_threshold if rel is None else rel
         threshold, direction = within_gate(rel)
-        looks = o.max_repeats - o.repeats + 1
-        confidence = 1 - 0.05 / looks  # the error allowance split over the looks, as in the A/B gates
-        tonight: list[Measurement] = []
-        while True:
-            tonight.append(self._measure(case, launch=len(tonight)))
-            if len(tonight) < o.repeats:
-                continue
-            interval = ratio_interval([m.tokens_per_s for m in tonight], past, confidence=confidence)
-            verdict = decide(interval, threshold, direction)
-            if verdict is not Verdict.INCONCLUSIVE or len(tonight) >= o.max_repeats:
-                break
-        mismatch = identity_mismatch(o.baseline.identity, identity_from_records(self._session.store.all()),
+        gate = self._gate(threshold, direction)
+        one = case.with_nodes(1)
+        by_scaling = o.regression_on == "scaling" and case.nodes > 1 and bool(baseline.values.get(one.id))
+        past = reference_term(baseline.values[case.id], gate.prior)
+
+        def raw(runs: list[list[Measurement]], confidence: float) -> Interval:
+            return contrast_interval([(+1, [m.sample() for m in counted(runs[-1])])], gate.prior, confidence,
+                                     (-past[0], past[1]))
+
+        if by_scaling:
+            past_one = reference_term(baseline.values[one.id], gate.prior)
+            # log efficiency = log(multi / gpus) - log(one / gpus_one); tonight's launches give it per GPU.
+            gpus = math.log(baseline.gpus.get(case.id, 1)) - math.log(baseline.gpus.get(one.id, 1))
+            fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
+
+            def look(runs: list[list[Measurement]]) -> Look:
+                return gate.look([(+1, [m.sample(per_gpu=True) for m in counted(runs[1])]),
+                                  (-1, [m.sample(per_gpu=True) for m in counted(runs[0])])], fixed)
+
+            (runs_one, tonight), result = self._launch_until_decided((one, case), gate, look)
+            values = (configuration_tokens_per_s(tonight, per_gpu=True) / configuration_tokens_per_s(runs_one, per_gpu=True),
+                      math.exp(-fixed[0]))
+            tokens = raw([tonight], result.interval.confidence)
+            what, unit = "scaling", f"scaling efficiency (n{case.nodes} over n1 tokens/s/GPU)"
+            extra = (f"raw tokens/s tonight/baseline = {tokens.point:.3f} [{tokens.low:.3f}, {tokens.high:.3f}]: "
+                     f"tonight {configuration_tokens_per_s(tonight):.1f} vs baseline {math.exp(past[0]):.1f}")
+            launches = runs_one + tonight
+        else:
+            (tonight,), result = self._launch_until_decided(
+                (case,), gate, lambda runs: gate.look([(+1, [m.sample() for m in counted(runs[0])])], (-past[0], past[1])))
+            values = (configuration_tokens_per_s(tonight), math.exp(past[0]))
+            what, unit = "tokens/s", "tokens/s"
+            extra = ("" if case.nodes == 1 or o.regression_on == "tokens"
+                     else f"judged on raw tokens/s: the baseline has no one-node measurement of {case.model}")
+            launches = tonight
+        mismatch = identity_mismatch(baseline.identity, identity_from_records(self._session.store.all()),
                                      ("baseline", "tonight"))
         if mismatch:
             warnings.warn(FabricIdentityWarning(f"{case.id}: comparing against a baseline from a different "
                                                 f"set-up: " + "; ".join(mismatch)), stacklevel=2)
-        result = AdaptiveResult(interval=interval, verdict=verdict, pairs=len(tonight),
-                                a=[m.tokens_per_s for m in tonight], b=list(past), looks=[],
-                                stopped="decided" if verdict is not Verdict.INCONCLUSIVE else "budget")
-        mean_now = sum(result.a) / len(result.a)
-        values = (f"tonight {mean_now:.1f} vs baseline {sum(past) / len(past):.1f} tokens/s [{case.id}]"
-                  + (f"; DIFFERENT SET-UP: {'; '.join(mismatch)}" if mismatch else ""))
-        line = judge(result, "tonight", "baseline", threshold, f"at most {rel:.0%} below the baseline", values,
-                     o.inconclusive)
-        self._item.stash.setdefault(VERDICTS_KEY, []).append(line)
-        return result
+            extra = "; ".join(filter(None, [extra, f"DIFFERENT SET-UP: {'; '.join(mismatch)}"]))
+        outcome = GateOutcome("tonight", "baseline", threshold, f"{what} at most {rel:.0%} below the baseline",
+                              result.interval, result.verdict, values, unit, f"[{case.id}]", gate.prior,
+                              _set_aside(launches), extra)
+        self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
+        self._item.stash.setdefault(VERDICTS_KEY, []).append(judge(outcome, o.inconclusive))
+        return outcome
+
+
+def _set_aside(launches: Sequence[Measurement]) -> tuple[str, ...]:
+    """One description per launch the gate did not count."""
+    return tuple(f"{m.case.id} launch {m.launch + 1}: {m.set_aside}" for m in launches if m.set_aside)
 
 
 def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Measurement]],
-               result: AdaptiveResult) -> str:
+               interval: Interval) -> str:
     """The analytical model's prediction for comparing ``a`` with ``b``, next to the measurement.
 
     Link rates: on the emulated cluster the exact emulated rate (--fabric-rate included), on a real
@@ -383,19 +453,15 @@ def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Me
         fast = a.fabric if rates[a.fabric] >= rates[b.fabric] else b.fabric
         fast_runs = runs["a"] if fast == a.fabric else runs["b"]
         r = fast_runs[0].result  # what ran: shape, precision, ranks per node
-        batch, seq = settings.shape(a.model)
-        fast_step = statistics.median(m.median_step_s for m in fast_runs)
+        fast_step = r.tokens_per_step / configuration_tokens_per_s(fast_runs)
         param_bytes, grad_bytes = recorded_bytes(r)
         prediction = predict_comparison(
-            get_model(a.model), a.nodes, int(r.get("local_world_size") or settings.gpus_per_node),
-            int(r.get("batch_size") or batch), int(r.get("seq_len") or seq), rates=rates,
-            fast_step_s=fast_step, flops_per_s=o.flops_per_rank,
-            param_bytes=param_bytes, grad_bytes=grad_bytes,
-            activation_checkpointing=bool(r.get("activation_checkpointing", settings.activation_checkpointing)))
-        iv = result.interval
-        # The measured slow/fast ratio: the interval is of a/b.
-        measured = ((iv.point, iv.low, iv.high, iv.confidence) if fast == b.fabric
-                    else (1 / iv.point, 1 / iv.high, 1 / iv.low, iv.confidence))
+            get_model(a.model), a.nodes, r.local_world_size or settings.gpus_per_node,
+            r.batch_size, r.seq_len, rates=rates, fast_step_s=fast_step, flops_per_s=o.flops_per_rank,
+            param_bytes=param_bytes, grad_bytes=grad_bytes, activation_checkpointing=r.activation_checkpointing)
+        # The measured slow/fast ratio: the interval is of a/b (its bounds are positive).
+        measured = ((interval.point, interval.low, interval.high, interval.confidence) if fast == b.fabric
+                    else (1 / interval.point, 1 / interval.high, 1 / interval.low, interval.confidence))
         return prediction.line(measured)
     except Exception as exc:  # noqa: BLE001 - a prediction must never turn a test into an error
         return f"predicted: unavailable ({type(exc).__name__}: {exc})"
@@ -446,11 +512,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     measured = item.stash.get(MEASURED_KEY, [])
     if call.when == "call" and measured and item.config.getini("junit_family") in ("xunit1", "legacy"):
         # The xunit2 schema has no testcase properties; there the numbers go to system-out only.
+        groups: dict[str, list[Measurement | BandwidthMeasurement]] = {}
         for m in measured:
-            item.user_properties.extend(m.metrics().items())
+            groups.setdefault(f"{type(m).__name__} {m.case.id}", []).append(m)
+        for group in groups.values():
+            item.user_properties.extend(measurement_lines(group).items())
     report = yield
     if call.when == "call" and measured:
-        report.sections.append((SECTION, testcase_text(measured, item.stash.get(VERDICTS_KEY, []))))
+        report.sections.append((SECTION, testcase_text(measured, item.stash.get(VERDICTS_KEY, []),
+                                                       item.stash.get(OUTCOMES_KEY, []))))
     return report
 
 
@@ -508,8 +578,8 @@ class FabricReporter:
                  "fabric.fabrics": ",".join(self.fabric.options.fabrics)}
         if measured:
             r = measured[0].result
-            props.update({f"fabric.version.{k}": str(v) for k, v in r.get("versions", {}).items() if v})
-            props["fabric.attention"] = str(r.get("attention"))
+            props.update({f"fabric.version.{k}": str(v) for k, v in r.versions.items() if v})
+            props["fabric.attention"] = r.attention
         return props
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .models import ModelSpec
 
@@ -85,11 +86,13 @@ def bytes_per_param(dtype: str) -> int:
 _TORCH_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
-def recorded_bytes(result: dict) -> tuple[int, int]:
+def recorded_bytes(result: Any) -> tuple[int, int]:
     """(parameter bytes, gradient bytes) per element of what a measurement ran: its compute dtype
-    and its reduce dtype (default: the compute dtype); 2 where either is unknown."""
-    param = _TORCH_DTYPE_BYTES.get(str(result.get("dtype")), 2)
-    return param, _TORCH_DTYPE_BYTES.get(str(result.get("reduce_dtype")), param)
+    and its reduce dtype (default: the compute dtype); 2 where either is unknown. ``result``: a
+    ``TrainResult`` or its dict form."""
+    get = result.get if isinstance(result, dict) else (lambda name: getattr(result, name, None))
+    param = _TORCH_DTYPE_BYTES.get(str(get("dtype")), 2)
+    return param, _TORCH_DTYPE_BYTES.get(str(get("reduce_dtype")), param)
 
 
 def fsdp_bytes_per_rank(params: float, world: int, param_bytes: float = 2, grad_bytes: float = 2,

@@ -35,7 +35,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .measure import Case
+from .case import Case
 
 GATE_KEYS = {"within", "ahead", "reference"}
 MATCH_KEYS = {"model", "nodes", "fabric"}

@@ -24,10 +24,10 @@ from typing import Any
 
 from .fabrics import REFERENCE_FABRIC
 from .predict import break_even_premium, cost_per_million_tokens
-from .redact import redact, redact_file
-from .results import CaseResult, SavedRun, identity_mismatch, junit_suites, night_labels, verdict_case
+from .redact import redact
+from .results import CaseResult, SavedRun, identity_mismatch, night_labels, verdict_case
 
-__all__ = ["Written", "combine", "cost_lines", "merge_junit", "write_report", "write_trend"]
+__all__ = ["Written", "combine", "cost_lines", "write_report", "write_trend"]
 
 PLOTS_DIR = "plots"
 NO_MATPLOTLIB = ("plots skipped: matplotlib is not installed (pip install 'fabric-gates[report]' "
@@ -492,47 +492,3 @@ def _plot_trend(Figure, png: Path, title: str, labels: Sequence[str], runs: Sequ
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, format="png")
-
-
-# --------------------------------------------------------------------------------------------
-# JUnit: several files of one nightly as one
-# --------------------------------------------------------------------------------------------
-
-
-def merge_junit(paths: Sequence[Path | str], out: Path | str) -> int:
-    """Write every testsuite of ``paths`` (each kept whole: its properties, timestamp, host) into
-    one ``<testsuites>`` file at ``out``. Returns the number of testcases written.
-
-    The totals on ``<testsuites>`` are the ones junit-10.xsd allows there (tests, failures,
-    errors, time): dashboards validate against it. A file that is not JUnit raises
-    ``ResultsError`` before anything is written.
-    """
-    from copy import deepcopy
-
-    from junitparser import JUnitXml
-
-    if not paths:
-        raise ValueError("nothing to merge")
-    merged = JUnitXml()
-    tests = failures = errors = 0
-    time = 0.0
-    for path in paths:
-        for suite in junit_suites(path):
-            cases = list(suite)
-            tests += len(cases)
-            failures += sum(1 for c in cases if c.is_failure)
-            errors += sum(1 for c in cases if c.is_error)
-            time += sum(c.time or 0.0 for c in cases)
-            merged.append(deepcopy(suite))
-    merged.name = "pytest-fabric"
-    merged.tests, merged.failures, merged.errors, merged.time = tests, failures, errors, round(time, 3)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        merged.write(str(tmp))
-        redact_file(tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return tests

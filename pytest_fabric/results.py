@@ -16,10 +16,10 @@ was expected, never a bare ``KeyError`` from deep inside.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from .fabrics import FABRICS
-from .measure import BANDWIDTH, BandwidthMeasurement, Case, Measurement
+from .case import BANDWIDTH, Case
+from .measure import BandwidthMeasurement, Measurement, counted
 from .redact import redact_data
-from .stats import Baseline, robust_baseline
+from .stats import NoisePrior, RobustCenter, configuration_value, pooled_noise, robust_baseline
 
 __all__ = [
     "BASELINE_FORMAT",
@@ -42,7 +43,6 @@ __all__ = [
     "build_baseline",
     "identity_from_records",
     "identity_mismatch",
-    "junit_suites",
     "load_baseline",
     "load_records",
     "load_results",
@@ -60,12 +60,6 @@ FORMAT_VERSION = 1
 
 # Case.id is "<model>-n<nodes>-<fabric>"; fabric names are lowercase letters, digits, '_', '.', '-'.
 _CASE_ID = re.compile(r"^(?P<model>.+)-n(?P<nodes>\d+)-(?P<fabric>[a-z][a-z0-9_.-]*)$")
-# "fabric.<case id>.<metric>=<value>", one per line in a measured testcase's system-out.
-_METRIC_LINE = re.compile(r"^fabric\.(?P<id>.+?-n\d+-[a-z][a-z0-9_.-]*?)\.(?P<name>[A-Za-z0-9_.]+)=(?P<value>.*)$")
-# The human line of a configuration measured several times (report.testcase_text).
-_LAUNCHES_LINE = re.compile(r"^(?P<id>\S+): mean [0-9.]+ tokens/s over (?P<n>\d+) launches \((?P<values>[0-9., ]+)\)")
-
-
 class ResultsError(Exception):
     """A file that is not a readable pytest-fabric results file; the message says which and why."""
 
@@ -95,11 +89,13 @@ class CaseResult:
 
     @property
     def mean(self) -> float:
-        return statistics.fmean(self.tokens_per_s)
+        """The configuration's value: ``stats.configuration_value`` of its launches (the number the
+        gates judged and the terminal and JUnit showed)."""
+        return configuration_value(self.tokens_per_s)
 
     @property
     def mean_per_gpu(self) -> float:
-        return statistics.fmean(self.tokens_per_s_per_gpu)
+        return configuration_value(self.tokens_per_s_per_gpu)
 
 
 @dataclass
@@ -177,7 +173,8 @@ def identity_from_records(records: Mapping[str, Any]) -> dict[str, Any]:
         "cluster_kind": widest.get("cluster"),
         "cluster": r.get("cluster"),
         "nodes": max(int(rec.get("case", {}).get("nodes", 0)) for rec in launched),
-        "hosts": sorted(r["nodes"]) if isinstance(r.get("nodes"), list) else None,
+        # "hosts" since result version 2; version 1 called the host list "nodes"
+        "hosts": next((sorted(h) for h in (r.get("hosts"), r.get("nodes")) if isinstance(h, list)), None),
         "gpus_per_node": r.get("local_world_size"),
         "device": r.get("device"),
         "dtype": r.get("dtype"),
@@ -216,11 +213,11 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
         try:
             if record["case"]["model"] == BANDWIDTH:
                 m = BandwidthMeasurement.from_record(record)
-                ops = sorted({row["op"] for row in m.rows})
-                mbit = m.result.get("fabric", {}).get("emulated_mbit")
+                ops = m.result.ops()
+                mbit = m.result.fabric.get("emulated_mbit")
                 links[m.case.id] = LinkResult(
                     m.case.nodes, m.case.fabric, {op: m.busbw_gbit(op) for op in ops},
-                    int(m.largest(ops[0])["bytes"]) if ops else 0,
+                    int(m.largest(ops[0]).bytes) if ops else 0,
                     mbit / 1000 if mbit and record.get("cluster") == "emulated" else None)
             else:
                 if not isinstance(Case(**record["case"]).nodes, int):
@@ -231,7 +228,7 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
                                "expected a training result (step_s, tokens_per_step, world_size) or "
                                "collective rows (op, bytes, busbw_GBps)") from None
     every_fabric = list(fabrics) if fabrics else sorted({rec["case"]["fabric"] for _, _, rec in training})
-    cases: dict[str, CaseResult] = {}
+    launches: dict[str, list[Measurement]] = {}
     for _, key, record in sorted(training, key=lambda t: (t[0], t[1])):
         measured = Case(**record["case"])
         for fabric in [measured.fabric] if measured.crosses_fabric else every_fabric:
@@ -240,9 +237,12 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
             except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
                 raise ResultsError(f"{where}: record {key!r} is malformed ({type(exc).__name__}: {exc}); "
                                    "expected result.step_s, tokens_per_step and world_size") from None
-            entry = cases.setdefault(m.case.id, CaseResult(m.case.model, m.case.nodes, fabric, m.gpus, [], []))
-            entry.tokens_per_s.append(m.tokens_per_s)
-            entry.tokens_per_s_per_gpu.append(m.tokens_per_s_per_gpu)
+            launches.setdefault(m.case.id, []).append(m)
+    # The launches the gates counted (disturbed ones set aside), so that a saved night's value is the
+    # one its gates judged.
+    cases = {cid: CaseResult(ms[0].case.model, ms[0].case.nodes, ms[0].case.fabric, ms[0].gpus,
+                             [m.tokens_per_s for m in counted(ms)], [m.tokens_per_s_per_gpu for m in counted(ms)])
+             for cid, ms in launches.items()}
     return cases, links, errors
 
 
@@ -318,7 +318,9 @@ def load_results(path: Path | str) -> SavedRun:
     text = _read_text(path)
     head = text.lstrip()
     if head.startswith("<"):
-        return _load_junit(path)
+        from .junit import load_junit
+
+        return load_junit(path)
     if head.startswith(("{", "[")):
         return _from_json(_parse_json(text, path), path)
     raise ResultsError(f"{path}: neither JSON nor XML; expected a pytest-fabric results file (.json, "
@@ -447,142 +449,7 @@ def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
                     {str(f): float(v) for f, v in prices.items()})
 
 
-# --------------------------------------------------------------------------------------------
-# JUnit XML as the plugin writes it
-# --------------------------------------------------------------------------------------------
-
-
-def junit_suites(path: Path | str) -> list[Any]:
-    """The testsuites of a JUnit file (junitparser objects); ResultsError when it is not one."""
-    from junitparser import JUnitXml, TestSuite
-    from junitparser.junitparser import JUnitXmlError
-
-    try:
-        xml = JUnitXml.fromfile(str(path))
-    except OSError as exc:
-        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except JUnitXmlError:
-        raise ResultsError(f"{path}: XML but not JUnit (the root element must be <testsuites> or "
-                           "<testsuite>)") from None
-    except (SyntaxError, ValueError) as exc:  # lxml's and ElementTree's parse errors are SyntaxErrors
-        raise ResultsError(f"{path}: not readable as JUnit XML ({exc}); the file may be truncated") from None
-    # junitparser 3 returns a lone <testsuite> as it is, later versions wrap it in <testsuites>.
-    return [xml] if isinstance(xml, TestSuite) else list(xml)
-
-
-def _load_junit(path: Path) -> SavedRun:
-    suites = junit_suites(path)
-    identity: dict[str, Any] = {}
-    versions: dict[str, str] = {}
-    metrics: dict[str, dict[str, str]] = {}
-    launches: dict[str, list[float]] = {}
-    verdicts: list[dict[str, Any]] = []
-    for suite in suites:
-        if suite.timestamp and "created" not in identity:
-            identity["created"] = suite.timestamp
-        if suite.hostname and "harness_host" not in identity:
-            identity["harness_host"] = suite.hostname
-        for prop in suite.properties():
-            if prop.name == "fabric.cluster":
-                identity.setdefault("cluster", prop.value)
-            elif prop.name == "fabric.fabrics":
-                identity.setdefault("fabrics", [f for f in (prop.value or "").split(",") if f])
-            elif prop.name == "fabric.attention":
-                identity.setdefault("attention", prop.value)
-            elif prop.name.startswith("fabric.version."):
-                versions.setdefault(prop.name.removeprefix("fabric.version."), prop.value)
-        for case in suite:
-            out = case.system_out or ""
-            ids = set()
-            for line in out.splitlines():
-                match = _METRIC_LINE.match(line.strip())
-                if match:
-                    metrics.setdefault(match["id"], {}).setdefault(match["name"], match["value"])
-                    ids.add(match["id"])
-                many = _LAUNCHES_LINE.match(line.strip())
-                if many:
-                    values = [float(v) for v in many["values"].split(",") if v.strip()]
-                    # The same launches are cached per index: the longest list holds the others.
-                    if len(values) == int(many["n"]) and len(values) > len(launches.get(many["id"], [])):
-                        launches[many["id"]] = values
-            if ids:
-                verdicts.append(_junit_verdict(case, out))
-    if not metrics:
-        raise ResultsError(f"{path}: JUnit, but no testcase carries pytest-fabric measurements (no "
-                           "fabric.<case>.tokens_per_s= lines in any system-out); expected the JUnit XML of a "
-                           "pytest-fabric run")
-    for m in metrics.values():
-        if m.get("cluster"):
-            identity.setdefault("cluster_kind", m["cluster"])
-        if m.get("nodes"):
-            hosts = sorted(h for h in m["nodes"].split(",") if h)
-            if len(hosts) > len(identity.get("hosts", [])):
-                identity["hosts"] = hosts
-        device, _, dtype = (m.get("device") or "").partition("/")  # "cuda/bfloat16"
-        if device and device != "None":
-            identity.setdefault("device", device)
-        if dtype and dtype != "None":
-            identity.setdefault("dtype", dtype)
-    emulated = identity.get("cluster_kind") == "emulated" or str(identity.get("cluster", "")).startswith("emulated")
-    cases, links = _cases_from_metrics(metrics, launches, emulated, path)
-    if cases or links:
-        identity["nodes"] = max(c.nodes for c in [*cases.values(), *links.values()])
-    if versions:
-        identity["versions"] = versions
-    identity = {k: v for k, v in identity.items() if v not in (None, "")}
-    return SavedRun(identity, cases, links, verdicts, [], path, "junit")
-
-
-def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, list[float]], emulated: bool,
-                        path: Path) -> tuple[dict[str, CaseResult], dict[str, LinkResult]]:
-    cases: dict[str, CaseResult] = {}
-    links: dict[str, LinkResult] = {}
-    for cid, m in sorted(metrics.items()):
-        case = parse_case_id(cid)  # the metric pattern only matches case ids
-        try:
-            if case.model == BANDWIDTH:
-                busbw: dict[str, tuple[int, float]] = {}
-                for name, value in m.items():
-                    parts = name.split(".")
-                    if len(parts) == 3 and parts[2] == "busbw_gbit" and parts[1].isdigit():
-                        op, size = parts[0], int(parts[1])
-                        if op not in busbw or size > busbw[op][0]:
-                            busbw[op] = (size, float(value))
-                if busbw:
-                    settings = json.loads(m.get("fabric_settings") or "{}")
-                    mbit = settings.get("emulated_mbit") if emulated else None
-                    links[cid] = LinkResult(case.nodes, case.fabric, {op: v for op, (_, v) in sorted(busbw.items())},
-                                            max(size for size, _ in busbw.values()), mbit / 1000 if mbit else None)
-            elif "tokens_per_s" in m:
-                gpus = int(m.get("gpus", "1"))
-                values = launches.get(cid) or [float(m["tokens_per_s"])]
-                cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values])
-        except ValueError as exc:
-            raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "
-                               f"fabric.{cid}.tokens_per_s=<number> and fabric.{cid}.gpus=<integer>") from None
-    return cases, links
-
-
-def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
-    """A measured testcase's outcome, with the pass/fail line when there is one."""
-    from junitparser import Error, Failure, Skipped
-
-    outcome = "passed"
-    message = next((line for line in out.splitlines() if line.startswith(("pass: ", "inconclusive"))), "")
-    for r in case.result:
-        if isinstance(r, (Failure, Error)):
-            outcome = "failed" if isinstance(r, Failure) else "error"
-        elif isinstance(r, Skipped):  # pytest writes an xfail as a skip of type pytest.xfail
-            outcome = "xfailed" if r.type == "pytest.xfail" else "skipped"
-        else:
-            continue
-        message = r.message or message
-    verdict: dict[str, Any] = {"test": f"{case.classname}::{case.name}" if case.classname else case.name,
-                               "outcome": outcome, "message": message.splitlines()[0] if message else ""}
-    return {**verdict, **_case_of_test(case.name or "")}
-
-
-def _case_of_test(test: str) -> dict[str, Any]:
+def case_of_test(test: str) -> dict[str, Any]:
     """model, nodes and fabric when the test's parameter is a case id (``test_x[qwen2-tiny-n2-eth]``)."""
     _, bracket, param = test.partition("[")
     try:
@@ -596,7 +463,7 @@ def verdict_case(verdict: Mapping[str, Any]) -> tuple[str, int, str] | None:
     """(model, nodes, fabric) a verdict is about: given explicitly, or the test id's parameter."""
     if all(k in verdict for k in ("model", "nodes", "fabric")):
         return str(verdict["model"]), int(verdict["nodes"]), str(verdict["fabric"])
-    found = _case_of_test(str(verdict.get("test", "")))
+    found = case_of_test(str(verdict.get("test", "")))
     return (found["model"], found["nodes"], found["fabric"]) if found else None
 
 
@@ -658,7 +525,7 @@ def identity_mismatch(a: Mapping[str, Any], b: Mapping[str, Any], labels: tuple[
 def build_baseline(runs: Sequence[SavedRun]) -> dict[str, Any]:
     """Per case, the robust center of the nights' mean tokens/s (``stats.robust_baseline``).
 
-    Each night contributes one value per case (the mean of its launches); a night that is an
+    Each night contributes one value per case (``CaseResult.mean`` of its counted launches); a night that is an
     outlier among the others is dropped and named in ``nights``. ``warnings`` lists set-up
     differences between the latest night and each earlier one.
     """
@@ -682,10 +549,12 @@ def build_baseline(runs: Sequence[SavedRun]) -> dict[str, Any]:
                       "center": b.center, "spread": b.spread, "kept": len(b.kept), "dropped": len(b.dropped),
                       "nights": marked}
     latest = runs[-1]
+    noise = launch_noise(runs)
     warnings = [f"{labels[i]}: {line}" for i, run in enumerate(runs[:-1])
                 for line in identity_mismatch(run.identity, latest.identity, (labels[i], labels[-1]))]
     return {"format": BASELINE_FORMAT, "version": FORMAT_VERSION, "created": _now(), "cases": cases,
             "identities": [run.identity for run in runs], "nights": labels,
+            "launch_noise": noise,
             "sources": [str(run.source) if run.source else None for run in runs], "warnings": warnings}
 
 
@@ -738,12 +607,45 @@ def _run_from_baseline(data: dict[str, Any], path: Path) -> SavedRun:
     return SavedRun(identity, cases, source=path, kind="baseline")
 
 
-def baseline_for(baseline: Mapping[str, Any], case_id: str) -> Baseline | None:
-    """The ``stats.Baseline`` of one case (tokens/s), or None when the baseline never measured it."""
+def baseline_for(baseline: Mapping[str, Any], case_id: str) -> RobustCenter | None:
+    """The ``stats.RobustCenter`` of one case (tokens/s), or None when the baseline never measured it."""
     c = baseline.get("cases", {}).get(case_id)
     if c is None:
         return None
     nights = c.get("nights", [])
-    return Baseline(float(c["center"]), float(c["spread"]),
-                    tuple(n["tokens_per_s"] for n in nights if n.get("kept", True)),
-                    tuple(n["tokens_per_s"] for n in nights if not n.get("kept", True)))
+    return RobustCenter(float(c["center"]), float(c["spread"]),
+                        tuple(n["tokens_per_s"] for n in nights if n.get("kept", True)),
+                        tuple(n["tokens_per_s"] for n in nights if not n.get("kept", True)))
+
+
+def launch_noise(runs: Sequence[SavedRun]) -> dict[str, Any] | None:
+    """Launch-to-launch variation learned from nights: the pooled standard deviation of log tokens/s
+    between launches of one configuration in one night (``stats.pooled_noise``), with its degrees
+    of freedom; None when no night launched any configuration twice."""
+    contributing = [run for run in runs if any(c.nodes > 1 and len(c.tokens_per_s) >= 2 for c in run.cases.values())]
+    groups = [[math.log(v) for v in c.tokens_per_s] for run in contributing for c in run.cases.values()
+              if c.nodes > 1 and len(c.tokens_per_s) >= 2]
+    variance, df = pooled_noise(groups)
+    if not df:
+        return None
+    return {"sigma": math.sqrt(variance), "df": df, "nights": len(contributing)}
+
+
+# A learned noise never counts as less than this (nights whose launches agreed by chance must not
+# make tomorrow's gates over-confident) nor more than 0.5 (beyond it the log-normal picture fails).
+MIN_LEARNED_NOISE = 0.005
+
+
+def baseline_noise(baseline: Mapping[str, Any]) -> NoisePrior | None:
+    """The launch noise a built baseline learned (``launch_noise``) as the gates' prior, or None."""
+    noise = baseline.get("launch_noise")
+    if not isinstance(noise, dict):
+        return None
+    try:
+        sigma, df = float(noise["sigma"]), float(noise["df"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not (df > 0 and math.isfinite(sigma)):
+        return None
+    return NoisePrior(min(max(sigma, MIN_LEARNED_NOISE), 0.5), df,
+                      f"learned from {noise.get('nights', '?')} nights, {df:g} df")

@@ -1,57 +1,83 @@
-"""Repeats and statistics: from a handful of launches to a pass, a failure, or "measure more".
+"""Repeats and statistics: from steps and launches to a pass, a failure, or "measure more".
 
-One launch gives one number, and two launches of the same configuration never give the same
-number: the machine, the network and the scheduler all wobble. A gate that compares two single
-numbers fails on noise when the true gap is near its threshold, and passes a real regression when
-noise happens to favour it. So a comparison here is made of repeats:
+The data have two levels (Kalibera & Jones 2013): steps within a launch, launches within a
+comparison. Both wobble, and on shared machines the wobble is one-sided and additive (Chen &
+Revels 2016): a step is slowed by something else taking the CPU, the VM running slower for a
+while, a GPU clocking down; nothing makes a step faster than the job allows. So:
 
-- inside a launch, the steady window of step times (warm-up-like leading steps dropped) gives one
-  value per launch (``launch_value``);
-- across launches, the per-launch values of both sides give a confidence interval of their ratio
-  (``ratio_interval``);
-- the gate is one-sided and has three outcomes (``decide``): the whole interval clears the
-  threshold (pass), the whole interval misses it (fail), or the interval straddles it
-  (inconclusive: the data cannot tell yet);
-- an inconclusive comparison buys more launches, interleaved A B A B so that slow drifts of the
-  machine hit both sides alike, until it is decided or the budget is spent
-  (``AdaptiveComparison``);
-- last nights' values are combined with outliers dropped (``robust_baseline``), so that one bad
-  night does not move the reference the next night is judged against.
+- **Inside a launch** (``launch_estimate``): leading warm-up-like steps are dropped
+  (``steady_window``), steps the node's signals mark as disturbed are set aside
+  (``workload.signals``), and the launch's value is a quantile of the clean steps
+  (``LOCATION_QUANTILE``, the median: see the README's measurements for why not a lower one on
+  these machines), with a distribution-free interval from order statistics that gives the
+  launch's own precision. The rank program measures until that precision is reached, within a
+  time cap (``measuring_done``), as pyperf and BenchmarkTools calibrate their loops.
+- **Across launches** (``contrast_interval``): every comparison is a contrast of log
+  tokens/s between groups of launches (candidate vs reference; tonight's multi-node vs one-node
+  vs a baseline's). The launch-to-launch variance is pooled over the groups and moderated by a
+  prior (``NoisePrior``: declared, or learned from earlier nights and stored with the baseline),
+  so that one launch per side still gives an honest interval: the prior's degrees of freedom
+  stand in for the launches not made. The interval uses Student's t with the pooled degrees of
+  freedom.
+- **The gate** (``decide``) is one-sided with three outcomes: the whole interval clears the
+  threshold (pass), lies wholly below it (fail), or straddles it (inconclusive). The threshold
+  is the minimum magnitude: significance alone never fails a gate.
+- **Looking repeatedly** (``SequentialGate``): an inconclusive comparison buys more launches up
+  to a budget; the error allowance is split evenly over the looks the budget allows
+  (Bonferroni), so the whole procedure keeps its stated confidence.
+- **Across nights** (``robust_baseline``): past nights combined with outlier nights dropped.
 
-Standard library only: these functions run in the pytest process, between launches, and must not
-pull in numpy or torch.
+No pytest: the rank programs import ``measuring_done`` too. scipy is imported only where a t
+quantile is needed.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 __all__ = [
-    "AdaptiveComparison",
-    "AdaptiveResult",
-    "Baseline",
+    "DEFAULT_NOISE",
     "Interval",
+    "LOCATION_QUANTILE",
+    "LaunchEstimate",
     "Look",
+    "NoisePrior",
+    "RobustCenter",
+    "SequentialGate",
     "Verdict",
-    "adaptive_compare",
     "ahead_gate",
+    "configuration_value",
+    "contrast_interval",
     "decide",
-    "launch_value",
-    "ratio_interval",
+    "launch_estimate",
+    "location_interval",
+    "measuring_done",
+    "pooled_noise",
+    "reference_term",
     "robust_baseline",
     "steady_window",
-    "t_quantile",
     "within_gate",
 ]
 
 # 1.4826 x MAD estimates the standard deviation of normally distributed values.
 MAD_TO_SIGMA = 1.4826
+
+# The launch's value is this quantile of its clean steady steps. The median: on this project's
+# machines step times are bimodal (the VM's vCPU runs at two speeds), and a lower quantile lands
+# on whichever mode a launch happened to catch first (README, "How verdicts are decided").
+LOCATION_QUANTILE = 0.5
+
+# A launch needs this many clean steps for a value of its own; with fewer it is set aside.
+MIN_CLEAN_STEPS = 3
+# A launch with more than this share of its steps disturbed is set aside as a whole.
+MAX_DISTURBED_SHARE = 0.5
+
+_Z95 = 1.959964
 
 
 def _mad(values: Sequence[float], center: float) -> float:
@@ -59,7 +85,7 @@ def _mad(values: Sequence[float], center: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# Inside one launch: the steady window
+# Inside one launch
 # --------------------------------------------------------------------------------------------
 
 
@@ -72,19 +98,20 @@ def steady_window(
     """The steady part of a launch's step times: leading steps that look like warm-up dropped.
 
     The first steps of a launch are slow for reasons that have nothing to do with the fabric
-    (allocator growth, NCCL/gloo connection set-up, kernel autotuning, a cold page cache), and
-    sometimes fast (a token-bucket link shaper starts with a full bucket). The configured warm-up
-    steps do not always cover them. The reference for "steady" is the last half of the launch:
-    its median and its MAD-based spread. Leading steps further than ``k`` spreads from that
-    median are dropped, stopping at the first step that is not, so a slow step in the middle of
-    the launch (a real hiccup the user should see) is kept. The spread never counts as less than
-    ``rel_floor`` of the median, so a very quiet launch does not turn 1% jitter into outliers.
-    At most ``max_drop`` steps (default: half of them) are dropped: the window never becomes
-    smaller than the part that defined it.
+    (allocator growth, connection set-up, a cold page cache). The reference for "steady" is the
+    last half of the launch: its median and its MAD-based spread. Leading steps further than
+    ``k`` spreads from that median are dropped, stopping at the first step that is not, so a slow
+    step in the middle of the launch is kept. The spread never counts as less than ``rel_floor``
+    of the median. At most ``max_drop`` steps (default: half) are dropped.
     """
     times = [float(t) for t in step_times]
+    return times[_steady_start(times, k, rel_floor, max_drop):]
+
+
+def _steady_start(times: Sequence[float], k: float = 3.0, rel_floor: float = 0.02,
+                  max_drop: int | None = None) -> int:
     if len(times) < 2:
-        return times
+        return 0
     tail = times[len(times) // 2:]
     center = statistics.median(tail)
     scale = max(MAD_TO_SIGMA * _mad(tail, center), rel_floor * abs(center))
@@ -92,111 +119,226 @@ def steady_window(
     start = 0
     while start < limit and abs(times[start] - center) > k * scale:
         start += 1
-    return times[start:]
+    return start
 
 
-def launch_value(step_times: Sequence[float], **window_options: Any) -> float:
-    """One launch's value: the median step time (seconds) of its steady window.
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile of already sorted values."""
+    pos = q * (len(sorted_values) - 1)
+    i = int(math.floor(pos))
+    j = min(i + 1, len(sorted_values) - 1)
+    return sorted_values[i] + (sorted_values[j] - sorted_values[i]) * (pos - i)
 
-    The median, not the mean, so that a single slow step (a GC pause, a retransmit) does not
-    move the launch's value. Tokens per second for the launch is tokens_per_step / this value.
+
+def _order_statistic_ranks(m: int, q: float, confidence: float) -> tuple[int, int] | None:
+    """1-based ranks (j, k) with P(x_(j) <= q-quantile <= x_(k)) >= ``confidence`` for m values,
+    from the binomial distribution (distribution-free); None when m is too small for it."""
+    alpha = 1.0 - confidence
+    cdf, total = [], 0.0
+    for i in range(m + 1):
+        total += math.comb(m, i) * q ** i * (1 - q) ** (m - i)
+        cdf.append(total)
+    lower = [i + 1 for i in range(m + 1) if cdf[i] <= alpha / 2]
+    upper = [i + 1 for i in range(m + 1) if cdf[i] >= 1 - alpha / 2]
+    j, k = (max(lower) if lower else 0), (min(upper) if upper else m + 1)
+    return (j, k) if j >= 1 and k <= m else None
+
+
+def location_interval(times: Sequence[float], q: float = LOCATION_QUANTILE,
+                      confidence: float = 0.95) -> tuple[float, float | None, float | None]:
+    """(q-quantile, low, high) of ``times``; low/high None when there are too few for the interval."""
+    x = sorted(float(t) for t in times)
+    if not x:
+        raise ValueError("no step times")
+    ranks = _order_statistic_ranks(len(x), q, confidence)
+    loc = _quantile(x, q)
+    if ranks is None:
+        return loc, None, None
+    return loc, x[ranks[0] - 1], x[ranks[1] - 1]
+
+
+def _clean(step_s: Sequence[float], disturbed: Sequence[str] | None) -> tuple[list[float], Counter, int]:
+    """The steady, undisturbed steps; the reasons steps were set aside; how many leading steps
+    the steady window dropped."""
+    times = [float(t) for t in step_s]
+    flags = list(disturbed) if disturbed else [""] * len(times)
+    if len(flags) != len(times):
+        raise ValueError(f"{len(times)} step times but {len(flags)} disturbance flags")
+    start = _steady_start(times)
+    reasons = Counter(_reason_kind(d) for d in flags[start:] if d)
+    return [t for t, d in zip(times[start:], flags[start:]) if not d], reasons, start
+
+
+def _reason_kind(reason: str) -> str:
+    """"cpu steal 40 ms" -> "cpu steal", "cpu slowed 35%" -> "cpu slowed": counts group by cause (the
+    words before the first figure), not by figure."""
+    words = reason.split()
+    cut = next((i for i, w in enumerate(words) if any(ch.isdigit() for ch in w)), len(words))
+    return " ".join(words[:cut]) or reason
+
+
+def measuring_done(step_s: Sequence[float], disturbed: Sequence[str] | None, *, min_steps: int, max_steps: int,
+                   measure_s: float, precision: float, q: float = LOCATION_QUANTILE) -> str:
+    """Why measuring may stop now ("" to go on): the rank programs call this after every step.
+
+    "precision": at least ``min_steps`` clean steady steps and the launch's value known to
+    ``precision`` (half-width of its 95% interval over the value); "time cap": ``measure_s``
+    seconds of measured steps spent (with at least ``min_steps`` steps); "step cap": ``max_steps``.
+    Deterministic in its inputs, so every rank, given the same all-reduced step times, stops at
+    the same step.
     """
-    if not step_times:
+    n = len(step_s)
+    if n >= max_steps:
+        return "step cap"
+    if n < min_steps:
+        return ""
+    clean, _, _ = _clean(step_s, disturbed)
+    if len(clean) >= min_steps:
+        loc, low, high = location_interval(clean, q)
+        if low is not None and high is not None and (high - low) / 2 <= precision * loc:
+            return "precision"
+    if sum(step_s) >= measure_s:
+        return "time cap"
+    return ""
+
+
+@dataclass(frozen=True)
+class LaunchEstimate:
+    """One launch's value and what went into it."""
+
+    step_s: float  # the quantile of the clean steady steps: the launch's step time
+    log_se: float  # standard error of log(step_s) from the launch's own steps
+    steps: int  # measured steps
+    used: int  # clean steady steps the value rests on
+    warmup_like: int  # leading steps the steady window dropped
+    set_aside: dict[str, int] = field(default_factory=dict)  # disturbed steps by cause
+    # Why the whole launch is set aside ("" when it is not): too few clean steps.
+    disturbed: str = ""
+
+    @property
+    def set_aside_steps(self) -> int:
+        return sum(self.set_aside.values())
+
+    def tokens_per_s(self, tokens_per_step: int) -> float:
+        return tokens_per_step / self.step_s
+
+
+def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = None,
+                    q: float = LOCATION_QUANTILE) -> LaunchEstimate:
+    """The launch's value (``LOCATION_QUANTILE`` of its clean steady steps) and its own precision.
+
+    The standard error of log(value) comes from the order-statistic interval of the quantile
+    (half-width / 1.96, in logs); with too few steps for that interval, from the MAD of the log
+    step times (x 1.2533 / sqrt(n), the median's asymptotic factor). A launch with fewer than
+    ``MIN_CLEAN_STEPS`` clean steps, or more than half of its steps disturbed, is marked
+    ``disturbed``: its value falls back to all steady steps, and the gates set it aside.
+    """
+    if not step_s:
         raise ValueError("a launch with no step times has no value")
-    return statistics.median(steady_window(step_times, **window_options))
-
-
-# --------------------------------------------------------------------------------------------
-# Student's t quantile (no scipy): for intervals that stay honest with 2 or 3 launches
-# --------------------------------------------------------------------------------------------
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction for the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-14:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta function I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def _t_cdf(t: float, df: float) -> float:
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` (possibly fractional) degrees of freedom."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must be in (0, 1), got {p}")
-    if df <= 0:
-        raise ValueError(f"degrees of freedom must be positive, got {df}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    if p == 0.5:
-        return 0.0
-    if df > 1e7:
-        return statistics.NormalDist().inv_cdf(p)
-    lo, hi = 0.0, 1.0
-    while _t_cdf(hi, df) < p:
-        lo, hi = hi, hi * 2.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if _t_cdf(mid, df) < p:
-            lo = mid
+    clean, reasons, start = _clean(step_s, disturbed)
+    steady = len(step_s) - start
+    why = ""
+    if len(clean) < MIN_CLEAN_STEPS or sum(reasons.values()) > MAX_DISTURBED_SHARE * steady:
+        if reasons:
+            why = (f"{sum(reasons.values())} of {steady} steps disturbed ("
+                   + ", ".join(f"{kind}: {n}" for kind, n in reasons.most_common()) + ")")
         else:
-            hi = mid
-        if hi - lo < 1e-10 * max(1.0, hi):
-            break
-    return 0.5 * (lo + hi)
+            why = f"only {len(clean)} steady steps (at least {MIN_CLEAN_STEPS} needed)"
+        if len(clean) < MIN_CLEAN_STEPS:
+            clean = [float(t) for t in step_s[start:]]
+    loc, low, high = location_interval(clean, q)
+    if low is not None and high is not None and low > 0:
+        log_se = (math.log(high) - math.log(low)) / (2 * _Z95)
+    else:
+        logs = [math.log(t) for t in clean]
+        center = statistics.median(logs)
+        spread = MAD_TO_SIGMA * _mad(logs, center) if len(logs) > 1 else 0.0
+        log_se = 1.2533 * spread / math.sqrt(len(logs))
+    return LaunchEstimate(loc, log_se, len(step_s), len(clean), start, dict(reasons), why)
 
 
 # --------------------------------------------------------------------------------------------
-# Across launches: the interval of a ratio
+# Across launches: the interval of a contrast of log tokens/s
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
+class NoisePrior:
+    """What is known about launch-to-launch variation before tonight's launches.
+
+    ``sigma``: the standard deviation of one launch's log value around its configuration's true
+    value (0.02: launches of one configuration differ by about 2%), ``df``: how much evidence it
+    rests on, in degrees of freedom (a declared default: a few; learned from nights: the launches
+    that measured it). ``source`` says where it came from, for the verdict line.
+    """
+
+    sigma: float
+    df: float
+    source: str = "declared"
+
+    def __post_init__(self) -> None:
+        if not (0 < self.sigma < 1 and self.df > 0):
+            raise ValueError(f"launch noise needs 0 < sigma < 1 and df > 0, got sigma={self.sigma}, df={self.df}")
+
+
+# Measured on this project's emulated cluster (README, "How verdicts are decided"): launches of one
+# configuration, valued as above, differ by 1-2%; declared with little weight, so that a night's own
+# launches soon outweigh it.
+DEFAULT_NOISE = NoisePrior(0.02, 4.0, "declared default")
+
+
+def pooled_noise(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """(pooled variance, degrees of freedom) of log values around each group's own mean.
+
+    Each group holds the log values of launches of one configuration; groups of one contribute
+    nothing. (0.0, 0) when no group has two launches.
+    """
+    ss, df = 0.0, 0
+    for g in groups:
+        if len(g) >= 2:
+            mean = statistics.fmean(g)
+            ss += sum((x - mean) ** 2 for x in g)
+            df += len(g) - 1
+    return (ss / df if df else 0.0), df
+
+
+def configuration_value(launch_values: Sequence[float]) -> float:
+    """One configuration's value from its launches' values: their geometric mean.
+
+    The contrasts judge means of log values, so this is the estimate every verdict rests on; the
+    terminal, JUnit, reports, saved nights and baselines show the same number.
+    """
+    values = [float(v) for v in launch_values]
+    if not values or not all(v > 0 and math.isfinite(v) for v in values):
+        raise ValueError(f"launch values must be positive and finite, got {values}")
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def reference_term(values: Sequence[float], prior: NoisePrior | None = None) -> tuple[float, float]:
+    """(log value, variance) of a configuration known from elsewhere (a baseline's nights or a
+    saved night's launches), as ``contrast_interval``'s ``fixed`` term.
+
+    The variance of one value is the values' own sample variance of logs, moderated by the prior
+    like tonight's launches (with one value: the prior alone), over the number of values.
+    """
+    prior = prior or DEFAULT_NOISE
+    logs = [math.log(configuration_value([v])) for v in values]
+    s2, df = pooled_noise([logs])
+    var_one = (prior.df * prior.sigma ** 2 + df * s2) / (prior.df + df)
+    return statistics.fmean(logs), var_one / len(logs)
+
+
+@dataclass(frozen=True)
 class Interval:
-    """A confidence interval of the ratio a/b, with the point estimate and the sample sizes."""
+    """A two-sided confidence interval of a ratio of tokens/s (a contrast of log tokens/s)."""
 
     low: float
     point: float
     high: float
-    n_a: int
-    n_b: int
-    confidence: float = 0.95
-    method: str = "auto"
+    confidence: float
+    df: float  # degrees of freedom of the t quantile: the prior's plus the launches'
+    sigma: float  # launch-to-launch standard deviation (log scale) the interval used
+    launches: tuple[int, ...]  # launches in each group, in the contrast's order
 
     def contains(self, x: float) -> bool:
         return self.low <= x <= self.high
@@ -206,111 +348,46 @@ class Interval:
         return self.high - self.low
 
     def __str__(self) -> str:
-        return (f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}] "
-                f"({self.confidence * 100:g}% CI, {self.n_a} vs {self.n_b} launches)")
+        return (f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}] ({self.confidence * 100:.4g}% CI, "
+                f"{'+'.join(map(str, self.launches))} launches)")
 
 
-_STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {
-    "mean": statistics.fmean,
-    "median": statistics.median,
-}
-
-
-def _check_samples(name: str, samples: Sequence[float]) -> list[float]:
-    values = [float(x) for x in samples]
-    if not values:
-        raise ValueError(f"{name}: no samples")
-    bad = [x for x in values if not (x > 0 and math.isfinite(x))]
-    if bad:
-        raise ValueError(f"{name}: per-launch values must be positive and finite, got {bad}")
-    return values
-
-
-def _quantile_sorted(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile of already sorted values."""
-    pos = q * (len(values) - 1)
-    i = int(math.floor(pos))
-    j = min(i + 1, len(values) - 1)
-    return values[i] + (values[j] - values[i]) * (pos - i)
-
-
-def _bootstrap(a: list[float], b: list[float], stat: Callable[[Sequence[float]], float], alpha: float,
-               n_boot: int, seed: int) -> tuple[float, float]:
-    rng = random.Random(seed)
-    choices = rng.choices
-    na, nb = len(a), len(b)
-    if stat is statistics.fmean:  # the hot path: sum() is several times faster than fmean()
-        scale = nb / na
-        ratios = sorted(scale * sum(choices(a, k=na)) / sum(choices(b, k=nb)) for _ in range(n_boot))
-    else:
-        ratios = sorted(stat(choices(a, k=na)) / stat(choices(b, k=nb)) for _ in range(n_boot))
-    return _quantile_sorted(ratios, alpha / 2), _quantile_sorted(ratios, 1 - alpha / 2)
-
-
-def _welch_log(a: list[float], b: list[float], alpha: float) -> tuple[float, float]:
-    la, lb = [math.log(x) for x in a], [math.log(x) for x in b]
-    na, nb = len(la), len(lb)
-    diff = statistics.fmean(la) - statistics.fmean(lb)
-    wa, wb = statistics.variance(la) / na, statistics.variance(lb) / nb
-    se2 = wa + wb
-    if se2 <= 0.0:
-        return math.exp(diff), math.exp(diff)
-    df = se2 * se2 / (wa * wa / (na - 1) + wb * wb / (nb - 1))
-    half = t_quantile(1 - alpha / 2, df) * math.sqrt(se2)
-    return math.exp(diff - half), math.exp(diff + half)
-
-
-def ratio_interval(
-    a_samples: Sequence[float],
-    b_samples: Sequence[float],
+def contrast_interval(
+    groups: Sequence[tuple[float, Sequence[tuple[float, float]]]],
+    prior: NoisePrior = DEFAULT_NOISE,
     confidence: float = 0.95,
-    n_boot: int = 2000,
-    seed: int = 0,
-    statistic: str = "mean",
-    method: str = "auto",
+    fixed: tuple[float, float] = (0.0, 0.0),
 ) -> Interval:
-    """Two-sided ``confidence`` interval of statistic(a)/statistic(b) from per-launch values.
+    """Interval of exp(sum_g c_g mean_g + fixed_log) for groups of launches of one configuration each.
 
-    ``method``:
+    ``groups``: (coefficient, [(log value, within-launch variance), ...]). A ratio candidate /
+    reference of tokens/s is [(+1, candidate), (-1, reference)]; a scaling efficiency tonight
+    against a baseline adds the one-node groups with the opposite signs. ``fixed``: (log value,
+    variance) of a term known from elsewhere (a baseline built from many nights).
 
-    - ``"bootstrap"``: percentile bootstrap of the ratio (resample each side with replacement,
-      ``n_boot`` times, from ``random.Random(seed)``: the same inputs always give the same
-      interval). No normality assumption, and it works for the median as well as the mean; but
-      with 2 or 3 launches a side it is far too narrow (it can never reach beyond the most extreme
-      values it was given, while an honest interval from two values is wide).
-    - ``"t"``: Welch's t interval of the difference of mean logarithms, exponentiated (the ratio
-      of geometric means; for throughputs a few percent apart this is the ratio of means).
-      Student's t quantiles with Welch-Satterthwaite degrees of freedom make it wide when there
-      are few launches, which is exactly the small-sample honesty the bootstrap lacks.
-    - ``"auto"`` (default): the envelope of both. Neither method's weakness can then make a gate
-      over-confident: few launches widen it through t, skew or an outlier through the bootstrap.
-
-    With a single launch on either side nothing is known about the noise: the interval is
-    (0, inf) and every gate is inconclusive. The point estimate is always
-    statistic(a)/statistic(b) of the values given.
+    Variance of one launch's log value: pooled over the groups (each around its own mean) and
+    moderated by the prior: s2 = (df0 (sigma0^2 + w) + df s2_launches) / (df0 + df), where w is
+    the mean within-launch variance of these launches (a launch cannot be known better than its
+    own steps allow). The contrast's variance is s2 sum_g c_g^2 / k_g (+ the fixed variance), its
+    degrees of freedom df0 + df, its quantile Student's t (scipy).
     """
+    from scipy.stats import t as student_t
+
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if statistic not in _STATISTICS:
-        raise ValueError(f"statistic must be one of {', '.join(_STATISTICS)}, got {statistic!r}")
-    if method not in ("auto", "bootstrap", "t"):
-        raise ValueError(f"method must be 'auto', 'bootstrap' or 't', got {method!r}")
-    if n_boot < 100:
-        raise ValueError(f"n_boot must be at least 100, got {n_boot}")
-    a, b = _check_samples("a_samples", a_samples), _check_samples("b_samples", b_samples)
-    stat = _STATISTICS[statistic]
-    point = stat(a) / stat(b)
-    if len(a) < 2 or len(b) < 2:
-        return Interval(0.0, point, math.inf, len(a), len(b), confidence, method)
-    alpha = 1.0 - confidence
-    bounds = []
-    if method in ("auto", "bootstrap"):
-        bounds.append(_bootstrap(a, b, stat, alpha, n_boot, seed))
-    if method in ("auto", "t"):
-        bounds.append(_welch_log(a, b, alpha))
-    low = min(lo for lo, _ in bounds)
-    high = max(hi for _, hi in bounds)
-    return Interval(min(low, point), point, max(high, point), len(a), len(b), confidence, method)
+    if not groups or any(not samples for _, samples in groups):
+        raise ValueError("every group of a contrast needs at least one launch")
+    estimate = fixed[0]
+    for c, samples in groups:
+        estimate += c * statistics.fmean(v for v, _ in samples)
+    s2_launches, df = pooled_noise([[v for v, _ in samples] for _, samples in groups])
+    within = statistics.fmean(w for _, samples in groups for _, w in samples)
+    s2 = (prior.df * (prior.sigma ** 2 + within) + df * s2_launches) / (prior.df + df)
+    variance = s2 * sum(c * c / len(samples) for c, samples in groups) + fixed[1]
+    dof = prior.df + df
+    half = float(student_t.ppf(1 - (1 - confidence) / 2, dof)) * math.sqrt(variance)
+    return Interval(math.exp(estimate - half), math.exp(estimate), math.exp(estimate + half), confidence, dof,
+                    math.sqrt(s2), tuple(len(samples) for _, samples in groups))
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,10 +411,10 @@ _AT_MOST = ("<=", "at_most", "below")
 def decide(interval: Interval, threshold: float, direction: str = ">=") -> Verdict:
     """One-sided gate on an interval: pass, fail, or inconclusive.
 
-    ``direction=">="`` (the project's gates: the ratio must be at least the threshold): pass when
-    the whole interval is at or above the threshold, fail when the whole interval is below it,
-    inconclusive when it straddles. ``"<="`` is the mirror image. A two-sided interval at
-    confidence 1 - alpha makes each verdict wrong with probability at most alpha/2.
+    ``">="`` (the project's gates: the ratio must be at least the threshold): pass when the
+    whole interval is at or above the threshold, fail when it lies wholly below, inconclusive
+    when it straddles. ``"<="`` is the mirror image. A two-sided interval at confidence 1 - alpha
+    makes each verdict wrong with probability at most alpha/2.
     """
     if direction in _AT_LEAST:
         if interval.low >= threshold:
@@ -355,153 +432,70 @@ def decide(interval: Interval, threshold: float, direction: str = ">=") -> Verdi
 
 
 def within_gate(rel: float) -> tuple[float, str]:
-    """(threshold, direction) of ``assert_within``: candidate/reference >= 1 - rel.
-
-    Feed the candidate's launches as ``a`` and the reference's as ``b``.
-    """
+    """(threshold, direction) of "within": candidate/reference >= 1 - rel."""
     if not 0 <= rel < 1:
         raise ValueError(f"rel must be in [0, 1), got {rel}")
     return 1.0 - rel, ">="
 
 
 def ahead_gate(by: float) -> tuple[float, str]:
-    """(threshold, direction) of ``assert_ahead``: reference/candidate >= 1 + by.
-
-    Feed the reference's launches as ``a`` and the candidate's as ``b``.
-    """
+    """(threshold, direction) of "ahead": reference/candidate >= 1 + by."""
     if by < 0:
         raise ValueError(f"by must be >= 0, got {by}")
     return 1.0 + by, ">="
 
 
-# --------------------------------------------------------------------------------------------
-# The adaptive loop: launch pairs until decided or out of budget
-# --------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Look:
-    """One decision point of an adaptive comparison."""
+    """One decision point of a sequential gate."""
 
-    pairs: int
+    launches: int  # launches per group at this look (the largest group)
     interval: Interval
     verdict: Verdict
 
 
 @dataclass
-class AdaptiveResult:
-    interval: Interval
-    verdict: Verdict
-    pairs: int
-    a: list[float]
-    b: list[float]
-    looks: list[Look]
-    # "decided": a look passed or failed; "budget": still inconclusive at max_pairs.
-    stopped: str
-
-    @property
-    def launches(self) -> int:
-        return len(self.a) + len(self.b)
-
-
-@dataclass
-class AdaptiveComparison:
-    """Interleaved A/B launches, added while the gate is inconclusive, up to a budget.
-
-    The caller owns the measuring: either hand ``run`` a callable that launches A then B once and
-    returns their two per-launch values, or drive it step by step (``add``, ``needs_more``,
-    ``verdict``) where launches are scheduled elsewhere. A and B are interleaved pair by pair so a
-    slow drift of the machine (thermal, a neighbour's job, a filling disk) lands on both sides
-    instead of on whichever ran second.
-
-    The gate is looked at after ``start_pairs`` pairs and after every pair added, up to
-    ``max_pairs``. Looking repeatedly and stopping at the first decisive look makes a wrong
-    verdict likelier than one look would; with ``correct_for_peeking`` (default) the error
-    allowance 1 - confidence is split evenly over all the looks the budget allows (Bonferroni),
-    so the whole procedure keeps the stated confidence.
-    """
+class SequentialGate:
+    """A gate looked at after ``start`` launches per side and after each launch (pair) added, up to
+    ``budget``. Looking repeatedly and stopping at the first decisive look makes a wrong verdict
+    likelier than one look would; the error allowance 1 - confidence is split evenly over every
+    look the budget allows (Bonferroni), so the whole procedure keeps the stated confidence."""
 
     threshold: float
     direction: str = ">="
-    start_pairs: int = 3
-    max_pairs: int = 10
+    start: int = 2
+    budget: int = 6
     confidence: float = 0.95
-    statistic: str = "mean"
-    method: str = "auto"
-    n_boot: int = 2000
-    seed: int = 0
-    correct_for_peeking: bool = True
-    a: list[float] = field(default_factory=list)
-    b: list[float] = field(default_factory=list)
+    prior: NoisePrior = DEFAULT_NOISE
     looks: list[Look] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.start_pairs < 1:
-            raise ValueError(f"start_pairs must be at least 1, got {self.start_pairs}")
-        if self.max_pairs < self.start_pairs:
-            raise ValueError(f"max_pairs ({self.max_pairs}) must be at least start_pairs ({self.start_pairs})")
-        decide(Interval(1, 1, 1, 0, 0), self.threshold, self.direction)  # validates direction
-
-    @property
-    def pairs(self) -> int:
-        return min(len(self.a), len(self.b))
+        if self.start < 1:
+            raise ValueError(f"start must be at least 1, got {self.start}")
+        if self.budget < self.start:
+            raise ValueError(f"budget ({self.budget}) must be at least start ({self.start})")
+        if self.direction not in (*_AT_LEAST, *_AT_MOST):
+            raise ValueError(f"direction must be '>=' or '<=', got {self.direction!r}")
 
     @property
     def look_confidence(self) -> float:
-        """The confidence each look uses."""
-        if not self.correct_for_peeking:
-            return self.confidence
-        looks = self.max_pairs - self.start_pairs + 1
-        return 1.0 - (1.0 - self.confidence) / looks
+        return 1.0 - (1.0 - self.confidence) / (self.budget - self.start + 1)
 
-    def add(self, a: float, b: float) -> None:
-        self.a.append(float(a))
-        self.b.append(float(b))
-
-    def interval(self) -> Interval:
-        return ratio_interval(self.a, self.b, confidence=self.look_confidence, n_boot=self.n_boot,
-                              seed=self.seed, statistic=self.statistic, method=self.method)
-
-    def verdict(self) -> Verdict:
-        return decide(self.interval(), self.threshold, self.direction)
-
-    def needs_more(self) -> bool:
-        """True while another pair should be launched."""
-        if self.pairs < self.start_pairs:
-            return True
-        if self.pairs >= self.max_pairs:
-            return False
-        return self.verdict() is Verdict.INCONCLUSIVE
-
-    def run(self, measure_pair: Callable[[], tuple[float, float]]) -> AdaptiveResult:
-        """Launch pairs through ``measure_pair`` until decided or at ``max_pairs``."""
-        while self.pairs < self.start_pairs:
-            self.add(*measure_pair())
-        while True:
-            interval = self.interval()
-            verdict = decide(interval, self.threshold, self.direction)
-            self.looks.append(Look(self.pairs, interval, verdict))
-            if verdict is not Verdict.INCONCLUSIVE or self.pairs >= self.max_pairs:
-                break
-            self.add(*measure_pair())
-        return AdaptiveResult(
-            interval=interval, verdict=verdict, pairs=self.pairs, a=list(self.a), b=list(self.b),
-            looks=list(self.looks), stopped="budget" if verdict is Verdict.INCONCLUSIVE else "decided")
-
-
-def adaptive_compare(measure_pair: Callable[[], tuple[float, float]], threshold: float,
-                     direction: str = ">=", **options) -> AdaptiveResult:
-    """Functional form of ``AdaptiveComparison(threshold, direction, **options).run(measure_pair)``."""
-    return AdaptiveComparison(threshold, direction, **options).run(measure_pair)
+    def look(self, groups: Sequence[tuple[float, Sequence[tuple[float, float]]]],
+             fixed: tuple[float, float] = (0.0, 0.0)) -> Look:
+        interval = contrast_interval(groups, self.prior, self.look_confidence, fixed)
+        look = Look(max(len(s) for _, s in groups), interval, decide(interval, self.threshold, self.direction))
+        self.looks.append(look)
+        return look
 
 
 # --------------------------------------------------------------------------------------------
-# Across nights: a baseline that one bad night does not move
+# Across nights: a center that one bad night does not move
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Baseline:
+class RobustCenter:
     center: float
     # Robust standard deviation (1.4826 x MAD) of the values kept; 0 with fewer than 2 kept.
     spread: float
@@ -523,18 +517,15 @@ FEW_NIGHTS = 5
 FEW_NIGHTS_REL_FLOOR = 0.10
 
 
-def robust_baseline(values: Sequence[float], k: float = 3.5, rel_floor: float = 0.01) -> Baseline:
+def robust_baseline(values: Sequence[float], k: float = 3.5, rel_floor: float = 0.01) -> RobustCenter:
     """Combine past nights' values into a center and a spread, dropping outliers.
 
     An outlier is a value whose modified z-score |x - median| / (1.4826 MAD) exceeds ``k``
     (3.5, Iglewicz and Hoaglin's rule). When more than half the values are identical the MAD is
-    zero; the mean absolute deviation (x 1.2533) stands in, as the same authors suggest, so one
-    deviating night among identical ones is still judged by a spread rather than by zero. The
-    spread used for the rule never counts as less than ``rel_floor`` of the median: nights that
-    agree to a fraction of a percent must not make a 2% night an outlier. With fewer than
-    ``FEW_NIGHTS`` values that floor is ``FEW_NIGHTS_REL_FLOOR`` (seen here: of 211, 217 and 174
-    tokens/s, the MAD rule dropped 174, an ordinary night on a machine that drifts 15%; only a night
-    off by more than ~35% is dropped from so few). Two values cannot tell which of them is the
+    zero; the mean absolute deviation (x 1.2533) stands in. The spread used for the rule never
+    counts as less than ``rel_floor`` of the median; with fewer than ``FEW_NIGHTS`` values that
+    floor is ``FEW_NIGHTS_REL_FLOOR`` (of 211, 217 and 174 tokens/s the MAD rule dropped 174, an
+    ordinary night on a machine that drifts 15%). Two values cannot tell which of them is the
     outlier: both are kept. The center is the median of the values kept.
     """
     vals = [float(v) for v in values]
@@ -553,4 +544,4 @@ def robust_baseline(values: Sequence[float], k: float = 3.5, rel_floor: float = 
     dropped = [v for v in vals if v not in kept]
     center = statistics.median(kept)
     spread = MAD_TO_SIGMA * _mad(kept, center) if len(kept) >= 2 else 0.0
-    return Baseline(center, spread, tuple(kept), tuple(dropped))
+    return RobustCenter(center, spread, tuple(kept), tuple(dropped))

@@ -20,8 +20,8 @@ def test_busbw_reaches_the_link_rate(fabric_link, fabric_measure, fabric_cluster
     if not fabric_cluster.realizes_fabrics:
         pytest.skip(f"the {fabric_cluster.name} cluster has no known link rate to compare with")
     bw = fabric_measure.bandwidth(fabric_link)
-    link_gbit = bw.result["fabric"]["emulated_mbit"] / 1000
-    for op in LINK_GATED_OPS[bw.result["backend"]]:
+    link_gbit = bw.result.fabric["emulated_mbit"] / 1000
+    for op in LINK_GATED_OPS[bw.result.backend]:
         assert_at_least(busbw(bw, op), 0.85 * link_gbit, f"{op} busbw >= 85% of the {link_gbit:g} Gbit/s link")
 
 

@@ -12,12 +12,12 @@ import pytest
 def test_training_step(fabric_case, fabric_measure, fabric_session, fabric_references):
     m = fabric_measure(fabric_case)
     # The job really spanned the nodes and ranks it was asked for, and trained (finite loss).
-    assert len(m.result["nodes"]) == fabric_case.nodes, m.result["nodes"]
+    assert len(m.result.hosts) == fabric_case.nodes, m.result.hosts
     assert m.gpus == fabric_case.nodes * fabric_session.options.settings.gpus_per_node
-    assert math.isfinite(m.result["final_loss"]), m.result["final_loss"]
+    assert m.result.final_loss is not None and math.isfinite(m.result.final_loss), m.result.final_loss
     assert m.tokens_per_s > 0
     misses = fabric_references.violations(fabric_case, {
         "tokens_per_s": m.tokens_per_s, "tokens_per_s_per_gpu": m.tokens_per_s_per_gpu,
-        "median_step_s": m.median_step_s})
+        "median_step_s": m.step_s})
     if misses:
         pytest.fail("\n".join(misses), pytrace=False)

@@ -299,7 +299,7 @@ def train_program(run_dir: Path) -> list[str]:
     run_dir.mkdir(parents=True, exist_ok=True)
     config = TrainConfig(
         model=get_model("qwen2-tiny").to_dict(), batch_size=1, seq_len=64, steps=1, warmup_steps=0,
-        result_path=str(run_dir / "result.json"), progress_path=str(run_dir / "progress.jsonl"),
+        measure_s=0, result_path=str(run_dir / "result.json"), progress_path=str(run_dir / "progress.jsonl"),
         device="cpu", collective_timeout_s=120, fabric=get_fabric("eth").settings())
     config.dump(run_dir / "config.json")
     return ["-m", "pytest_fabric.workload.train", "--config", str(run_dir / "config.json")]

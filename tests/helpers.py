@@ -10,10 +10,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The cheapest real launch: the compute-light CPU model, one measured step, a short sequence.
+# The cheapest real launch: the compute-light CPU model, one measured step (no adaptive measuring),
+# a short sequence.
 FAST_LAUNCH = [
     "--models", "qwen2-tiny",
     "--steps", "1",
+    "--measure-seconds", "0",
     "--warmup-steps", "0",
     "--batch-size", "1",
     "--seq-len", "64",

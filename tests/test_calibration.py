@@ -1,16 +1,20 @@
 """The model's error on measured runs: configurations from saved records, leave-one-out and the
 fabric penalty predicted from the fast fabric alone, on synthetic runs whose answers are known.
 
-fixtures/calibration/synthetic-night.json is a --fabric-save file in the recorded format whose step
-times the model itself generated: 2e10 FLOP/s per rank, 50 ms multi-node overhead, link efficiency
-0.9, qwen2-tiny and llama-wide on 1 node and on 2 nodes over ib (2000 Mbit/s) and eth (400), fp32,
-two identical launches each.
+fixtures/calibration/synthetic-night.json is a --fabric-save file whose step times the model itself
+generated: 2e10 FLOP/s per rank, 50 ms multi-node overhead, link efficiency 0.9, qwen2-tiny and
+llama-wide on 1 node and on 2 nodes over ib (2000 Mbit/s) and eth (400), fp32, two identical
+launches each. Its records are version-1 results (written before typed results: hosts under
+"nodes", no signals), so the file also checks that older nights still calibrate; the same records
+in the current format (``TrainResult``, version 2) must give the same configurations.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import random
+import statistics
 
 import pytest
 from helpers import REPO
@@ -19,9 +23,19 @@ from pytest_fabric.calibration import EFFICIENCY_GRID, Configuration, configurat
 from pytest_fabric.models import get_model
 from pytest_fabric.predict import Observation, predict_step
 from pytest_fabric.results import ResultsError, load_records
+from pytest_fabric.workload.result import RESULT_VERSION, TRAIN_FORMAT, TrainResult
 
 FIXTURE = REPO / "fixtures" / "calibration" / "synthetic-night.json"
 FLOPS, OVERHEAD, EFFICIENCY = 2e10, 0.05, 0.9
+
+
+def current_format(records: dict) -> dict:
+    """The records with each result as the rank program writes it now (TrainResult, version 2)."""
+    out = copy.deepcopy(records)
+    for key, r in out.items():
+        if "result" in r:
+            r["result"] = TrainResult.from_dict(r["result"], key).to_dict()
+    return out
 
 
 def synthetic(flops=FLOPS, overhead=OVERHEAD, efficiency=EFFICIENCY, noise=0.0, seed=0, rates=(("ib", 2.0),
@@ -71,6 +85,49 @@ class TestConfigurations:
         records["y#1"] = {"case": {"model": "llama-wide", "nodes": 2, "fabric": "ib"}, "error": "rank 0 exited 1"}
         configs, notes = configurations(records)
         assert len(configs) == 6 and notes == ["x#1: model 'gpt-9' is not in the catalog; left out"]
+
+    def test_records_in_the_current_format_give_the_same_configurations(self):
+        old = load_records(FIXTURE)
+        new = current_format(old)
+        r = new["llama-wide-n2-eth#synthetic"]["result"]
+        assert (r["format"], r["version"], r["hosts"]) == (TRAIN_FORMAT, RESULT_VERSION, ["node0/198.18.0.1",
+                                                                                          "node1/198.18.0.2"])
+        assert "nodes" not in r and "median_step_s" not in r and len(r["signals"]["disturbed"]) == len(r["step_s"])
+        (a, notes_a), (b, notes_b) = configurations(old), configurations(new)
+        assert notes_a == notes_b == []
+        assert [(c.label, c.launches, c.observation) for c in a] == [(c.label, c.launches, c.observation) for c in b]
+
+    def test_launches_combine_by_their_geometric_mean(self):
+        """Two launches of one configuration at different speeds: its step time is the geometric
+        mean of the launches' step times (the same value as tokens/s: the geometric mean of
+        tokens/s is tokens_per_step over it), not the median of the two."""
+        records = current_format(load_records(FIXTURE))
+        first, second = records["qwen2-tiny-n2-ib#synthetic"], records["qwen2-tiny-n2-ib#synthetic@1"]
+        for record, step in ((first, 0.2), (second, 0.8)):
+            record["result"]["step_s"] = [step] * 6
+            record["result"]["signals"] = {name: [] for name in record["result"]["signals"]}  # none recorded
+        configs, notes = configurations(records)
+        assert notes == []
+        ib = next(c for c in configs if c.label == "qwen2-tiny n2x1 ib")
+        assert ib.launches == 2
+        assert ib.observation.step_s == pytest.approx(math.sqrt(0.2 * 0.8), rel=1e-12)  # 0.4, not 0.5
+        assert ib.observation.step_s != pytest.approx(statistics.median([0.2, 0.8]))
+
+    def test_disturbed_steps_are_set_aside_as_the_gates_do(self):
+        """Steps the node's signals marked disturbed do not count in a launch's value: the median of
+        the clean steps (0.1 s), not of every step (0.3 s)."""
+        records = current_format(load_records(FIXTURE))
+        for key in ("qwen2-tiny-n2-eth#synthetic", "qwen2-tiny-n2-eth#synthetic@1"):
+            r = records[key]["result"]
+            r["step_s"] = [0.1, 0.1, 0.5, 0.5, 0.5, 0.5, 0.1, 0.1]
+            r["signals"] = {name: [] for name in r["signals"]}
+            r["signals"]["disturbed"] = ["", "", "cpu steal 40 ms", "cpu steal 40 ms", "cpu steal 41 ms",
+                                         "cpu slowed 35%", "", ""]
+            assert statistics.median(r["step_s"]) == pytest.approx(0.3)
+        configs, notes = configurations(records)
+        assert notes == []
+        eth = next(c for c in configs if c.label == "qwen2-tiny n2x1 eth")
+        assert eth.observation.step_s == pytest.approx(0.1)
 
     def test_only_files_with_step_times(self, tmp_path):
         junit = tmp_path / "j.xml"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from helpers import REPO
-from test_results import junit_text, nights, saved, session_store
+from test_results import ETH_LAUNCHES, IB_LAUNCHES, geomean, junit_text, nights, saved, session_store
 
 from pytest_fabric.cli import main
 from pytest_fabric.models import get_model
@@ -47,6 +47,8 @@ def test_report_writes_the_documents(capsys, tmp_path):
     assert f"wrote {tmp_path / 'out' / 'report.md'}" in out and f"wrote {tmp_path / 'out' / 'report.html'}" in out
     assert "matplotlib is not installed" in err  # said once, on stderr, not as a failure
     md = (tmp_path / "out" / "report.md").read_text()
+    ib, eth = geomean(IB_LAUNCHES), geomean(ETH_LAUNCHES)  # a configuration's value
+    assert f"| 2 | 2 | {ib:.1f} | {eth:.1f} | {(eth / ib - 1) * 100:+.1f}% |" in md
     assert "| 2 | 2 | 1803.3 | 1700.0 | -5.7% |" in md and "ib break-even premium over eth" in md
 
 
@@ -114,7 +116,8 @@ def test_trend(capsys, tmp_path):
     paths = [str(p) for p in nights(tmp_path, [1.0, 1.1])]
     code, _, err = run(capsys, "trend", *paths, "-o", str(tmp_path / "t"))
     assert code == 0, err
-    assert "| qwen2-tiny-n2-eth | 1700.0 | 1870.0 | +10.0% |" in (tmp_path / "t" / "trend.md").read_text()
+    eth = geomean(ETH_LAUNCHES)
+    assert f"| qwen2-tiny-n2-eth | {eth:.1f} | {eth * 1.1:.1f} | +10.0% |" in (tmp_path / "t" / "trend.md").read_text()
     code, _, err = run(capsys, "trend", paths[0])
     assert_one_line_error(code, err, "at least two nights")
 
@@ -127,6 +130,9 @@ def test_baseline(capsys, tmp_path):
     line = next(x for x in out.splitlines() if x.startswith("qwen2-tiny-n2-ib:"))
     assert "over 4 night(s)" in line and "dropped as outlier(s): 2026-11-14 02:00" in line
     assert load_baseline(out_path)["cases"]["qwen2-tiny-n2-ib"]["dropped"] == 1
+    # The launch noise learned from the nights' repeated two-node launches (qwen2-tiny on ib and on
+    # eth, three launches each: 2 x 2 degrees of freedom a night) goes into the file.
+    assert load_baseline(out_path)["launch_noise"]["df"] == 5 * 2 * 2
     assert load_results(out_path).kind == "baseline"
     code, _, err = run(capsys, "baseline", str(out_path), str(tmp_path / "nope.json"))
     assert_one_line_error(code, err, "nope.json")

@@ -1,64 +1,109 @@
-"""Gates on repeated launches: interleaving, verdicts and the inconclusive policy.
+"""Gates on repeated launches: interleaving, verdicts, launches set aside, and the inconclusive policy.
 
-The launches are synthetic here (known distributions, so the right verdict is known); the real
-launch path is covered by the emulated runs in test_plugin_runs.py.
+The launches are synthetic here (known distributions, so the right verdict is known), but each is a
+real ``Measurement`` read from a typed rank result, so its value goes through
+``stats.launch_estimate`` as a real launch's does; the real launch path is covered by the emulated
+runs in test_plugin_runs.py.
 """
 
 import random
+import warnings
 from types import SimpleNamespace
 
 import pytest
+from test_junit import geomean, train_measurement, train_record
 
-from pytest_fabric.measure import Case
-from pytest_fabric.plugin import VERDICTS_KEY, CompareFixture
+from pytest_fabric.case import Case
+from pytest_fabric.measure import Settings
+from pytest_fabric.options import Baseline
+from pytest_fabric.plugin import OUTCOMES_KEY, VERDICTS_KEY, CompareFixture, FabricSession
+from pytest_fabric.stats import Interval, NoisePrior, Verdict
+
+CAND, REF = Case("m", 2, "eth"), Case("m", 2, "ib")
 
 
 class FakeLaunches:
-    """Per-fabric tokens/s drawn from a seeded normal distribution; remembers the launch order."""
+    """Tokens/s per case id (or per fabric) drawn from a seeded normal distribution; remembers the
+    launch order. ``paired``: launch i has the same draw whatever the case (an A/A comparison);
+    ``disturbed``: (case id or fabric, launch) pairs whose every step is flagged disturbed, and
+    which ran at a quarter of the speed, so a gate that counted them would decide otherwise."""
 
-    def __init__(self, means, noise=0.01, seed=1):
-        self.means, self.noise, self.rng, self.order = means, noise, random.Random(seed), []
+    def __init__(self, means, noise=0.01, seed=1, paired=False, disturbed=()):
+        self.means, self.noise, self.seed, self.paired = means, noise, seed, paired
+        self.rng, self.disturbed, self.order, self.ids = random.Random(seed), set(disturbed), [], []
+        self.made = {}  # case id -> its launches, in order
 
     def __call__(self, case, launch=0):
         self.order.append((case.fabric, launch))
-        value = self.means[case.fabric] * (1 + self.rng.gauss(0, self.noise))
-        return SimpleNamespace(tokens_per_s=value, case=case)
+        self.ids.append((case.id, launch))
+        rng = random.Random(f"{self.seed}-{launch}") if self.paired else self.rng
+        mean = self.means.get(case.id, self.means.get(case.fabric))
+        value = mean * (1 + rng.gauss(0, self.noise))
+        disturbed = bool({(case.id, launch), (case.fabric, launch)} & self.disturbed)
+        m = train_measurement(case.model, case.nodes, case.fabric, value / 4 if disturbed else value,
+                              launch=launch, disturbed=4 if disturbed else 0)
+        self.made.setdefault(case.id, []).append(m)
+        return m
 
 
-def compare(means, inconclusive="xfail", repeats=3, max_repeats=6, noise=0.01):
-    launches = FakeLaunches(means, noise)
-    options = SimpleNamespace(repeats=repeats, max_repeats=max_repeats, inconclusive=inconclusive)
+class StandInSession(SimpleNamespace):
+    # The real choice of the launch-noise prior: --launch-noise, else the baseline's, else the default.
+    noise = FabricSession.noise
+
+
+def options(**kw):
+    defaults = dict(repeats=3, max_repeats=6, inconclusive="xfail", launch_noise=None, baseline=None,
+                    regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=Settings())
+    return SimpleNamespace(**{**defaults, **kw})
+
+
+def compare(means, noise=0.01, paired=False, disturbed=(), seed=1, **kw):
+    launches = FakeLaunches(means, noise, seed=seed, paired=paired, disturbed=disturbed)
     item = SimpleNamespace(stash={})
-    return CompareFixture(launches, SimpleNamespace(options=options), item), launches, item
-
-
-CAND, REF = Case("m", 2, "eth"), Case("m", 2, "ib")
+    # No cluster: the prediction beside each verdict says it is unavailable, and nothing fails.
+    return CompareFixture(launches, StandInSession(options=options(**kw)), item), launches, item
 
 
 def test_equal_fabrics_pass_and_launches_are_interleaved():
     fixture, launches, item = compare({"ib": 1000.0, "eth": 1000.0})
     result = fixture.within(CAND, REF, rel=0.05)
-    assert str(result.verdict) == "pass" and result.pairs == 3
+    assert result.verdict is Verdict.PASS and result.interval.launches == (3, 3)
     # reference, candidate, reference, candidate ... each launch index once per side
     assert launches.order == [("ib", 0), ("eth", 0), ("ib", 1), ("eth", 1), ("ib", 2), ("eth", 2)]
     line, predicted = item.stash[VERDICTS_KEY]
     assert line.startswith("pass: eth/ib = ") and "over 3+3 launches" in line and ">= 0.950" in line
-    # These fake launches carry no step times: the prediction says why it is missing, and nothing fails.
+    assert "launch noise 2.0% (declared default)" in line
     assert predicted.startswith("predicted: unavailable (")
+    # The decided comparison itself goes to the report's machine lines.
+    assert item.stash[OUTCOMES_KEY] == [result]
+    assert (result.a_name, result.b_name, result.threshold) == ("eth", "ib", 0.95)
+
+
+def test_the_values_shown_are_the_configuration_values():
+    fixture, launches, _ = compare({"ib": 1000.0, "eth": 1000.0}, noise=0.02)
+    result = fixture.within(CAND, REF, rel=0.2)
+    eth = [m.tokens_per_s for m in launches.made["m-n2-eth"]]
+    ib = [m.tokens_per_s for m in launches.made["m-n2-ib"]]
+    # Each side's value is the geometric mean of its launches, and the interval's point their ratio.
+    assert result.values == pytest.approx((geomean(eth), geomean(ib)), rel=1e-12)
+    assert result.interval.point == pytest.approx(result.values[0] / result.values[1], rel=1e-9)
 
 
 def test_clear_slowdown_fails_with_interval_and_numbers():
-    fixture, _, _ = compare({"ib": 1000.0, "eth": 800.0})
+    fixture, _, item = compare({"ib": 1000.0, "eth": 800.0})
     with pytest.raises(pytest.fail.Exception) as info:
         fixture.within(CAND, REF, rel=0.05)
     message = str(info.value)
     assert "wholly below" in message and "eth/ib = 0.8" in message and "CI [" in message
-    assert "mean eth 8" in message and "vs ib 10" in message
+    assert "eth 8" in message and "vs ib 1" in message and "tokens/s [m, 2 node(s)]" in message
+    # A failed gate is in the machine lines too.
+    (outcome,) = item.stash[OUTCOMES_KEY]
+    assert outcome.verdict is Verdict.FAIL
 
 
 def test_advantage_gate_direction():
     fixture, _, _ = compare({"ib": 1000.0, "eth": 500.0})
-    assert str(fixture.ahead(REF, CAND, by=0.20).verdict) == "pass"
+    assert fixture.ahead(REF, CAND, by=0.20).verdict is Verdict.PASS
     fixture, _, _ = compare({"ib": 1000.0, "eth": 990.0})
     with pytest.raises(pytest.fail.Exception, match="ib/eth = 1.0"):
         fixture.ahead(REF, CAND, by=0.20)
@@ -80,30 +125,193 @@ def test_inconclusive_warn_passes_with_a_warning():
     fixture, _, _ = compare({"ib": 1000.0, "eth": 950.0}, inconclusive="warn", noise=0.05)
     with pytest.warns(InconclusiveWarning, match="inconclusive"):
         result = fixture.within(CAND, REF, rel=0.05)
-    assert str(result.verdict) == "inconclusive"
+    assert result.verdict is Verdict.INCONCLUSIVE
 
 
-def regression(tonight_mean, past, noise=0.01):
-    launches = FakeLaunches({"ib": tonight_mean}, noise)
-    baseline = SimpleNamespace(values={"m-n2-ib": past}, identity={"cluster_kind": "emulated"}, path="b.json")
-    options = SimpleNamespace(repeats=3, max_repeats=6, inconclusive="fail", baseline=baseline,
-                              regression_threshold=0.10)
-    session = SimpleNamespace(options=options, store=SimpleNamespace(all=lambda: {}))
-    return CompareFixture(launches, session, SimpleNamespace(stash={})), launches
+# -- few launches, identical launches, launches set aside --------------------------------------------
+
+
+@pytest.mark.parametrize("max_repeats", [1, 6])
+def test_one_launch_per_side_decides_a_wide_gap(max_repeats):
+    # The noise prior stands in for the launches not made: a 4x gap needs no second launch.
+    fixture, launches, item = compare({"ib": 4000.0, "eth": 1000.0}, repeats=1, max_repeats=max_repeats)
+    result = fixture.ahead(REF, CAND, by=0.20)
+    assert result.verdict is Verdict.PASS and result.interval.launches == (1, 1)
+    assert launches.order == [("eth", 0), ("ib", 0)]
+    assert 1.2 < result.interval.low < result.interval.point < result.interval.high
+    assert item.stash[VERDICTS_KEY][0].startswith("pass: ib/eth = 4.0")
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01, 0.05])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("repeats", [1, 3])
+def test_identical_a_a_launches_never_fail(noise, seed, repeats):
+    """The same values on both sides: the ratio is exactly 1, and no gate whose threshold is at
+    most 1 may fail it; with no margin to show, ``ahead(by=0)`` cannot pass either."""
+    def fixture():
+        f, _, _ = compare({"ib": 1000.0, "eth": 1000.0}, noise=noise, paired=True, seed=seed, repeats=repeats,
+                          inconclusive="warn")
+        return f
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for rel in (0.0, 0.01, 0.05, 0.2):
+            result = fixture().within(CAND, REF, rel=rel)
+            assert result.verdict is not Verdict.FAIL, result.interval
+            assert result.interval.point == pytest.approx(1.0) and result.interval.contains(1.0)
+        result = fixture().ahead(REF, CAND, by=0.0)
+        assert result.verdict is Verdict.INCONCLUSIVE and result.interval.point == pytest.approx(1.0)
+
+
+def test_a_side_whose_only_launch_is_set_aside_is_inconclusive():
+    # Without the disturbance this would pass at once (see the 4x test above).
+    fixture, launches, item = compare({"ib": 4000.0, "eth": 1000.0}, repeats=1, max_repeats=1,
+                                      disturbed={("eth", 0)})
+    with pytest.raises(pytest.xfail.Exception) as info:
+        fixture.ahead(REF, CAND, by=0.20)
+    message = str(info.value)
+    assert message.startswith("inconclusive after the launch budget: ib/eth")
+    assert "(1 set aside: m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4))" in message
+    assert launches.order == [("eth", 0), ("ib", 0)]
+    (outcome,) = item.stash[OUTCOMES_KEY]
+    assert outcome.verdict is Verdict.INCONCLUSIVE and outcome.fields()["set_aside"] == "1"
+
+
+def test_a_disturbed_launch_is_replaced_before_the_first_look():
+    # eth's first launch is disturbed (and a quarter as fast): one more round, and it is not counted.
+    fixture, launches, item = compare({"ib": 1000.0, "eth": 1000.0}, repeats=2, disturbed={("eth", 0)})
+    result = fixture.within(CAND, REF, rel=0.15)  # decided at the first look
+    assert result.verdict is Verdict.PASS
+    assert launches.order == [("ib", 0), ("eth", 0), ("ib", 1), ("eth", 1), ("ib", 2), ("eth", 2)]
+    assert result.interval.launches == (2, 3)  # eth's two counted launches, ib's three
+    assert result.set_aside == ("m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4)",)
+    assert result.values[0] == pytest.approx(1000.0, rel=0.05)  # not pulled down by the slow launch
+    assert "over 2+3 launches (1 set aside: m-n2-eth launch 1:" in item.stash[VERDICTS_KEY][0]
+
+
+def test_a_side_disturbed_throughout_spends_the_budget_then_is_inconclusive():
+    fixture, launches, _ = compare({"ib": 1000.0, "eth": 1000.0}, repeats=2, max_repeats=4,
+                                   disturbed={("eth", i) for i in range(4)}, inconclusive="fail")
+    with pytest.raises(pytest.fail.Exception, match="inconclusive after the launch budget.*4 set aside"):
+        fixture.within(CAND, REF, rel=0.05)
+    assert len(launches.order) == 2 * 4
+
+
+# -- the launch-noise prior ---------------------------------------------------------------------------
+
+
+def test_declared_launch_noise_is_used_and_named():
+    declared = NoisePrior(0.05, 8.0, "declared --launch-noise 0.05")
+    fixture, _, item = compare({"ib": 1000.0, "eth": 1000.0}, launch_noise=declared, inconclusive="warn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = fixture.within(CAND, REF, rel=0.05)
+    assert result.noise == declared
+    assert "launch noise 5.0% (declared --launch-noise 0.05)" in item.stash[VERDICTS_KEY][0]
+
+
+def test_more_declared_noise_widens_the_interval():
+    widths = []
+    for sigma in (0.01, 0.05):
+        fixture, _, _ = compare({"ib": 1000.0, "eth": 1000.0}, launch_noise=NoisePrior(sigma, 8.0), inconclusive="warn")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            widths.append(fixture.within(CAND, REF, rel=0.05).interval.width)
+    assert widths[1] > 2 * widths[0]
+
+
+def test_the_baseline_noise_is_used_unless_one_is_declared():
+    learned = NoisePrior(0.03, 12.0, "learned from 3 nights, 12 df")
+    baseline = Baseline("b.json", {}, {}, {}, learned)
+    assert StandInSession(options=options(baseline=baseline)).noise == learned
+    declared = NoisePrior(0.05, 8.0, "declared --launch-noise 0.05")
+    assert StandInSession(options=options(baseline=baseline, launch_noise=declared)).noise == declared
+    assert StandInSession(options=options()).noise.source == "declared default"
+
+
+# -- against a baseline -------------------------------------------------------------------------------
+
+
+def regression(tonight, past, noise=0.01, regression_on="scaling", gpus=None):
+    """``tonight``: mean tokens/s per case id; ``past``: the baseline's values per case id."""
+    launches = FakeLaunches(tonight, noise)
+    baseline = Baseline("b.json", past, gpus or {cid: int(cid.split("-n")[1].split("-")[0]) for cid in past},
+                        {"cluster_kind": "emulated"})
+    session = StandInSession(options=options(inconclusive="fail", baseline=baseline, regression_on=regression_on),
+                             store=SimpleNamespace(all=lambda: {}))
+    item = SimpleNamespace(stash={})
+    return CompareFixture(launches, session, item), launches, item
 
 
 def test_regression_against_baseline_is_caught():
-    fixture, launches = regression(700.0, [1000.0, 1010.0, 990.0])
-    with pytest.raises(pytest.fail.Exception, match=r"tonight/baseline = 0\.70.*at most 10% below"):
+    fixture, launches, _ = regression({"m-n2-ib": 700.0}, {"m-n2-ib": [1000.0, 1010.0, 990.0]})
+    with pytest.raises(pytest.fail.Exception, match=r"tonight/baseline = 0\.70.*at most 10% below") as info:
         fixture.no_regression(REF)
     assert len(launches.order) == 3  # decided at the first look
+    # No one-node measurement in the baseline: judged on raw tokens/s, and the line says why.
+    assert "judged on raw tokens/s: the baseline has no one-node measurement of m" in str(info.value)
 
 
 def test_same_as_baseline_passes_and_missing_case_skips():
-    fixture, _ = regression(1000.0, [1000.0, 1010.0, 990.0])
-    assert str(fixture.no_regression(REF).verdict) == "pass"
+    fixture, _, item = regression({"m-n2-ib": 1000.0}, {"m-n2-ib": [1000.0, 1010.0, 990.0]})
+    assert fixture.no_regression(REF).verdict is Verdict.PASS
+    assert item.stash[VERDICTS_KEY][0].startswith("pass: tonight/baseline = 1.0")
     with pytest.raises(pytest.skip.Exception, match="no measurement of m-n2-eth"):
         fixture.no_regression(CAND)
+
+
+def test_no_baseline_skips():
+    fixture, _, _ = compare({"ib": 1000.0})
+    with pytest.raises(pytest.skip.Exception, match="no --fabric-baseline given"):
+        fixture.no_regression(REF)
+
+
+PAST = {"m-n1-ib": [1000.0, 1005.0, 995.0], "m-n2-ib": [1800.0, 1790.0, 1810.0]}  # scaling efficiency 0.9
+
+
+def test_a_machine_slower_all_night_is_no_regression_of_scaling():
+    # Tonight everything runs at 70%: one node and two nodes alike. The fabric scales as before.
+    fixture, launches, item = regression({"m-n1-ib": 700.0, "m-n2-ib": 1260.0}, PAST)
+    result = fixture.no_regression(REF)
+    assert result.verdict is Verdict.PASS
+    assert result.interval.point == pytest.approx(1.0, abs=0.03)
+    # One-node and two-node launches interleaved, the one-node first.
+    assert launches.ids[:4] == [("m-n1-ib", 0), ("m-n2-ib", 0), ("m-n1-ib", 1), ("m-n2-ib", 1)]
+    assert result.values[0] == pytest.approx(0.9, abs=0.03) and result.values[1] == pytest.approx(0.9, abs=0.01)
+    line = item.stash[VERDICTS_KEY][0]
+    assert "scaling at most 10% below the baseline" in line
+    assert "scaling efficiency (n2 over n1 tokens/s/GPU)" in line
+    assert "raw tokens/s tonight/baseline = 0.70" in line and "tonight 12" in line and "baseline 1800.0" in line
+
+
+def test_the_same_night_judged_on_raw_tokens_fails():
+    fixture, launches, _ = regression({"m-n1-ib": 700.0, "m-n2-ib": 1260.0}, PAST, regression_on="tokens")
+    with pytest.raises(pytest.fail.Exception, match=r"tonight/baseline = 0\.70.*tokens/s at most 10% below"):
+        fixture.no_regression(REF)
+    assert {cid for cid, _ in launches.ids} == {"m-n2-ib"}  # no one-node launch needed
+
+
+def test_a_loss_of_scaling_fails_although_one_node_is_as_fast_as_ever():
+    fixture, _, item = regression({"m-n1-ib": 1000.0, "m-n2-ib": 1260.0}, PAST)  # efficiency 0.63 vs 0.9
+    with pytest.raises(pytest.fail.Exception, match=r"tonight/baseline = 0\.70.*scaling at most 10% below"):
+        fixture.no_regression(REF)
+    (outcome,) = item.stash[OUTCOMES_KEY]
+    assert outcome.verdict is Verdict.FAIL and outcome.interval.launches == (3, 3)
+
+
+def test_scaling_counts_every_gpu():
+    # 2 nodes x 4 GPUs against 1 node x 4 GPUs: efficiency is per GPU on both sides.
+    past = {"m-n1-ib": [4000.0] * 3, "m-n2-ib": [7200.0] * 3}
+    fixture, _, _ = regression({"m-n1-ib": 4000.0, "m-n2-ib": 7200.0}, past, gpus={"m-n1-ib": 4, "m-n2-ib": 8})
+    result = fixture.no_regression(REF)
+    assert result.verdict is Verdict.PASS and result.interval.point == pytest.approx(1.0, abs=0.03)
+
+
+def test_one_node_is_judged_on_tokens_per_s():
+    fixture, launches, item = regression({"m-n1-ib": 1000.0}, PAST)
+    assert fixture.no_regression(Case("m", 1, "ib")).verdict is Verdict.PASS
+    assert "tokens/s at most 10% below the baseline" in item.stash[VERDICTS_KEY][0]
+    assert "judged on raw tokens/s" not in item.stash[VERDICTS_KEY][0]
 
 
 # -- the model's prediction next to the measurement --------------------------------------------------
@@ -123,24 +331,28 @@ class ModelLaunches:
 
     def __call__(self, case, launch=0):
         step = self.steps[case.fabric] * (1 + self.rng.gauss(0, self.noise))
-        tokens = 2 * self.spec.batch_size * self.spec.seq_len
-        result = {"batch_size": self.spec.batch_size, "seq_len": self.spec.seq_len, "local_world_size": 1,
-                  "dtype": "float32", "reduce_dtype": "float32", "activation_checkpointing": False}
-        return SimpleNamespace(tokens_per_s=tokens / step, median_step_s=step, case=case, result=result)
+        tokens = case.nodes * self.spec.batch_size * self.spec.seq_len
+        return train_measurement(case.model, case.nodes, case.fabric, tokens / step, launch=launch,
+                                 tokens_per_step=tokens, batch_size=self.spec.batch_size, seq_len=self.spec.seq_len)
+
+
+def test_model_launches_record_the_model_shape():
+    # ModelLaunches relies on train_record passing TrainResult fields through: the prediction reads them.
+    record = train_record(Case("m", 2, "ib"), 100.0, batch_size=3, seq_len=7)
+    assert (record["result"]["batch_size"], record["result"]["seq_len"]) == (3, 7)
 
 
 def predicting(model, rates_mbit, cluster="emulated", fabric_flops=None, inconclusive="fail"):
     from pytest_fabric.fabrics import build_table
-    from pytest_fabric.measure import Settings
 
     table = build_table(rates=rates_mbit)
     gbit = {f: (table[f].emulated_mbit / 1000 if cluster == "emulated" else table[f].nominal_gbit)
             for f in ("ib", "eth")}
     launches = ModelLaunches(model, gbit)
-    options = SimpleNamespace(repeats=3, max_repeats=4, inconclusive=inconclusive, flops_per_rank=fabric_flops,
-                              settings=Settings(fabric_table=table))
+    opts = options(repeats=3, max_repeats=4, inconclusive=inconclusive, flops_per_rank=fabric_flops,
+                   settings=Settings(fabric_table=table))
     item = SimpleNamespace(stash={})
-    session = SimpleNamespace(options=options, cluster=SimpleNamespace(name=cluster))
+    session = StandInSession(options=opts, cluster=SimpleNamespace(name=cluster))
     return CompareFixture(launches, session, item), item
 
 
@@ -177,8 +389,6 @@ def test_deeply_compute_bound_comparison_is_labelled():
 
 def test_off_the_emulated_cluster_the_nominal_rates_and_a_given_throughput_are_used():
     fixture, item = predicting("llama-wide", {}, cluster="slurm", fabric_flops=2e10, inconclusive="warn")
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fixture.within(Case("llama-wide", 2, "eth"), Case("llama-wide", 2, "ib"), rel=0.05)
@@ -196,21 +406,19 @@ def test_equal_rates_predict_no_difference():
 
 
 def test_prediction_reads_real_measurements_as_the_store_records_them():
-    from test_results import training_record
-
     from pytest_fabric.fabrics import build_table
-    from pytest_fabric.measure import Measurement, Settings
+    from pytest_fabric.measure import Measurement
     from pytest_fabric.plugin import _predicted
 
     def runs(fabric, tokens_per_s):
-        record = training_record("qwen2-tiny", 2, fabric, tokens_per_s)
-        return [Measurement.from_record(Case("qwen2-tiny", 2, fabric), record)] * 3
+        case = Case("qwen2-tiny", 2, fabric)
+        return [Measurement.from_record(case, train_record(case, tokens_per_s), launch=i) for i in range(3)]
 
-    session = SimpleNamespace(options=SimpleNamespace(settings=Settings(fabric_table=build_table()),
-                                                      flops_per_rank=None),
-                              cluster=SimpleNamespace(name="emulated"))
-    interval = SimpleNamespace(point=1700 / 1800, low=0.93, high=0.96, confidence=0.95)
+    session = StandInSession(options=options(settings=Settings(fabric_table=build_table())),
+                             cluster=SimpleNamespace(name="emulated"))
+    interval = Interval(low=0.93, point=1700 / 1800, high=0.96, confidence=0.95, df=8.0, sigma=0.02,
+                        launches=(3, 3))
     line = _predicted(session, Case("qwen2-tiny", 2, "eth"), Case("qwen2-tiny", 2, "ib"),
-                      {"a": runs("eth", 1700.0), "b": runs("ib", 1800.0)}, SimpleNamespace(interval=interval))
+                      {"a": runs("eth", 1700.0), "b": runs("ib", 1800.0)}, interval)
     assert line.startswith("predicted: eth ") and "eth 0.4 vs ib 2 Gbit/s per node" in line, line
     assert "measured: eth 5.6% slower, 95% CI of the slowdown [+4.0%, +7.0%]" in line

@@ -189,7 +189,7 @@ def test_faults_leave_no_process_or_namespace_behind(fault_run):
 
 @pytest.mark.slow
 def test_the_healthy_measurement_is_kept_on_disk(fault_run):
-    assert fault_run.record("ib")["result"]["tokens_per_s"] > 0
+    assert fault_run.record("ib")["result"]["step_s"][0] > 0
     saved = json.loads(fault_run.saved.read_text())
     assert json.dumps(saved)  # plain JSON
     text = fault_run.saved.read_text()
@@ -246,6 +246,6 @@ def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pyte
     directory = session_directory(output)
     records = json.loads((directory / "measurements.json").read_text())
     (ib,) = [r for r in records.values() if r["case"]["fabric"] == "ib"]
-    assert ib["result"]["tokens_per_s"] > 0
+    assert ib["result"]["step_s"][0] > 0
     saved_text = saved.read_text()
     assert "tokens_per_s" in saved_text and '"ib"' in saved_text

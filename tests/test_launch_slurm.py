@@ -54,7 +54,7 @@ def test_two_node_measurement_in_an_allocation(site, tmp_path: Path) -> None:
     assert report["max_nodes"] == 2  # the allocation's size: --nodes defaults to it
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2
-    assert result["nodes"] == [f"node0/{site.nodes[0].address}", f"node1/{site.nodes[1].address}"]
+    assert result["hosts"] == [f"node0/{site.nodes[0].address}", f"node1/{site.nodes[1].address}"]
     plan = json.loads((tmp_path / "slurm-plan.json").read_text())
     assert f"--rdzv-endpoint={site.nodes[0].address}:{RDZV_PORT}" in plan["node1"]["argv"]  # on the first node
     assert report["steps_after"] == []

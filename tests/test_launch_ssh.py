@@ -170,7 +170,7 @@ def test_two_node_measurement_over_ssh(site, tmp_path: Path) -> None:
     assert report["ok"], report["describe_outcome"]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["world_size"] == 2
-    assert result["nodes"] == [f"node0/{site.nodes[0].address}", f"node1/{site.nodes[1].address}"]
+    assert result["hosts"] == [f"node0/{site.nodes[0].address}", f"node1/{site.nodes[1].address}"]
     assert report["max_nodes"] == 2
     assert leftover_processes(job_id) == []
 

@@ -58,3 +58,25 @@ def test_case_id_and_with_fabric():
     assert case.id == "llama-3.1-70b-n8-eth"
     assert case.with_fabric("ib") == Case("llama-3.1-70b", 8, "ib")
     assert case.crosses_fabric and not Case("m", 1, "eth").crosses_fabric
+
+
+def test_case_with_nodes_and_bandwidth_cases():
+    case = Case("qwen2-tiny", 4, "eth")
+    assert case.with_nodes(1) == Case("qwen2-tiny", 1, "eth") and not case.with_nodes(1).crosses_fabric
+    assert Case("collectives", 2, "ib").is_bandwidth and not case.is_bandwidth
+
+
+@pytest.mark.parametrize("case", [Case("qwen2-tiny", 2, "eth"), Case("llama-3.1-70b", 16, "roce"),
+                                  Case("m-n2-x", 1, "ib"), Case("a-b", 8, "my_fabric.v2-1")])
+def test_case_id_parses_back(case):
+    from pytest_fabric.case import Case as CaseHere
+
+    assert CaseHere.parse(case.id) == case
+    # The package's Case is the one in case.py: every module (matrix, measure, results) shares it.
+    assert Case is CaseHere
+
+
+@pytest.mark.parametrize("text", ["qwen2-tiny", "qwen2-tiny-n2", "qwen2-tiny-nX-eth", "qwen2-tiny-n2-Eth", "-n2-"])
+def test_not_a_case_id(text):
+    with pytest.raises(ValueError, match="is not a case id"):
+        Case.parse(text)

@@ -17,6 +17,7 @@ from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
 from pytest_fabric.measure import Measurer
 from pytest_fabric.store import ResultStore
 from pytest_fabric.workload.config import TrainConfig
+from pytest_fabric.workload.result import RESULT_VERSION, StepSignals, TrainResult, write_result
 
 
 class FakeCluster(Cluster):
@@ -45,13 +46,13 @@ class FakeCluster(Cluster):
         world = request.nodes * request.procs_per_node
         tokens = config.batch_size * config.seq_len * world
         if self.write_result:
-            # What the rank program writes (workload/train.py), every step 0.5 s.
-            Path(config.result_path).write_text(json.dumps({
-                "world_size": world, "nodes": [f"node{i}" for i in range(request.nodes)],
-                "batch_size": config.batch_size, "seq_len": config.seq_len, "tokens_per_step": tokens,
-                "step_s": [0.5] * config.steps, "median_step_s": 0.5, "tokens_per_s": tokens / 0.5,
-                "tokens_per_s_per_gpu": tokens / 0.5 / world, "fabric": config.fabric,
-            }))
+            # What the rank program writes (workload/train.py): its typed result, every step 0.5 s.
+            write_result(TrainResult(
+                model=config.model["name"], world_size=world, hosts=[f"node{i}" for i in range(request.nodes)],
+                local_world_size=request.procs_per_node, batch_size=config.batch_size, seq_len=config.seq_len,
+                tokens_per_step=tokens, step_s=[0.5] * config.steps, warmup_step_s=[0.9] * config.warmup_steps,
+                signals=StepSignals(disturbed=[""] * config.steps), stopped="precision", fabric=config.fabric,
+            ), config.result_path)
         return LaunchOutcome([ProcOutcome(f"node{i}", 0, log) for i in range(request.nodes)], elapsed_s=0.1)
 
 
@@ -69,7 +70,9 @@ def test_each_configuration_is_launched_once(tmp_path):
     assert len(cluster.requests) == 2
     assert [r.fabric.name for r in cluster.requests] == ["ib", "eth"]
     assert first.tokens_per_s == again.tokens_per_s == 2 * 16 * 2 / 0.5
-    assert first.gpus == 2 and len(first.step_s) == 3
+    assert first.gpus == 2 and first.step_s == 0.5
+    assert first.estimate.steps == first.estimate.used == 3 and not first.set_aside
+    assert first.result.hosts == ["node0", "node1"] and first.result.version == RESULT_VERSION
     assert eth.case == Case("qwen2-tiny", 2, "eth") and eth.shared_with is None
 
 
@@ -94,7 +97,8 @@ def test_one_node_is_measured_once_for_every_fabric(tmp_path):
 
 
 @pytest.mark.parametrize("changed", [{"steps": 4}, {"warmup_steps": 0}, {"batch_size": 1}, {"seq_len": 32},
-                                     {"gpus_per_node": 2}])
+                                     {"gpus_per_node": 2}, {"measure_s": 0.0}, {"step_precision": 0.02},
+                                     {"max_steps": 50}, {"device": "cpu"}, {"fsdp": 1}])
 def test_a_setting_that_changes_the_measurement_changes_the_key(tmp_path, changed):
     case = Case("qwen2-tiny", 2, "eth")
     assert measurer(tmp_path, FakeCluster()).key(case) != measurer(tmp_path, FakeCluster(), **changed).key(case)
@@ -145,13 +149,72 @@ def test_success_without_a_result_file_is_an_error(tmp_path):
         measurer(tmp_path, FakeCluster(write_result=False)).measure(Case("qwen2-tiny", 2, "ib"))
 
 
-def test_metrics_are_flat_strings_named_after_the_case(tmp_path):
+def test_machine_lines_are_flat_strings_named_after_the_case(tmp_path):
+    from pytest_fabric.junit import measurement_lines
+
     m = measurer(tmp_path, FakeCluster()).measure(Case("qwen2-tiny", 2, "eth"))
-    metrics = m.metrics()
-    assert all(isinstance(v, str) for v in metrics.values())
-    assert metrics["fabric.qwen2-tiny-n2-eth.tokens_per_s"] == f"{m.tokens_per_s:.3f}"
-    assert metrics["fabric.qwen2-tiny-n2-eth.gpus"] == "2"
-    assert metrics["fabric.qwen2-tiny-n2-eth.steps"] == "3"
+    lines = measurement_lines([m])
+    assert all(isinstance(v, str) for v in lines.values())
+    assert lines["fabric.qwen2-tiny-n2-eth.tokens_per_s"] == f"{m.tokens_per_s:.3f}"
+    assert lines["fabric.qwen2-tiny-n2-eth.gpus"] == "2"
+    assert lines["fabric.qwen2-tiny-n2-eth.steps"] == "3"
+    assert lines["fabric.qwen2-tiny-n2-eth.hosts"] == "node0,node1"
+
+
+def test_the_measured_steps_and_their_bounds_reach_the_rank_program(tmp_path):
+    cluster = FakeCluster()
+    measurer(tmp_path, cluster, steps=5, measure_s=2.5, step_precision=0.02, max_steps=40).measure(
+        Case("qwen2-tiny", 2, "eth"))
+    config = TrainConfig.load(cluster.requests[0].program[-1])
+    assert (config.steps, config.measure_s, config.step_precision, config.max_steps) == (5, 2.5, 0.02, 40)
+
+
+def test_a_result_of_the_first_version_is_still_read(tmp_path):
+    """Session stores and saved nights hold plain-dict results without a format (version 1)."""
+
+    class FirstVersionCluster(FakeCluster):
+        def launch(self, request, on_tick=None):
+            outcome = super().launch(request, on_tick)
+            config = TrainConfig.load(request.program[-1])
+            world = request.nodes * request.procs_per_node
+            tokens = config.batch_size * config.seq_len * world
+            Path(config.result_path).write_text(json.dumps({
+                "world_size": world, "nodes": [f"node{i}" for i in range(request.nodes)],
+                "batch_size": config.batch_size, "seq_len": config.seq_len, "tokens_per_step": tokens,
+                "step_s": [0.5] * config.steps, "median_step_s": 0.5, "tokens_per_s": tokens / 0.5,
+                "tokens_per_s_per_gpu": tokens / 0.5 / world, "fabric": config.fabric}))
+            return outcome
+
+    m = measurer(tmp_path, FirstVersionCluster()).measure(Case("qwen2-tiny", 2, "eth"))
+    assert m.result.hosts == ["node0", "node1"]  # "nodes" in version 1
+    assert m.tokens_per_s == 2 * 16 * 2 / 0.5 and not m.set_aside
+
+
+def test_a_result_from_a_newer_harness_is_an_error_that_says_so(tmp_path):
+    class NewerCluster(FakeCluster):
+        def launch(self, request, on_tick=None):
+            outcome = super().launch(request, on_tick)
+            path = Path(TrainConfig.load(request.program[-1]).result_path)
+            path.write_text(json.dumps({**json.loads(path.read_text()), "version": RESULT_VERSION + 1}))
+            return outcome
+
+    with pytest.raises(MeasurementError, match="newer than this pytest-fabric reads"):
+        measurer(tmp_path, NewerCluster()).measure(Case("qwen2-tiny", 2, "eth"))
+
+
+def test_a_disturbed_launch_is_measured_and_marked_set_aside(tmp_path):
+    class DisturbedCluster(FakeCluster):
+        def launch(self, request, on_tick=None):
+            outcome = super().launch(request, on_tick)
+            path = Path(TrainConfig.load(request.program[-1]).result_path)
+            result = json.loads(path.read_text())
+            result["signals"]["disturbed"] = ["cpu steal 40 ms"] * len(result["step_s"])
+            path.write_text(json.dumps(result))
+            return outcome
+
+    m = measurer(tmp_path, DisturbedCluster()).measure(Case("qwen2-tiny", 2, "eth"))
+    assert m.set_aside.startswith("3 of 3 steps disturbed (cpu steal: 3)")
+    assert m.tokens_per_s == 2 * 16 * 2 / 0.5  # a figure all the same: the output shows it
 
 
 def test_repeated_launches_are_independent_and_each_cached(tmp_path):

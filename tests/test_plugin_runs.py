@@ -104,7 +104,7 @@ from pytest_fabric import assert_ahead, assert_within
 def test_step(fabric_case, fabric_measure):
     m = fabric_measure(fabric_case)
     assert m.gpus == 2
-    assert math.isfinite(m.result["final_loss"])
+    assert math.isfinite(m.result.final_loss)
 
 
 class TestGates:
@@ -154,11 +154,12 @@ def test_each_configuration_launched_once_on_two_emulated_nodes(plain_run):
         result = record["result"]
         assert result["world_size"] == 2
         # Two distinct nodes, each at its own emulated address.
-        assert len(result["nodes"]) == 2
-        assert all("198.18.0." in node for node in result["nodes"]), result["nodes"]
+        assert len(result["hosts"]) == 2
+        assert all("198.18.0." in node for node in result["hosts"]), result["hosts"]
         assert result["fabric"]["name"] == fabric and result["fabric"]["emulated_mbit"] == mbit
         assert (result["batch_size"], result["seq_len"], len(result["step_s"])) == (1, 64, 1)
-        assert result["tokens_per_s"] > 0
+        assert result["tokens_per_step"] > 0 and result["step_s"][0] > 0
+        assert result["format"] == "pytest-fabric-train-result" and result["stopped"] == "time cap"
 
 
 def test_header_and_summary_name_the_same_directory(plain_run):

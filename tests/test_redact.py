@@ -148,7 +148,7 @@ def test_reports_never_show_a_secret(secrets_in_env, tmp_path):
 
 
 def test_merged_junit_never_shows_a_secret(secrets_in_env, tmp_path):
-    from pytest_fabric.reportgen import merge_junit
+    from pytest_fabric.junit import merge_junit
 
     junit = tmp_path / "in.xml"
     escaped = SECRET.replace("&", "&amp;")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_fabric.measure import Case
+from pytest_fabric.case import Case
 from pytest_fabric.references import ReferenceError, References
 
 SUITE = """

@@ -8,13 +8,16 @@ import textwrap
 
 import pytest
 from helpers import assert_valid_junit
-from test_results import IDENTITY, junit_text, nights, saved, session_store
+from test_results import ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, geomean, junit_text, nights, saved, session_store
 
 from pytest_fabric.predict import break_even_premium, cost_per_million_tokens
-from pytest_fabric.reportgen import merge_junit, write_report, write_trend
+from pytest_fabric.junit import merge_junit
+from pytest_fabric.reportgen import write_report, write_trend
 from pytest_fabric.results import ResultsError, load_results, save_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# qwen2-tiny on two nodes in session_store: each configuration's value, the geometric mean of its launches.
+IB, ETH = geomean(IB_LAUNCHES), geomean(ETH_LAUNCHES)
 
 
 def markdown_rows(text: str, first_cell: str) -> list[list[str]]:
@@ -44,10 +47,12 @@ def test_report_tables_hold_the_numbers(tmp_path, no_plots, night):
     assert written.markdown == tmp_path / "out" / "report.md" and written.html.exists()
     header = next(line for line in md.splitlines() if line.startswith("| nodes | GPUs | ib tok/s"))
     assert header.split(" | ")[2:7] == ["ib tok/s", "eth tok/s", "eth vs ib", "ib tok/s/GPU", "eth tok/s/GPU"]
-    # qwen2-tiny on 2 nodes: ib 1803.3 (mean of 3 launches), eth 1700.0, -5.7%, per GPU half.
-    two = [r for r in markdown_rows(md, "2") if r[2] == "1803.3"]
-    assert two == [["2", "2", "1803.3", "1700.0", "-5.7%", "901.7", "850.0", "ib 3, eth 3",
-                    "test_parity (eth): passed"]]
+    # qwen2-tiny on 2 nodes: ib 1803.3 and eth 1700.0 (geometric means of 3 launches each), -5.7%,
+    # per GPU half (901.6: the arithmetic mean of the ib launches would have given 901.7).
+    assert (f"{IB:.1f}", f"{ETH:.1f}", f"{IB / 2:.1f}", f"{ETH / 2:.1f}") == ("1803.3", "1700.0", "901.6", "850.0")
+    two = [r for r in markdown_rows(md, "2") if r[2] == f"{IB:.1f}"]
+    assert two == [["2", "2", f"{IB:.1f}", f"{ETH:.1f}", f"{(ETH / IB - 1) * 100:+.1f}%", f"{IB / 2:.1f}",
+                    f"{ETH / 2:.1f}", "ib 3, eth 3", "test_parity (eth): passed"]]
     one = [r for r in markdown_rows(md, "1") if r[2] == "1000.0"]
     assert one == [["1", "1", "1000.0", "1000.0", "n/a", "1000.0", "1000.0", "ib 1, eth 1", "-"]]
     assert ["2", "2", "230.0", "43.0", "-81.3%", "115.0", "21.5", "ib 1, eth 1", "-"] in markdown_rows(md, "2")
@@ -57,7 +62,7 @@ def test_report_tables_hold_the_numbers(tmp_path, no_plots, night):
     assert "torch 2.13.0+cpu" in md
     page = written.html.read_text()
     assert page.startswith("<!DOCTYPE html>") and "<style>" in page
-    assert "<td class=\"num\">1803.3</td>" in page and "-81.3%" in page
+    assert f"<td class=\"num\">{IB:.1f}</td>" in page and "-81.3%" in page
     assert "&lt;within 5%&gt;" in page and "<within" not in page  # text is escaped
     assert "<link" not in page and "<script" not in page  # self-contained
 
@@ -78,7 +83,7 @@ def test_without_matplotlib_the_tables_are_still_written(tmp_path, night, no_plo
     assert written.plots == [] and not (tmp_path / "out" / "plots").exists()
     assert any("matplotlib is not installed" in n for n in written.notes)
     md = written.markdown.read_text()
-    assert "matplotlib is not installed" in md and "1803.3" in md and "![" not in md
+    assert "matplotlib is not installed" in md and f"{IB:.1f}" in md and "![" not in md
 
 
 def test_cost_and_break_even(tmp_path, no_plots, night):
@@ -88,9 +93,9 @@ def test_cost_and_break_even(tmp_path, no_plots, night):
     assert [c.strip() for c in header.strip("|").split("|")] == [
         "nodes", "GPUs", "ib $/M tokens", "eth $/M tokens", "ib break-even premium over eth",
         "ib price premium over eth", "cheapest per token"]
-    ib_cost = cost_per_million_tokens(1803.333333, 2, 4.0)
-    eth_cost = cost_per_million_tokens(1700.0, 2, 3.0)
-    premium = break_even_premium(1803.333333, 1700.0)
+    ib_cost = cost_per_million_tokens(IB, 2, 4.0)
+    eth_cost = cost_per_million_tokens(ETH, 2, 3.0)
+    premium = break_even_premium(IB, ETH)
     row = [r for r in markdown_rows(md, "2") if r[2] == f"{ib_cost:.4g}"]
     assert row == [["2", "2", f"{ib_cost:.4g}", f"{eth_cost:.4g}", f"{premium * 100:+.1f}%", "+33.3%", "eth"]]
     assert f"{premium * 100:+.1f}%" == "+6.1%"
@@ -105,10 +110,10 @@ def test_prices_saved_with_the_night_are_used_and_given_ones_win(tmp_path, no_pl
     save_results(path, session_store(), IDENTITY, [], {"ib": 4.0, "eth": 3.0})
     md = write_report([load_results(path)], tmp_path / "out").markdown.read_text()
     assert "eth $3 (saved with the night), ib $4 (saved with the night)" in md
-    assert f"| {cost_per_million_tokens(1700.0, 2, 3.0):.4g} |" in md
+    assert f"| {cost_per_million_tokens(ETH, 2, 3.0):.4g} |" in md
     md = write_report([load_results(path)], tmp_path / "out2", prices={"eth": 1.0}).markdown.read_text()
     assert "eth $1, ib $4 (saved with the night)" in md
-    assert f"| {cost_per_million_tokens(1700.0, 2, 1.0):.4g} |" in md
+    assert f"| {cost_per_million_tokens(ETH, 2, 1.0):.4g} |" in md
 
 
 def test_cost_lines_for_the_terminal(night):
@@ -152,7 +157,8 @@ def test_trend_over_nights(tmp_path):
     assert [c.strip() for c in header.strip("|").split("|")] == [
         "case", "2026-11-10 02:00", "2026-11-11 02:00", "2026-11-12 02:00", "last vs first"]
     row = markdown_rows(md, "qwen2-tiny-n2-eth")
-    assert row == [["qwen2-tiny-n2-eth", "1700.0", "1734.0", "1360.0", "-20.0%"]]
+    assert row == [["qwen2-tiny-n2-eth", f"{ETH:.1f}", f"{ETH * 1.02:.1f}", f"{ETH * 0.8:.1f}", "-20.0%"]]
+    assert row[0][1:4] == ["1700.0", "1734.0", "1360.0"]
     assert "2026-11-12 02:00: torch version differs: 2.13.0+cpu (night before) vs 2.14.0 (this night)" in md
     if written.plots:  # matplotlib installed
         names = sorted(p.name for p in written.plots)
@@ -207,7 +213,9 @@ def test_merge_keeps_every_testcase_and_stays_valid(pytester, junit_schema, tmp_
     assert len(list(merged)) == 3  # each input's suite kept whole, properties included
     assert_valid_junit(junit_schema, out)
     # The merged file reads back as one night with the fabric metrics in it.
-    assert load_results(out).measurements["qwen2-tiny-n2-ib"] == pytest.approx([1800, 1820, 1790], abs=0.05)
+    merged_run = load_results(out)
+    assert merged_run.measurements["qwen2-tiny-n2-ib"] == pytest.approx(list(IB_LAUNCHES), abs=5e-4)
+    assert merged_run.cases["qwen2-tiny-n2-ib"].mean == pytest.approx(IB, rel=1e-6)
 
 
 def test_merge_refuses_what_is_not_junit(tmp_path):

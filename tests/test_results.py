@@ -1,26 +1,34 @@
 """Saved nights: the JSON round trip, reading the plugin's JUnit, rejecting what is not ours, baselines.
 
-Store records are built here in the shape the rank programs write them (no launches); the JUnit
-text comes from ``report.testcase_text``, the function the plugin writes system-out with, so the
-reader is tested against the writer rather than against a copy of its format.
+Store records are built here in the shape the rank programs write them (``TrainResult`` /
+``CollectivesResult``, result version 2; no launches), and in the version-1 shape where the point
+is that older stores are still read. The JUnit text comes from ``junit.testcase_text``, the
+function the plugin writes system-out with, so the reader is tested against the writer rather
+than against a copy of its format. A configuration's value is the geometric mean of its launches;
+the expected values are computed here from the launches (``geomean``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pickle
+import statistics
 from pathlib import Path
 
 import pytest
 
 from pytest_fabric import Case, Measurement
+from pytest_fabric.junit import testcase_text as text_of
 from pytest_fabric.measure import BandwidthMeasurement
-from pytest_fabric.report import testcase_text as text_of
 from pytest_fabric.results import (
     BASELINE_FORMAT,
     RESULTS_FORMAT,
+    CaseResult,
     ResultsError,
+    SavedRun,
     baseline_for,
+    baseline_noise,
     build_baseline,
     identity_mismatch,
     load_baseline,
@@ -28,14 +36,48 @@ from pytest_fabric.results import (
     save_baseline,
     save_results,
 )
+from pytest_fabric.stats import NoisePrior
+from pytest_fabric.workload.result import (
+    COLLECTIVES_FORMAT,
+    RESULT_VERSION,
+    TRAIN_FORMAT,
+    CollectiveRow,
+    CollectivesResult,
+    TrainResult,
+)
 
 VERSIONS = {"python": "3.11.7", "torch": "2.13.0+cpu", "transformers": "5.23.0", "backend": "gloo",
             "nccl": None, "cuda": None}
 
 
+def training_result(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
+                    versions: dict | None = None) -> TrainResult:
+    """The rank program's result of one launch whose steady step time gives ``tokens_per_s``."""
+    world = nodes * gpus_per_node
+    tokens_per_step = 64 * world
+    step = tokens_per_step / tokens_per_s
+    return TrainResult(
+        model=model, world_size=world, hosts=[f"node{i}/198.18.0.{i + 1}" for i in range(nodes)],
+        local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
+        step_s=[step] * 4, device="cpu", dtype="float32", attention="sdpa",
+        versions=dict(versions or VERSIONS),
+        fabric={"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}.get(fabric, 1000),
+                "nccl_env": {}, "crosses_fabric": nodes > 1},
+        host="vm", cluster="emulated (network namespaces on this machine, links shaped with tc tbf)", launch_s=12.0)
+
+
 def training_record(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
                     versions: dict | None = None) -> dict:
-    """A training record as Measurer._run stores it, whose steady step time gives ``tokens_per_s``."""
+    """A training record as Measurer._run stores it (the result in the current format, version 2),
+    whose steady step time gives ``tokens_per_s``."""
+    return {"case": {"model": model, "nodes": nodes, "fabric": fabric}, "cluster": "emulated",
+            "result": training_result(model, nodes, fabric, tokens_per_s, gpus_per_node, versions).to_dict()}
+
+
+def training_record_v1(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
+                       versions: dict | None = None) -> dict:
+    """A training record as stores written before result version 2 hold it: a plain dict without a
+    format, the host list under "nodes", the rank's own derived figures (median_step_s, tokens/s)."""
     world = nodes * gpus_per_node
     tokens_per_step = 64 * world
     step = tokens_per_step / tokens_per_s
@@ -63,29 +105,35 @@ def bandwidth_record(nodes: int, fabric: str, gbit: float) -> dict:
     for op in ("all_reduce", "all_gather"):
         for size, scale in ((1 << 20, 0.5), (16 << 20, 1.0)):
             busbw = gbit / 8 * scale
-            rows.append({"op": op, "bytes": size, "time_s": size / (busbw * 1e9), "algbw_GBps": busbw,
-                         "busbw_GBps": busbw})
-    return {
-        "case": {"model": "collectives", "nodes": nodes, "fabric": fabric},
-        "cluster": "emulated",
-        "result": {"rows": rows, "world_size": nodes, "local_world_size": 1, "device": "cpu",
-                   "versions": {"torch": "2.13.0+cpu", "backend": "gloo"},
-                   "fabric": {"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}[fabric],
-                              "nccl_env": {}, "crosses_fabric": True}},
-    }
+            rows.append(CollectiveRow(op, size, size / (busbw * 1e9), busbw, busbw))
+    result = CollectivesResult(world_size=nodes, rows=rows, local_world_size=1, device="cpu",
+                               versions={"torch": "2.13.0+cpu", "backend": "gloo"},
+                               fabric={"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}[fabric],
+                                       "nccl_env": {}, "crosses_fabric": True})
+    return {"case": {"model": "collectives", "nodes": nodes, "fabric": fabric}, "cluster": "emulated",
+            "result": result.to_dict()}
 
 
-def session_store(scale: float = 1.0, versions: dict | None = None) -> dict:
+# The launches of qwen2-tiny on two nodes in session_store (tokens/s, in launch order).
+IB_LAUNCHES = (1800.0, 1820.0, 1790.0)
+ETH_LAUNCHES = (1700.0, 1690.0, 1710.0)
+
+
+def geomean(values) -> float:
+    """A configuration's value from its launches: their geometric mean (computed here, not by the package)."""
+    return statistics.geometric_mean(values)
+
+
+def session_store(scale: float = 1.0, versions: dict | None = None, record=training_record) -> dict:
     """A two-fabric, two-model session: repeated launches on two nodes, a shared single-node launch,
-    collective bandwidth and one failed launch."""
-    store = {"qwen2-tiny-n1-any#aaaa": training_record("qwen2-tiny", 1, "ib", 1000 * scale, versions=versions)}
-    for i, (ib, eth) in enumerate([(1800, 1700), (1820, 1690), (1790, 1710)]):
+    collective bandwidth and one failed launch. ``record`` builds each training record."""
+    store = {"qwen2-tiny-n1-any#aaaa": record("qwen2-tiny", 1, "ib", 1000 * scale, versions=versions)}
+    for i, (ib, eth) in enumerate(zip(IB_LAUNCHES, ETH_LAUNCHES)):
         suffix = f"@{i}" if i else ""
-        store[f"qwen2-tiny-n2-ib#bbbb{suffix}"] = training_record("qwen2-tiny", 2, "ib", ib * scale, versions=versions)
-        store[f"qwen2-tiny-n2-eth#cccc{suffix}"] = training_record("qwen2-tiny", 2, "eth", eth * scale,
-                                                                   versions=versions)
-    store["llama-wide-n2-ib#dddd"] = training_record("llama-wide", 2, "ib", 230 * scale, versions=versions)
-    store["llama-wide-n2-eth#eeee"] = training_record("llama-wide", 2, "eth", 43 * scale, versions=versions)
+        store[f"qwen2-tiny-n2-ib#bbbb{suffix}"] = record("qwen2-tiny", 2, "ib", ib * scale, versions=versions)
+        store[f"qwen2-tiny-n2-eth#cccc{suffix}"] = record("qwen2-tiny", 2, "eth", eth * scale, versions=versions)
+    store["llama-wide-n2-ib#dddd"] = record("llama-wide", 2, "ib", 230 * scale, versions=versions)
+    store["llama-wide-n2-eth#eeee"] = record("llama-wide", 2, "eth", 43 * scale, versions=versions)
     store["collectives-n2-ib#ffff"] = bandwidth_record(2, "ib", 1.8)
     store["collectives-n2-eth#gggg"] = bandwidth_record(2, "eth", 0.36)
     store["llama-wide-n1-any#hhhh"] = {"case": {"model": "llama-wide", "nodes": 1, "fabric": "ib"},
@@ -112,13 +160,22 @@ def test_round_trip_keeps_every_launch_bandwidth_verdicts_and_identity(tmp_path)
     assert data["format"] == RESULTS_FORMAT and data["version"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["night.json"]  # the temporary file is gone
 
+    # The raw records go along in the format the rank programs wrote them.
+    raw = data["records"]["qwen2-tiny-n2-ib#bbbb"]["result"]
+    assert (raw["format"], raw["version"]) == (TRAIN_FORMAT, RESULT_VERSION) and "nodes" not in raw
+    assert raw["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]
+    assert data["records"]["collectives-n2-eth#gggg"]["result"]["format"] == COLLECTIVES_FORMAT
+
     run = load_results(path)
     assert run.kind == "results" and run.source == path
-    assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx([1800, 1820, 1790])  # launch order
-    assert run.measurements["qwen2-tiny-n2-eth"] == pytest.approx([1700, 1690, 1710])
+    assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx(list(IB_LAUNCHES))  # launch order
+    assert run.measurements["qwen2-tiny-n2-eth"] == pytest.approx(list(ETH_LAUNCHES))
     eth = run.cases["qwen2-tiny-n2-eth"]
     assert (eth.model, eth.nodes, eth.fabric, eth.gpus) == ("qwen2-tiny", 2, "eth", 2)
-    assert eth.mean == pytest.approx(1700) and eth.mean_per_gpu == pytest.approx(850)
+    # The configuration's value is the geometric mean of its launches (not their arithmetic mean).
+    assert eth.mean == pytest.approx(geomean(ETH_LAUNCHES), rel=1e-12)
+    assert eth.mean_per_gpu == pytest.approx(geomean(ETH_LAUNCHES) / 2, rel=1e-12)
+    assert eth.mean != pytest.approx(statistics.fmean(ETH_LAUNCHES), rel=1e-6)
     # One node never crosses the fabric: its launch is listed under every fabric of the session.
     assert run.measurements["qwen2-tiny-n1-ib"] == run.measurements["qwen2-tiny-n1-eth"] == pytest.approx([1000])
     link = run.bandwidth["collectives-n2-eth"]
@@ -158,11 +215,36 @@ def test_a_session_store_loads_as_it_is(tmp_path):
     path.write_text(json.dumps(session_store()))
     run = load_results(path)
     assert run.kind == "store"
-    assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx([1800, 1820, 1790])
+    assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx(list(IB_LAUNCHES))
     assert set(run.fabrics()) == {"ib", "eth"}
     assert run.measurements["qwen2-tiny-n1-eth"] == pytest.approx([1000])
     assert run.identity["cluster_kind"] == "emulated"
+    assert run.identity["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]
     assert run.label == tmp_path.name  # a session directory is named after its start time
+
+
+def test_a_store_of_version_1_results_still_loads_and_saves(tmp_path):
+    """Stores and saved nights written before result version 2: plain dicts, hosts under "nodes",
+    the rank's own median_step_s and tokens/s (ignored: the harness values each launch itself)."""
+    old = session_store(record=training_record_v1)
+    assert "format" not in old["qwen2-tiny-n2-ib#bbbb"]["result"] and "nodes" in old["qwen2-tiny-n2-ib#bbbb"]["result"]
+    store = tmp_path / "measurements.json"
+    store.write_text(json.dumps(old))
+    night = tmp_path / "night.json"
+    save_results(night, old, IDENTITY, VERDICTS)
+    new = saved(tmp_path, "new.json")
+    for path in (store, night):
+        run = load_results(path)
+        assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx(list(IB_LAUNCHES))
+        assert run.cases["qwen2-tiny-n2-eth"].mean == pytest.approx(geomean(ETH_LAUNCHES), rel=1e-12)
+        assert run.measurements["qwen2-tiny-n1-eth"] == pytest.approx([1000])
+        assert run.identity["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]  # from "nodes"
+    # Read the same as the night written in the current format.
+    old_run, new_run = load_results(night), load_results(new)
+    assert set(old_run.cases) == set(new_run.cases)
+    for cid, values in new_run.measurements.items():
+        assert old_run.measurements[cid] == pytest.approx(values, rel=1e-12)
+    assert load_results(night).bandwidth == load_results(new).bandwidth
 
 
 # -- JUnit as the plugin writes it ---------------------------------------------------------------
@@ -208,9 +290,11 @@ def test_junit_metrics_launches_verdicts_and_identity(tmp_path):
     path.write_text(junit_text(session_store()))
     run = load_results(path)
     assert run.kind == "junit"
-    # A configuration measured several times: every launch, from its "mean ... over N launches" line.
-    assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx([1800, 1820, 1790], abs=0.05)
-    assert run.measurements["qwen2-tiny-n2-eth"] == pytest.approx([1700, 1690, 1710], abs=0.05)
+    # A configuration measured several times: every launch, from its launch_tokens_per_s= line
+    # (written with 3 decimals), and its value, the geometric mean of those launches.
+    assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx(list(IB_LAUNCHES), abs=5e-4)
+    assert run.measurements["qwen2-tiny-n2-eth"] == pytest.approx(list(ETH_LAUNCHES), abs=5e-4)
+    assert run.cases["qwen2-tiny-n2-ib"].mean == pytest.approx(geomean(IB_LAUNCHES), rel=1e-6)
     assert run.measurements["llama-wide-n2-eth"] == pytest.approx([43], abs=1e-3)
     assert run.measurements["qwen2-tiny-n1-eth"] == pytest.approx([1000], abs=1e-3)
     assert run.cases["llama-wide-n2-eth"].gpus == 2
@@ -230,6 +314,174 @@ def test_junit_metrics_launches_verdicts_and_identity(tmp_path):
     assert ident["cluster_kind"] == "emulated" and ident["nodes"] == 2 and ident["device"] == "cpu"
     assert ident["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]
     assert run.label == "2026-11-22 23:05"
+
+
+def junit_skeleton(*names: str) -> str:
+    """A JUnit file as pytest's junitxml writes it before the plugin adds its text: one testcase of
+    suites/test_x.py per name, nothing in system-out."""
+    cases = "".join(f'<testcase classname="suites.test_x" name="{n}" time="2.0"/>' for n in names)
+    return ('<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" '
+            f'errors="0" failures="0" skipped="0" tests="{len(names)}" time="4.0" '
+            f'timestamp="2026-11-23T01:02:03.000000+00:00" hostname="vm">{cases}</testsuite></testsuites>')
+
+
+def launches(model: str, nodes: int, fabric: str, values, gpus_per_node: int = 1) -> list[Measurement]:
+    """One Measurement per launch value, read back from store records as the plugin does."""
+    case = Case(model, nodes, fabric)
+    return [Measurement.from_record(case, training_record(model, nodes, fabric, v, gpus_per_node), launch=i)
+            for i, v in enumerate(values)]
+
+
+def test_junit_round_trip_keeps_every_launch_and_the_geometric_mean(tmp_path):
+    """junit.testcase_text -> the plugin's JUnit (add_to_junit) -> load_results: the same launches
+    and the same value, the geometric mean of the launches (the number the gate judged)."""
+    from pytest_fabric.junit import add_to_junit
+
+    ib, eth = (1500.0, 1812.5, 2100.25), (1200.0, 1633.333, 1400.5, 999.75)  # spread: geomean != mean
+    ms = launches("qwen2-tiny", 2, "ib", ib, gpus_per_node=2) + launches("qwen2-tiny", 2, "eth", eth, gpus_per_node=2)
+    assert [m.tokens_per_s for m in ms] == pytest.approx([*ib, *eth], rel=1e-12)
+    text = text_of(ms, ["pass: eth/ib = 0.8, 95% CI [0.7, 0.9]"])
+    # The machine line holds the geometric mean, not the arithmetic one.
+    assert f"fabric.qwen2-tiny-n2-ib.tokens_per_s={geomean(ib):.3f}" in text.splitlines()
+    assert f"fabric.qwen2-tiny-n2-eth.tokens_per_s_per_gpu={geomean(eth) / 4:.3f}" in text.splitlines()
+    assert f"{statistics.fmean(ib):.3f}" not in text
+
+    path = tmp_path / "junit.xml"
+    path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-eth]", "test_other"))
+    assert add_to_junit(path, {"suites/test_x.py::test_parity[qwen2-tiny-n2-eth]": text},
+                        {"fabric.cluster": "emulated (network namespaces on this machine)",
+                         "fabric.fabrics": "ib,eth"}) == 1
+    run = load_results(path)
+    assert run.kind == "junit" and set(run.cases) == {"qwen2-tiny-n2-ib", "qwen2-tiny-n2-eth"}
+    for cid, values in (("qwen2-tiny-n2-ib", ib), ("qwen2-tiny-n2-eth", eth)):
+        c = run.cases[cid]
+        assert c.gpus == 4
+        assert c.tokens_per_s == pytest.approx(list(values), abs=5e-4)  # launch order, 3 decimals
+        assert c.tokens_per_s_per_gpu == pytest.approx([v / 4 for v in values], abs=5e-4)
+        assert c.mean == pytest.approx(geomean(values), rel=1e-6)
+        assert c.mean_per_gpu == pytest.approx(geomean(values) / 4, rel=1e-6)
+        assert c.mean == pytest.approx(configuration_line(text, cid), abs=5e-4)  # what JUnit showed
+    assert run.identity["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]
+    assert run.identity["cluster_kind"] == "emulated" and run.identity["nodes"] == 2
+    assert run.identity["fabrics"] == ["ib", "eth"]
+    assert [v["outcome"] for v in run.verdicts] == ["passed"]
+    assert run.verdicts[0]["message"].startswith("pass: eth/ib = 0.8")
+
+
+def configuration_line(text: str, case_id: str) -> float:
+    """The value a testcase's machine line gives a configuration."""
+    prefix = f"fabric.{case_id}.tokens_per_s="
+    return float(next(line for line in text.splitlines() if line.startswith(prefix)).removeprefix(prefix))
+
+
+def test_the_junit_reader_ignores_the_human_sentences(tmp_path):
+    """The human lines are for people; a reader reads only fabric.<case>.<name>= lines. Human lines
+    that disagree with the machine lines (edited, or written by an older format: "mean ... over N
+    launches (...)") change nothing, and a configuration only a sentence mentions is not read."""
+    ib = (1800.0, 1820.0, 1790.0)
+    text = text_of(launches("qwen2-tiny", 2, "ib", ib))
+    human = next(line for line in text.splitlines() if line.startswith("qwen2-tiny-n2-ib: "))
+    lied = text.replace(human, "\n".join([
+        "qwen2-tiny-n2-ib: 999.0 tokens/s over 2 launches (998.0, 1000.0), 2 GPU(s)",
+        "qwen2-tiny-n2-ib: mean 555.0 tokens/s over 4 launches (500.0, 550.0, 600.0, 570.0), 2 GPU(s)",
+        "llama-wide-n2-eth: mean 43.0 tokens/s over 2 launches (40.0, 46.0), 2 GPU(s)",
+    ]))
+    assert lied != text and "fabric.qwen2-tiny-n2-ib.launch_tokens_per_s=1800.000,1820.000,1790.000" in lied
+    path = tmp_path / "junit.xml"
+    path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-ib]"))
+    from pytest_fabric.junit import add_to_junit
+
+    add_to_junit(path, {"suites/test_x.py::test_parity[qwen2-tiny-n2-ib]": lied}, {})
+    run = load_results(path)
+    assert set(run.cases) == {"qwen2-tiny-n2-ib"}  # llama-wide had a sentence, no machine lines
+    assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx(list(ib), abs=5e-4)
+    assert run.cases["qwen2-tiny-n2-ib"].mean == pytest.approx(geomean(ib), rel=1e-6)
+    assert run.cases["qwen2-tiny-n2-ib"].gpus == 2
+
+
+def disturbed_record(model: str, nodes: int, fabric: str, tokens_per_s: float) -> dict:
+    """A training record whose every step the node's signals marked disturbed: the gates set the
+    whole launch aside (``Measurement.set_aside``)."""
+    record = training_record(model, nodes, fabric, tokens_per_s)
+    signals, n = record["result"]["signals"], len(record["result"]["step_s"])
+    signals.update(steal_s=[0.04] * n, foreign_s=[0.0] * n, probe_s=[0.0] * n, sm_clock_mhz=[None] * n,
+                   throttle=[[] for _ in range(n)], disturbed=["cpu steal 40 ms"] * n)
+    return record
+
+
+def test_a_launch_set_aside_does_not_count_in_the_value_read_back(tmp_path):
+    """CaseResult.mean is documented as 'the number the gates judged and the terminal and JUnit
+    showed': a launch the gates set aside must not move it, read from JUnit or from a saved night."""
+    from pytest_fabric.junit import add_to_junit
+    from pytest_fabric.measure import configuration_tokens_per_s
+
+    ms = launches("qwen2-tiny", 2, "ib", IB_LAUNCHES)
+    aside = Measurement.from_record(Case("qwen2-tiny", 2, "ib"), disturbed_record("qwen2-tiny", 2, "ib", 900.0),
+                                    launch=3)
+    assert aside.set_aside and not any(m.set_aside for m in ms)
+    judged = configuration_tokens_per_s([*ms, aside])
+    assert judged == pytest.approx(geomean(IB_LAUNCHES), rel=1e-12)
+    path = tmp_path / "junit.xml"
+    path.write_text(junit_skeleton("test_x[qwen2-tiny-n2-ib]"))
+    add_to_junit(path, {"suites/test_x.py::test_x[qwen2-tiny-n2-ib]": text_of([*ms, aside])}, {})
+    store = {f"qwen2-tiny-n2-ib#b@{i}" if i else "qwen2-tiny-n2-ib#b": training_record("qwen2-tiny", 2, "ib", v)
+             for i, v in enumerate(IB_LAUNCHES)}
+    store["qwen2-tiny-n2-ib#b@3"] = disturbed_record("qwen2-tiny", 2, "ib", 900.0)
+    save_results(tmp_path / "night.json", store, {}, [])
+    for source in (path, tmp_path / "night.json"):
+        assert load_results(source).cases["qwen2-tiny-n2-ib"].mean == pytest.approx(judged, rel=1e-6), source
+
+
+def test_junit_reads_a_fabric_whose_name_has_a_dot(tmp_path):
+    from pytest_fabric.junit import add_to_junit
+
+    ms = launches("qwen2-tiny", 2, "roce.v2", (1000.0, 1010.0))
+    path = tmp_path / "junit.xml"
+    path.write_text(junit_skeleton("test_x[qwen2-tiny-n2-roce.v2]"))
+    add_to_junit(path, {"suites/test_x.py::test_x[qwen2-tiny-n2-roce.v2]": text_of(ms)}, {})
+    assert load_results(path).measurements["qwen2-tiny-n2-roce.v2"] == pytest.approx([1000.0, 1010.0], abs=5e-4)
+
+
+# A testcase's system-out as pytest-fabric wrote it before result version 2: per-launch metrics of the
+# first launch, the host list under .nodes=, the arithmetic mean in the sentence.
+OLD_SYSTEM_OUT = """pass: eth/ib = 0.941
+qwen2-tiny-n2-eth: mean 1700.0 tokens/s over 3 launches (1700.0, 1690.0, 1710.0), 2 GPU(s)
+ran with: emulated; attention sdpa; torch 2.13.0+cpu
+
+fabric.qwen2-tiny-n2-eth.tokens_per_s=1700.000
+fabric.qwen2-tiny-n2-eth.tokens_per_s_per_gpu=850.000
+fabric.qwen2-tiny-n2-eth.median_step_s=0.075294
+fabric.qwen2-tiny-n2-eth.steps=4
+fabric.qwen2-tiny-n2-eth.gpus=2
+fabric.qwen2-tiny-n2-eth.cluster=emulated
+fabric.qwen2-tiny-n2-eth.nodes=node1/198.18.0.2,node0/198.18.0.1
+fabric.qwen2-tiny-n2-eth.fabric_settings={"crosses_fabric": true, "emulated_mbit": 400, "name": "eth"}
+fabric.qwen2-tiny-n2-eth.attention=sdpa
+fabric.qwen2-tiny-n2-eth.device=cpu/float32
+fabric.qwen2-tiny-n2-eth.versions=torch 2.13.0+cpu
+fabric.qwen2-tiny-n2-eth.launch_tokens_per_s=1700.000,1690.000,1710.000
+fabric.qwen2-tiny-n1-eth.tokens_per_s=1000.000
+fabric.qwen2-tiny-n1-eth.gpus=1
+"""
+
+
+def test_junit_written_before_result_version_2_is_still_read(tmp_path):
+    from xml.sax.saxutils import escape
+
+    path = tmp_path / "old.xml"
+    path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-eth]").replace(
+        'time="2.0"/>', f'time="2.0"><system-out>{escape(OLD_SYSTEM_OUT)}</system-out></testcase>'))
+    run = load_results(path)
+    assert run.measurements["qwen2-tiny-n2-eth"] == pytest.approx(list(ETH_LAUNCHES), abs=5e-4)
+    assert run.cases["qwen2-tiny-n2-eth"].mean == pytest.approx(geomean(ETH_LAUNCHES), rel=1e-6)
+    assert run.measurements["qwen2-tiny-n1-eth"] == pytest.approx([1000.0])  # no launch line: its figure
+    assert run.identity["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]  # from .nodes=
+    assert run.identity["device"] == "cpu" and run.identity["dtype"] == "float32"
+    # A file with both lines: the current one, .hosts=, wins.
+    both = OLD_SYSTEM_OUT + "fabric.qwen2-tiny-n2-eth.hosts=node7/198.18.0.8,node8/198.18.0.9\n"
+    path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-eth]").replace(
+        'time="2.0"/>', f'time="2.0"><system-out>{escape(both)}</system-out></testcase>'))
+    assert load_results(path).identity["hosts"] == ["node7/198.18.0.8", "node8/198.18.0.9"]
 
 
 # -- what is not ours ----------------------------------------------------------------------------
@@ -254,6 +506,9 @@ CORRUPT = {
     "broken.xml": ('<testsuites><testsuite name="a"', "not readable as JUnit XML"),
     "plain-junit.xml": ('<testsuite name="p" tests="1"><testcase classname="a" name="t"/></testsuite>',
                         "no testcase carries pytest-fabric measurements"),
+    "launches.xml": ('<testsuite name="p" tests="1"><testcase classname="a" name="t"><system-out>'
+                     "fabric.m-n2-ib.tokens_per_s=1.0\nfabric.m-n2-ib.launch_tokens_per_s=1.0,fast"
+                     "</system-out></testcase></testsuite>", "is not a comma-separated list of numbers"),
     "newer.json": (saved_json(version=99), "newer pytest-fabric"),
     "case.json": (saved_json(one_case(nodes="two")), "\"nodes\" must be int"),
     "values.json": (saved_json(one_case(tokens_per_s=[])), "non-empty list of positive numbers"),
@@ -342,7 +597,12 @@ def test_baseline_drops_an_outlier_night(tmp_path):
     baseline = build_baseline([load_results(p) for p in paths])
     c = baseline["cases"]["qwen2-tiny-n2-ib"]
     assert c["kept"] == 4 and c["dropped"] == 1
-    assert c["center"] == pytest.approx(1803.333 * 1.0025, rel=1e-3)
+    # Each night's value is the geometric mean of its launches; the center is the median of the
+    # nights kept (scales 1.0, 1.01, 0.99, 1.005: median 1.0025).
+    assert [n["tokens_per_s"] for n in c["nights"]] == pytest.approx(
+        [geomean(IB_LAUNCHES) * scale for scale in (1.0, 1.01, 0.99, 1.005, 0.5)], rel=1e-12)
+    assert c["center"] == pytest.approx(geomean(IB_LAUNCHES) * statistics.median([1.0, 1.01, 0.99, 1.005]),
+                                        rel=1e-12)
     assert [n["night"] for n in c["nights"] if not n["kept"]] == ["2026-11-14 02:00"]
     assert c["spread"] > 0 and c["gpus"] == 2
     assert baseline["warnings"] == []
@@ -376,3 +636,112 @@ def test_load_baseline_refuses_a_results_file(tmp_path):
     path = saved(tmp_path)
     with pytest.raises(ResultsError, match="not a pytest-fabric baseline"):
         load_baseline(path)
+
+
+# -- launch noise learned from nights ------------------------------------------------------------
+
+def night_of(cases: dict[str, list[float]], created: str = "2026-11-10T02:00:00+00:00", gpus: int = 2) -> SavedRun:
+    """A night with the given launches (tokens/s) per case id."""
+    out = {}
+    for cid, values in cases.items():
+        case = Case.parse(cid)
+        out[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, list(values), [v / gpus for v in values])
+    return SavedRun({"created": created}, out)
+
+
+def test_baseline_learns_the_launch_noise_from_repeated_launches():
+    """Launches spread by known amounts in log space: three launches at x*e^-s, x, x*e^s give a
+    squared deviation sum of 2 s^2 over 2 degrees of freedom, two at x*e^-t, x*e^t give 2 t^2 over 1.
+    Pooled over every multi-node configuration of every night: sqrt((2 s^2 * 2 + 2 t^2) / 5)."""
+    s, t = 0.03, 0.06
+    three = lambda x: [x * math.exp(-s), x, x * math.exp(s)]  # noqa: E731
+    two = lambda x: [x * math.exp(-t), x * math.exp(t)]  # noqa: E731
+    runs = [
+        night_of({"m-n2-ib": three(1800), "m-n2-eth": two(1700), "m-n4-ib": [3000.0],  # one launch: nothing
+                  "m-n1-ib": [500.0, 1000.0, 2000.0]},  # one node never crosses the fabric: not counted
+                 "2026-11-10T02:00:00+00:00"),
+        night_of({"m-n2-ib": three(1750), "big-n2-eth": [40.0]}, "2026-11-11T02:00:00+00:00"),
+    ]
+    noise = build_baseline(runs)["launch_noise"]
+    assert noise["df"] == 2 + 1 + 2
+    assert noise["sigma"] == pytest.approx(math.sqrt((2 * s**2 * 2 + 2 * t**2) / 5), rel=1e-9)
+    assert noise["nights"] == 2
+    prior = baseline_noise(build_baseline(runs))
+    assert isinstance(prior, NoisePrior)
+    assert prior.sigma == pytest.approx(noise["sigma"], rel=1e-12) and prior.df == 5
+    assert "2 nights" in prior.source
+
+
+def test_launch_noise_recovered_from_noisy_nights():
+    """Launches drawn with a known log-normal spread (2%): the learned sigma is close to it."""
+    import random
+
+    rng = random.Random(7)
+    sigma = 0.02
+    runs = [night_of({f"m-n2-{fabric}": [1000 * math.exp(rng.gauss(0, sigma)) for _ in range(4)]
+                      for fabric in ("ib", "eth", "roce")}, f"2026-11-{10 + i:02d}T02:00:00+00:00")
+            for i in range(20)]
+    noise = build_baseline(runs)["launch_noise"]
+    assert noise["df"] == 20 * 3 * 3
+    assert noise["sigma"] == pytest.approx(sigma, rel=0.15)
+
+
+def test_launch_noise_through_saved_nights(tmp_path):
+    """From --fabric-save files to the baseline file and back: the two-node launches of session_store
+    are what the noise is learned from."""
+    paths = nights(tmp_path, [1.0, 1.01, 0.99])
+    baseline = build_baseline([load_results(p) for p in paths])
+    # Scaling a night scales every launch alike: the deviations in log space are the same each night.
+    groups = [IB_LAUNCHES, ETH_LAUNCHES]  # llama-wide launched once per fabric; one node: not counted
+    ss = sum(sum((math.log(v) - statistics.fmean(math.log(x) for x in g)) ** 2 for v in g) for g in groups)
+    df = sum(len(g) - 1 for g in groups)
+    assert baseline["launch_noise"]["df"] == 3 * df
+    assert baseline["launch_noise"]["sigma"] == pytest.approx(math.sqrt(3 * ss / (3 * df)), rel=1e-9)
+    out = tmp_path / "baseline.json"
+    save_baseline(out, baseline)
+    loaded = load_baseline(out)
+    assert loaded["launch_noise"] == pytest.approx(baseline["launch_noise"])
+    prior = baseline_noise(loaded)
+    assert prior.sigma == pytest.approx(max(baseline["launch_noise"]["sigma"], 0.005))
+    assert prior.df == 3 * df
+
+
+def test_no_launch_noise_without_a_configuration_launched_twice(tmp_path):
+    runs = [night_of({"m-n2-ib": [1800.0], "m-n2-eth": [1700.0], "m-n1-ib": [900.0, 950.0]}),
+            night_of({"m-n2-ib": [1810.0]}, "2026-11-11T02:00:00+00:00")]
+    baseline = build_baseline(runs)
+    assert baseline["launch_noise"] is None
+    assert baseline_noise(baseline) is None
+    out = tmp_path / "baseline.json"
+    save_baseline(out, baseline)
+    assert baseline_noise(load_baseline(out)) is None
+
+
+def test_learned_noise_is_floored():
+    """Launches that agreed exactly (or nearly) must not make the gates over-confident: 0.005 at least."""
+    same = build_baseline([night_of({"m-n2-ib": [1800.0, 1800.0, 1800.0]})])
+    assert same["launch_noise"]["sigma"] == 0.0 and same["launch_noise"]["df"] == 2
+    prior = baseline_noise(same)
+    assert prior.sigma == 0.005 and prior.df == 2
+    close = build_baseline([night_of({"m-n2-ib": [1800.0 * math.exp(-0.001), 1800.0 * math.exp(0.001)]})])
+    assert close["launch_noise"]["sigma"] == pytest.approx(math.sqrt(2) * 0.001, rel=1e-9)
+    assert baseline_noise(close).sigma == 0.005
+    wide = 0.02
+    above = {"launch_noise": {"sigma": wide, "df": 7, "nights": 3}}
+    assert baseline_noise(above).sigma == wide and baseline_noise(above).df == 7  # above the floor: as learned
+    assert baseline_noise({"launch_noise": {"sigma": 0.9, "df": 3}}).sigma == 0.5  # and capped
+
+
+def test_a_baseline_without_launch_noise_gives_none(tmp_path):
+    """Baselines built before launch noise was learned have no such field; damaged ones no usable one."""
+    paths = nights(tmp_path, [1.0, 1.01])
+    baseline = build_baseline([load_results(p) for p in paths])
+    del baseline["launch_noise"]
+    out = tmp_path / "old-baseline.json"
+    save_baseline(out, baseline)
+    loaded = load_baseline(out)
+    assert "launch_noise" not in loaded and baseline_noise(loaded) is None
+    assert baseline_for(loaded, "qwen2-tiny-n2-ib") is not None  # the rest still reads
+    for damaged in (None, "0.02", {"sigma": 0.02}, {"df": 3}, {"sigma": "x", "df": 3}, {"sigma": 0.02, "df": 0},
+                    {"sigma": float("nan"), "df": 3}):
+        assert baseline_noise({"launch_noise": damaged}) is None, damaged

@@ -1,32 +1,72 @@
-"""Statistics of repeated launches, on synthetic samples whose true answer is known."""
+"""Statistics of steps and launches, on synthetic samples whose true answer is known.
+
+Every random sample comes from ``random.Random(seed)``: the tests are deterministic.
+"""
 
 from __future__ import annotations
 
 import math
 import random
-import time
+import statistics
+from collections import Counter
 
 import pytest
 
+import pytest_fabric.stats as stats_module
 from pytest_fabric.stats import (
-    AdaptiveComparison,
+    DEFAULT_NOISE,
+    LOCATION_QUANTILE,
     Interval,
+    LaunchEstimate,
+    Look,
+    NoisePrior,
+    RobustCenter,
+    SequentialGate,
     Verdict,
-    adaptive_compare,
     ahead_gate,
+    configuration_value,
+    contrast_interval,
     decide,
-    launch_value,
-    ratio_interval,
+    launch_estimate,
+    location_interval,
+    measuring_done,
+    pooled_noise,
+    reference_term,
     robust_baseline,
     steady_window,
-    t_quantile,
     within_gate,
 )
+
+LOG = math.log
 
 
 def launches(mean: float, cv: float, n: int, seed: int) -> list[float]:
     rng = random.Random(seed)
     return [mean * (1 + rng.gauss(0, cv)) for _ in range(n)]
+
+
+def lognormal(median: float, sigma: float, n: int, rng: random.Random) -> list[float]:
+    return [rng.lognormvariate(math.log(median), sigma) for _ in range(n)]
+
+
+def side(values: list[float], within: float = 0.0) -> list[tuple[float, float]]:
+    """Launch values (tokens/s) as a contrast group's (log value, within-launch variance) pairs."""
+    return [(math.log(v), within) for v in values]
+
+
+def interval(low: float, point: float, high: float) -> Interval:
+    return Interval(low, point, high, 0.95, 6.0, 0.02, (3, 3))
+
+
+def test_public_names_exist():
+    for name in stats_module.__all__:
+        assert hasattr(stats_module, name), name
+    assert LOCATION_QUANTILE == 0.5
+
+
+# --------------------------------------------------------------------------------------------
+# Inside one launch
+# --------------------------------------------------------------------------------------------
 
 
 class TestSteadyWindow:
@@ -47,6 +87,11 @@ class TestSteadyWindow:
         steps = [9.0, 8.0, 7.0, 6.0, 1.0, 1.0, 1.0, 1.0]
         assert len(steady_window(steps)) >= len(steps) // 2
 
+    def test_max_drop_caps_the_dropped_steps(self):
+        steps = [9.0, 8.0, 7.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+        assert steady_window(steps) == steps[3:]
+        assert steady_window(steps, max_drop=1) == steps[1:]
+
     def test_quiet_launch_is_left_alone(self):
         steps = [1.0, 1.001, 0.999, 1.0, 1.0005]
         assert steady_window(steps) == steps
@@ -56,195 +101,504 @@ class TestSteadyWindow:
         assert steady_window([2.0]) == [2.0]
         assert steady_window([3.0, 1.0]) == [1.0]
 
-    def test_launch_value_is_the_median_of_the_window(self):
-        assert launch_value([5.0, 1.2, 1.0, 0.9, 1.1, 1.0, 1.0]) == pytest.approx(1.0)
+
+class TestLocationInterval:
+    def test_value_is_the_median_and_the_interval_holds_it(self):
+        times = [1.3, 0.9, 1.0, 1.1, 1.2, 0.95, 1.05, 1.0, 1.02]
+        loc, low, high = location_interval(times)
+        assert loc == pytest.approx(statistics.median(times))
+        assert low is not None and high is not None
+        assert low <= loc <= high
+        assert low in times and high in times  # order statistics, not interpolated values
+
+    def test_even_count_interpolates_the_median(self):
+        assert location_interval([1.0, 2.0, 3.0, 4.0])[0] == pytest.approx(2.5)
+
+    def test_other_quantiles_interpolate_linearly(self):
+        assert location_interval([4.0, 1.0, 3.0, 2.0, 5.0], q=0.25)[0] == pytest.approx(2.0)
+        assert location_interval([1.0, 2.0], q=0.25)[0] == pytest.approx(1.25)
+
+    def test_too_few_values_have_no_interval(self):
+        # Of five values the extremes cover the median with probability 1 - 2/32 < 95%.
+        for n in range(1, 6):
+            loc, low, high = location_interval([float(i) for i in range(n)])
+            assert (low, high) == (None, None)
+            assert loc == pytest.approx((n - 1) / 2)
+        # Six values: the extremes (1 - 2/64 >= 95%).
+        assert location_interval([3.0, 1.0, 6.0, 2.0, 5.0, 4.0]) == (3.5, 1.0, 6.0)
+
+    def test_a_lower_confidence_needs_fewer_values(self):
+        assert location_interval([1.0, 2.0, 3.0, 4.0, 5.0], confidence=0.9) == (3.0, 1.0, 5.0)
+
+    def test_narrows_with_more_values(self):
+        rng = random.Random(1)
+        widths = []
+        for n in (10, 40, 160, 640):
+            _, low, high = location_interval(lognormal(1.0, 0.05, n, rng))
+            widths.append(high - low)
+        assert widths == sorted(widths, reverse=True)
+        assert widths[-1] < widths[0] / 4
+
+    def test_covers_the_true_median_at_least_as_often_as_stated(self):
+        # Distribution-free: a skewed distribution (exponential, median ln 2) is covered too.
+        rng = random.Random(2)
+        covered = 0
+        for _ in range(400):
+            _, low, high = location_interval([rng.expovariate(1.0) for _ in range(15)])
+            covered += low <= math.log(2) <= high
+        assert covered / 400 >= 0.93
+
+    def test_needs_a_value(self):
         with pytest.raises(ValueError):
-            launch_value([])
+            location_interval([])
 
 
-class TestTQuantile:
-    @pytest.mark.parametrize(("p", "df", "expected"), [
-        (0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, 2.7764), (0.975, 18, 2.1009),
-        (0.995, 30, 2.7500), (0.95, 10, 1.8125), (0.025, 4, -2.7764), (0.975, 1e9, 1.9600),
-    ])
-    def test_matches_tables(self, p, df, expected):
-        assert t_quantile(p, df) == pytest.approx(expected, abs=1e-3)
+class TestLaunchEstimate:
+    def test_value_is_the_median_of_the_steady_steps(self):
+        est = launch_estimate([5.0, 1.2, 1.0, 0.9, 1.1, 1.0, 1.0])
+        assert isinstance(est, LaunchEstimate)
+        assert est.step_s == pytest.approx(1.0)
+        assert (est.steps, est.used, est.warmup_like) == (7, 6, 1)
+        assert est.set_aside == {} and est.set_aside_steps == 0
+        assert est.disturbed == ""
 
-    def test_fractional_degrees_of_freedom_lie_between(self):
-        assert t_quantile(0.975, 5) < t_quantile(0.975, 4.5) < t_quantile(0.975, 4)
+    def test_warmup_like_steps_do_not_move_the_value(self):
+        steady = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.0, 1.01]
+        est = launch_estimate([8.0, 4.0] + steady)
+        assert est.warmup_like == 2
+        assert est.step_s == pytest.approx(statistics.median(steady))
+
+    def test_disturbed_steps_are_set_aside_and_counted_by_cause(self):
+        times = [1.0, 1.01, 3.0, 0.99, 2.5, 1.0, 1.02, 0.98, 1.0, 1.6]
+        flags = ["", "", "cpu steal 40 ms", "", "cpu steal 12 ms", "", "", "", "", "gpu clock 1200 MHz"]
+        est = launch_estimate(times, flags)
+        clean = [t for t, f in zip(times, flags) if not f]
+        assert est.step_s == pytest.approx(statistics.median(clean))
+        assert (est.steps, est.used, est.warmup_like) == (10, 7, 0)
+        assert est.set_aside_steps == 3
+        # The figures are dropped from the cause: two steal steps are one kind, counted twice.
+        assert sorted(est.set_aside.values()) == [1, 2]
+        steal = [kind for kind in est.set_aside if kind.startswith("cpu steal")]
+        assert len(steal) == 1 and est.set_aside[steal[0]] == 2
+        assert not any(ch.isdigit() for kind in est.set_aside for ch in kind)
+        assert est.disturbed == ""
+
+    def test_flags_on_dropped_warmup_steps_are_not_counted(self):
+        times = [6.0, 1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0]
+        flags = ["cpu steal 90 ms"] + [""] * 7
+        est = launch_estimate(times, flags)
+        assert est.warmup_like == 1
+        assert est.set_aside == {} and est.used == 7
+
+    def test_too_few_clean_steps_mark_the_launch_disturbed(self):
+        times = [1.0, 1.5, 1.4, 1.6, 1.01, 1.3]
+        flags = ["", "cpu steal 40 ms", "cpu steal 30 ms", "gpu clock 900 MHz", "", "cpu steal 20 ms"]
+        est = launch_estimate(times, flags)
+        assert est.disturbed != ""
+        assert "cpu steal" in est.disturbed
+        assert est.set_aside_steps == 4
+        # With too few clean steps the value falls back to all steady steps.
+        assert est.used == 6
+        assert est.step_s == pytest.approx(statistics.median(times))
+
+    def test_mostly_disturbed_launch_is_marked_even_with_enough_clean_steps(self):
+        times = [1.0] * 10
+        flags = [""] * 4 + ["cpu steal 5 ms"] * 6
+        est = launch_estimate(times, flags)
+        assert est.used == 4
+        assert est.disturbed != ""
+
+    def test_a_launch_with_too_few_steps_is_marked(self):
+        assert launch_estimate([2.0, 2.1]).disturbed != ""
+        assert launch_estimate([2.0, 2.1, 2.05]).disturbed == ""
+
+    def test_log_se_shrinks_with_more_steps(self):
+        rng = random.Random(3)
+        ses = [launch_estimate(lognormal(1.0, 0.05, n, rng)).log_se for n in (10, 40, 160, 640)]
+        assert all(se > 0 for se in ses)
+        assert ses == sorted(ses, reverse=True)
+        # The median of n lognormal steps: standard error about 1.2533 sigma / sqrt(n) in logs.
+        assert ses[-1] == pytest.approx(1.2533 * 0.05 / math.sqrt(640), rel=0.5)
+
+    def test_log_se_falls_back_to_the_mad_with_few_steps(self):
+        times = [1.0, 1.1, 0.9, 1.05, 0.95]  # five: no order-statistic interval
+        logs = [math.log(t) for t in times]
+        center = statistics.median(logs)
+        mad = statistics.median(abs(x - center) for x in logs)
+        est = launch_estimate(times)
+        assert est.log_se == pytest.approx(1.2533 * 1.4826 * mad / math.sqrt(5))
+
+    def test_tokens_per_s(self):
+        assert launch_estimate([0.5] * 8).tokens_per_s(1000) == pytest.approx(2000.0)
+
+    def test_rejects_empty_launches_and_mismatched_flags(self):
+        with pytest.raises(ValueError):
+            launch_estimate([])
+        with pytest.raises(ValueError):
+            launch_estimate([1.0, 1.0, 1.0], ["", ""])
 
 
-class TestRatioInterval:
-    def test_identical_distributions_contain_one_and_pass_a_5pct_within_gate(self):
-        a, b = launches(1000, 0.02, 10, seed=1), launches(1000, 0.02, 10, seed=2)
-        iv = ratio_interval(a, b, seed=0)
-        assert iv.contains(1.0)
-        assert (iv.n_a, iv.n_b) == (10, 10)
+class TestMeasuringDone:
+    kw = dict(min_steps=5, max_steps=100, measure_s=1000.0, precision=0.01)
+
+    def test_goes_on_before_min_steps(self):
+        assert measuring_done([100.0] * 4, None, **{**self.kw, "measure_s": 1.0}) == ""
+
+    def test_step_cap(self):
+        rng = random.Random(4)
+        noisy = lognormal(1.0, 0.5, 20, rng)
+        assert measuring_done(noisy, None, **{**self.kw, "max_steps": 20}) == "step cap"
+        assert measuring_done(noisy[:19], None, **{**self.kw, "max_steps": 20}) == ""
+
+    def test_precision_for_steady_steps(self):
+        steps = [1.0, 1.001, 0.999, 1.0, 1.0005, 0.9995]
+        assert measuring_done(steps, None, **self.kw) == "precision"
+        # Five steady steps have no interval yet, whatever min_steps says.
+        assert measuring_done(steps[:5], None, **{**self.kw, "min_steps": 3}) == ""
+
+    def test_precision_needs_clean_steps(self):
+        steps = [1.0] * 10
+        assert measuring_done(steps, ["cpu steal 3 ms"] * 10, **self.kw) == ""
+        assert measuring_done(steps, [""] * 10, **self.kw) == "precision"
+
+    def test_time_cap_for_noisy_steps(self):
+        rng = random.Random(5)
+        noisy = lognormal(1.0, 0.3, 30, rng)
+        assert measuring_done(noisy, None, **{**self.kw, "measure_s": sum(noisy) + 1}) == ""
+        assert measuring_done(noisy, None, **{**self.kw, "measure_s": sum(noisy) - 1}) == "time cap"
+
+    def test_stops_at_the_same_step_given_the_same_times(self):
+        rng = random.Random(6)
+        steps = lognormal(1.0, 0.02, 60, rng)
+        stops = [next(n for n in range(1, 61) if measuring_done(steps[:n], None, **self.kw)) for _ in range(2)]
+        assert stops[0] == stops[1] < 60
+
+
+# --------------------------------------------------------------------------------------------
+# Across launches
+# --------------------------------------------------------------------------------------------
+
+
+class TestNoisePrior:
+    def test_default(self):
+        assert DEFAULT_NOISE.sigma == 0.02 and DEFAULT_NOISE.df > 0
+
+    @pytest.mark.parametrize(("sigma", "df"), [(0.0, 4.0), (-0.1, 4.0), (1.0, 4.0), (0.02, 0.0), (0.02, -1.0)])
+    def test_rejects_nonsense(self, sigma, df):
+        with pytest.raises(ValueError):
+            NoisePrior(sigma, df)
+
+
+class TestPooledNoise:
+    def test_groups_of_one_contribute_nothing(self):
+        assert pooled_noise([[1.0], [5.0]]) == (0.0, 0)
+        assert pooled_noise([]) == (0.0, 0)
+        assert pooled_noise([[1.0], [2.0, 4.0], [100.0]]) == (pytest.approx(2.0), 1)
+
+    def test_each_group_around_its_own_mean(self):
+        var, df = pooled_noise([[1.0, 2.0, 3.0], [101.0, 102.0, 103.0]])
+        assert (var, df) == (pytest.approx(1.0), 4)
+
+    def test_recovers_a_known_variance(self):
+        rng = random.Random(7)
+        groups = [[mu + rng.gauss(0, 0.03) for _ in range(4)] for mu in (rng.uniform(5, 8) for _ in range(60))]
+        var, df = pooled_noise(groups)
+        assert df == 180
+        assert var == pytest.approx(0.03 ** 2, rel=0.2)
+
+
+class TestConfigurationValue:
+    def test_geometric_mean(self):
+        assert configuration_value([100.0, 400.0]) == pytest.approx(200.0)
+        assert configuration_value([123.0]) == pytest.approx(123.0)
+        assert configuration_value([2.0, 8.0, 4.0]) == pytest.approx(4.0)
+
+    @pytest.mark.parametrize("bad", [[], [1.0, 0.0], [1.0, -2.0], [1.0, float("nan")], [float("inf")]])
+    def test_rejects_unusable_values(self, bad):
+        with pytest.raises(ValueError):
+            configuration_value(bad)
+
+
+class TestReferenceTerm:
+    def test_one_value_rests_on_the_prior_alone(self):
+        log_value, var = reference_term([100.0])
+        assert log_value == pytest.approx(math.log(100.0))
+        assert var == pytest.approx(DEFAULT_NOISE.sigma ** 2)
+
+    def test_variance_is_moderated_and_divided_by_the_count(self):
+        prior = NoisePrior(0.05, 2.0)
+        values = [100.0, 110.0, 90.0, 105.0]
+        log_value, var = reference_term(values, prior)
+        logs = [math.log(v) for v in values]
+        s2 = statistics.variance(logs)
+        assert log_value == pytest.approx(statistics.fmean(logs))
+        assert var == pytest.approx((2.0 * 0.05 ** 2 + 3 * s2) / 5.0 / 4)
+
+    def test_many_agreeing_nights_make_a_tight_term(self):
+        assert reference_term([100.0] * 20)[1] < reference_term([100.0] * 2)[1] < reference_term([100.0])[1]
+
+    def test_rejects_unusable_values(self):
+        with pytest.raises(ValueError):
+            reference_term([100.0, -1.0])
+
+
+class TestContrastInterval:
+    def test_one_launch_a_side_decides_a_5x_gap(self):
+        iv = contrast_interval([(1, side([1000.0])), (-1, side([200.0]))])
+        assert iv.point == pytest.approx(5.0)
+        assert iv.low > 4.0 and iv.high < 6.0
+        assert not iv.contains(1.0)
+        assert iv.launches == (1, 1)
+        # No launch-to-launch evidence tonight: the prior's sigma and degrees of freedom alone.
+        assert iv.df == DEFAULT_NOISE.df and iv.sigma == pytest.approx(DEFAULT_NOISE.sigma)
+        assert decide(iv, *ahead_gate(0.2)) is Verdict.PASS
+
+    def test_identical_launches_contain_one(self):
+        iv = contrast_interval([(1, side([1000.0])), (-1, side([1000.0]))])
+        assert iv.point == pytest.approx(1.0) and iv.contains(1.0)
+        # Student's t with the prior's 4 df: 2.7764; sigma of a difference of two launches.
+        half = 2.7764 * DEFAULT_NOISE.sigma * math.sqrt(2)
+        assert iv.low == pytest.approx(math.exp(-half), rel=1e-4)
+        assert iv.high == pytest.approx(math.exp(half), rel=1e-4)
+
+    def test_a_to_a_samples_contain_one(self):
+        rng = random.Random(8)
+        values = lognormal(1000.0, 0.02, 5, rng)
+        iv = contrast_interval([(1, side(values)), (-1, side(values))])
+        assert iv.point == pytest.approx(1.0) and iv.contains(1.0)
         assert decide(iv, *within_gate(0.05)) is Verdict.PASS
 
-    def test_a_20pct_slowdown_fails_the_within_gate(self):
-        candidate, reference = launches(800, 0.02, 5, seed=3), launches(1000, 0.02, 5, seed=4)
-        iv = ratio_interval(candidate, reference)
-        assert iv.contains(0.8)
+    def test_more_launches_narrow_the_interval(self):
+        # The same spread at every size: only the count changes.
+        def width(k: int) -> float:
+            noise = [0.02 * (-1) ** i for i in range(k)]
+            a = [(math.log(1000) + e, 0.0) for e in noise]
+            b = [(math.log(1000) - e, 0.0) for e in noise]
+            return contrast_interval([(1, a), (-1, b)]).width
+
+        widths = [width(k) for k in (2, 4, 8, 16)]
+        assert widths == sorted(widths, reverse=True)
+        assert widths[-1] < widths[0] / 2
+
+        rng = random.Random(9)
+        a, b = lognormal(1000, 0.02, 16, rng), lognormal(1000, 0.02, 16, rng)
+        few = contrast_interval([(1, side(a[:2])), (-1, side(b[:2]))])
+        many = contrast_interval([(1, side(a)), (-1, side(b))])
+        assert many.width < few.width / 2
+
+    @pytest.mark.parametrize("seed", [10, 11, 12])
+    def test_a_planted_10pct_gap_lies_wholly_below_the_gate(self, seed):
+        rng = random.Random(seed)
+        candidate, reference = lognormal(900, 0.02, 6, rng), lognormal(1000, 0.02, 6, rng)
+        iv = contrast_interval([(1, side(candidate)), (-1, side(reference))])
+        assert iv.high < 0.95
+        assert iv.contains(0.9)
         assert decide(iv, *within_gate(0.05)) is Verdict.FAIL
 
-    def test_a_ratio_at_the_threshold_is_inconclusive(self):
-        noise = (-0.02, -0.01, 0.0, 0.01, 0.02)
-        reference = [1000 * (1 + e) for e in noise]
-        candidate = [950 * (1 + e) for e in reversed(noise)]
-        iv = ratio_interval(candidate, reference)
-        assert iv.point == pytest.approx(0.95)
-        assert decide(iv, *within_gate(0.05)) is Verdict.INCONCLUSIVE
+    def test_degrees_of_freedom_add_the_prior_and_the_launches(self):
+        prior = NoisePrior(0.02, 10.0)
+        iv = contrast_interval([(1, side([1.0, 1.1, 0.9])), (-1, side([1.0, 1.02, 0.98, 1.01]))], prior)
+        assert iv.df == pytest.approx(10.0 + 2 + 3)
+        assert iv.launches == (3, 4)
 
-    def test_two_launches_a_side_give_a_wide_but_finite_interval(self):
-        a, b = launches(1000, 0.02, 10, seed=5), launches(1000, 0.02, 10, seed=6)
-        small, large = ratio_interval(a[:2], b[:2]), ratio_interval(a, b)
-        assert 0 < small.low <= small.point <= small.high < math.inf
-        assert small.width > 2 * large.width
-        # The bootstrap alone cannot reach past the values it was given; the envelope is wider.
-        assert small.width > ratio_interval(a[:2], b[:2], method="bootstrap").width
+    def test_prior_moderates_the_launches_noise(self):
+        values_a, values_b = [1000.0, 1200.0, 800.0], [1100.0, 900.0, 1000.0]
+        groups = [(1, side(values_a)), (-1, side(values_b))]
+        s_launches = math.sqrt(pooled_noise([[math.log(v) for v in values_a], [math.log(v) for v in values_b]])[0])
+        strong = contrast_interval(groups, NoisePrior(0.02, 1e6))
+        weak = contrast_interval(groups, NoisePrior(0.02, 1e-6))
+        assert strong.sigma == pytest.approx(0.02, rel=1e-3)
+        assert weak.sigma == pytest.approx(s_launches, rel=1e-3)
+        middle = contrast_interval(groups, NoisePrior(0.02, 4.0))
+        expected = math.sqrt((4 * 0.02 ** 2 + 4 * s_launches ** 2) / 8)
+        assert middle.sigma == pytest.approx(expected)
 
-    def test_one_launch_says_nothing_about_noise(self):
-        iv = ratio_interval([1000.0], [900.0, 910.0])
-        assert iv.point == pytest.approx(1000 / 905)
-        assert (iv.low, iv.high) == (0.0, math.inf)
-        assert decide(iv, *within_gate(0.05)) is Verdict.INCONCLUSIVE
+    def test_within_launch_variance_widens_the_prior(self):
+        w = 0.03 ** 2
+        iv = contrast_interval([(1, side([1000.0], w)), (-1, side([1000.0], w))])
+        assert iv.sigma == pytest.approx(math.sqrt(DEFAULT_NOISE.sigma ** 2 + w))
 
-    def test_deterministic_with_a_seed(self):
-        a, b = launches(1000, 0.05, 6, seed=7), launches(950, 0.05, 6, seed=8)
-        first = ratio_interval(a, b, seed=42, method="bootstrap")
-        assert ratio_interval(a, b, seed=42, method="bootstrap") == first
-        assert ratio_interval(a, b, seed=43, method="bootstrap") != first
+    def test_fixed_term_shifts_the_point_and_its_variance_widens(self):
+        groups = [(1, side([1000.0, 1010.0])), (-1, side([500.0, 505.0]))]
+        plain = contrast_interval(groups)
+        shifted = contrast_interval(groups, fixed=(math.log(0.5), 0.0))
+        assert shifted.point == pytest.approx(plain.point * 0.5)
+        assert shifted.width == pytest.approx(plain.width * 0.5)
+        wider = contrast_interval(groups, fixed=(math.log(0.5), 0.05 ** 2))
+        assert wider.point == pytest.approx(shifted.point)
+        assert wider.width > shifted.width
 
-    def test_median_statistic_shrugs_off_an_outlier(self):
-        a = launches(1000, 0.01, 9, seed=9) + [200.0]
-        b = launches(1000, 0.01, 10, seed=10)
-        iv = ratio_interval(a, b, statistic="median", method="bootstrap")
-        assert iv.point == pytest.approx(1.0, abs=0.02)
-        assert iv.contains(1.0)
+    def test_against_a_baseline_term(self):
+        # Tonight's candidate against a reference known from past nights.
+        nights = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
+        log_ref, var_ref = reference_term(nights)
+        iv = contrast_interval([(1, side([800.0, 805.0]))], fixed=(-log_ref, var_ref))
+        assert iv.point == pytest.approx(configuration_value([800.0, 805.0]) / configuration_value(nights))
+        assert decide(iv, *within_gate(0.05)) is Verdict.FAIL
 
-    def test_fast_enough_to_run_between_launches(self):
-        a, b = launches(1000, 0.02, 10, seed=11), launches(1000, 0.02, 10, seed=12)
-        best = math.inf
-        for _ in range(5):
-            t0 = time.perf_counter()
-            ratio_interval(a, b)
-            best = min(best, time.perf_counter() - t0)
-        assert best < 0.05
+    def test_higher_confidence_is_wider(self):
+        groups = [(1, side([1000.0, 1020.0])), (-1, side([990.0, 1000.0]))]
+        assert contrast_interval(groups, confidence=0.99).width > contrast_interval(groups, confidence=0.9).width
 
-    @pytest.mark.parametrize("bad", [[], [1.0, -2.0], [1.0, float("nan")]])
-    def test_rejects_unusable_samples(self, bad):
+    @pytest.mark.parametrize("confidence", [0.0, 1.0, 1.5, -0.1])
+    def test_rejects_bad_confidence(self, confidence):
         with pytest.raises(ValueError):
-            ratio_interval(bad, [1.0, 2.0])
+            contrast_interval([(1, side([1.0])), (-1, side([1.0]))], confidence=confidence)
+
+    def test_rejects_empty_groups(self):
+        with pytest.raises(ValueError):
+            contrast_interval([])
+        with pytest.raises(ValueError):
+            contrast_interval([(1, side([1.0])), (-1, [])])
+
+    def test_covers_the_true_ratio_at_least_as_often_as_stated(self):
+        # Two launches a side, true launch noise equal to the prior's.
+        rng = random.Random(13)
+        covered = 0
+        for _ in range(400):
+            a, b = lognormal(1000, 0.02, 2, rng), lognormal(1100, 0.02, 2, rng)
+            covered += contrast_interval([(1, side(a)), (-1, side(b))]).contains(1000 / 1100)
+        assert covered / 400 >= 0.93
+
+    def test_reads_as_a_line(self):
+        text = str(contrast_interval([(1, side([1000.0])), (-1, side([1000.0]))]))
+        assert text.startswith("1.000 [") and "95% CI" in text and "1+1 launches" in text
+
+
+# --------------------------------------------------------------------------------------------
+# The gate
+# --------------------------------------------------------------------------------------------
 
 
 class TestDecide:
     def test_within_gate(self):
         threshold, direction = within_gate(0.05)
-        assert threshold == pytest.approx(0.95)
-        assert decide(Interval(0.96, 0.99, 1.02, 5, 5), threshold, direction) is Verdict.PASS
-        assert decide(Interval(0.80, 0.85, 0.94, 5, 5), threshold, direction) is Verdict.FAIL
-        assert decide(Interval(0.93, 0.96, 0.99, 5, 5), threshold, direction) is Verdict.INCONCLUSIVE
+        assert threshold == pytest.approx(0.95) and direction == ">="
+        assert decide(interval(0.96, 0.99, 1.02), threshold, direction) is Verdict.PASS
+        assert decide(interval(0.80, 0.85, 0.94), threshold, direction) is Verdict.FAIL
+        assert decide(interval(0.93, 0.96, 0.99), threshold, direction) is Verdict.INCONCLUSIVE
 
     def test_ahead_gate(self):
         threshold, direction = ahead_gate(0.20)
         assert threshold == pytest.approx(1.20)
-        assert decide(Interval(1.5, 2.0, 2.6, 3, 3), threshold, direction) is Verdict.PASS
-        assert decide(Interval(0.95, 1.0, 1.05, 3, 3), threshold, direction) is Verdict.FAIL
-        assert decide(Interval(1.1, 1.25, 1.4, 3, 3), threshold, direction) is Verdict.INCONCLUSIVE
+        assert decide(interval(1.5, 2.0, 2.6), threshold, direction) is Verdict.PASS
+        assert decide(interval(0.95, 1.0, 1.05), threshold, direction) is Verdict.FAIL
+        assert decide(interval(1.1, 1.25, 1.4), threshold, direction) is Verdict.INCONCLUSIVE
+
+    def test_the_threshold_itself(self):
+        assert decide(interval(0.95, 1.0, 1.05), 0.95) is Verdict.PASS
+        assert decide(interval(0.90, 0.92, 0.95), 0.95) is Verdict.INCONCLUSIVE
 
     def test_at_most_direction_mirrors(self):
-        assert decide(Interval(0.5, 0.6, 0.7, 3, 3), 0.8, "<=") is Verdict.PASS
-        assert decide(Interval(0.9, 1.0, 1.1, 3, 3), 0.8, "<=") is Verdict.FAIL
-        assert decide(Interval(0.7, 0.8, 0.9, 3, 3), 0.8, "<=") is Verdict.INCONCLUSIVE
+        assert decide(interval(0.5, 0.6, 0.7), 0.8, "<=") is Verdict.PASS
+        assert decide(interval(0.9, 1.0, 1.1), 0.8, "<=") is Verdict.FAIL
+        assert decide(interval(0.7, 0.8, 0.9), 0.8, "<=") is Verdict.INCONCLUSIVE
+        assert decide(interval(0.5, 0.6, 0.7), 0.8, "at_most") is Verdict.PASS
+        assert decide(interval(0.9, 1.0, 1.1), 0.8, "at_least") is Verdict.PASS
 
     def test_verdict_reads_as_its_word(self):
         assert str(Verdict.PASS) == "pass" and Verdict.INCONCLUSIVE == "inconclusive"
 
     def test_unknown_direction(self):
         with pytest.raises(ValueError):
-            decide(Interval(1, 1, 1, 2, 2), 1.0, ">")
+            decide(interval(1, 1, 1), 1.0, ">")
 
-
-class PairSource:
-    """Interleaved synthetic launches: A then B, each with multiplicative noise."""
-
-    def __init__(self, a_mean: float, b_mean: float, cv: float, seed: int) -> None:
-        self.rng = random.Random(seed)
-        self.a_mean, self.b_mean, self.cv = a_mean, b_mean, cv
-        self.order: list[str] = []
-
-    def __call__(self) -> tuple[float, float]:
-        self.order += ["A", "B"]
-        a = self.a_mean * (1 + self.rng.gauss(0, self.cv))
-        b = self.b_mean * (1 + self.rng.gauss(0, self.cv))
-        return a, b
-
-
-class TestAdaptive:
-    def test_stops_at_the_first_look_when_clearly_failing(self):
-        source = PairSource(800, 1000, 0.01, seed=1)
-        result = adaptive_compare(source, *within_gate(0.05), start_pairs=3, max_pairs=10)
-        assert result.verdict is Verdict.FAIL
-        assert result.stopped == "decided"
-        assert result.pairs == 3 and result.launches == 6
-        assert source.order == ["A", "B"] * 3
-        assert len(result.looks) == 1
-
-    def test_stops_early_when_clearly_passing(self):
-        source = PairSource(1000, 1000, 0.005, seed=2)
-        result = adaptive_compare(source, *within_gate(0.05), start_pairs=3, max_pairs=10)
-        assert result.verdict is Verdict.PASS
-        assert result.pairs < 10
-
-    def test_noisy_identical_fabrics_pass_after_more_pairs(self):
-        source = PairSource(1000, 1000, 0.02, seed=3)
-        result = adaptive_compare(source, *within_gate(0.05), start_pairs=3, max_pairs=12)
-        assert result.verdict is Verdict.PASS
-        assert 3 < result.pairs <= 12
-        assert [look.verdict for look in result.looks[:-1]] == [Verdict.INCONCLUSIVE] * (len(result.looks) - 1)
-
-    def test_stops_at_the_budget_when_the_truth_sits_on_the_threshold(self):
-        source = PairSource(950, 1000, 0.02, seed=4)
-        result = adaptive_compare(source, *within_gate(0.05), start_pairs=3, max_pairs=8)
-        assert result.verdict is Verdict.INCONCLUSIVE
-        assert result.stopped == "budget"
-        assert result.pairs == 8 and result.launches == 16
-        assert len(result.looks) == 6
-
-    def test_ahead_gate_catches_a_fast_fabric_that_lost_its_edge(self):
-        # The reference (a) should be 20% ahead; it is level with the candidate (b).
-        result = adaptive_compare(PairSource(1000, 1000, 0.01, seed=5), *ahead_gate(0.20))
-        assert result.verdict is Verdict.FAIL
-
-    def test_peeking_correction_widens_each_look(self):
-        plain = AdaptiveComparison(0.95, correct_for_peeking=False)
-        corrected = AdaptiveComparison(0.95, start_pairs=3, max_pairs=10)
-        assert plain.look_confidence == 0.95
-        assert corrected.look_confidence == pytest.approx(1 - 0.05 / 8)
-
-    def test_deterministic(self):
-        runs = [adaptive_compare(PairSource(960, 1000, 0.02, seed=6), *within_gate(0.05), seed=1)
-                for _ in range(2)]
-        assert runs[0].interval == runs[1].interval and runs[0].pairs == runs[1].pairs
-
-    def test_step_by_step_use(self):
-        cmp = AdaptiveComparison(*within_gate(0.05), start_pairs=2, max_pairs=4)
-        assert cmp.needs_more()
-        source = PairSource(700, 1000, 0.01, seed=7)
-        while cmp.needs_more():
-            cmp.add(*source())
-        assert cmp.pairs == 2 and cmp.verdict() is Verdict.FAIL
-
-    def test_rejects_a_budget_below_the_start(self):
+    @pytest.mark.parametrize(("gate", "bad"), [(within_gate, -0.1), (within_gate, 1.0), (ahead_gate, -0.01)])
+    def test_gates_reject_nonsense(self, gate, bad):
         with pytest.raises(ValueError):
-            AdaptiveComparison(0.95, start_pairs=5, max_pairs=3)
+            gate(bad)
+
+
+class TestSequentialGate:
+    def test_look_confidence_splits_the_error_over_the_looks(self):
+        assert SequentialGate(0.95, start=2, budget=6).look_confidence == pytest.approx(1 - 0.05 / 5)
+        assert SequentialGate(0.95, start=3, budget=10, confidence=0.9).look_confidence == pytest.approx(1 - 0.1 / 8)
+        assert SequentialGate(0.95, start=4, budget=4).look_confidence == pytest.approx(0.95)
+
+    @pytest.mark.parametrize("kwargs", [dict(start=0), dict(start=5, budget=3), dict(direction=">")])
+    def test_rejects_nonsense(self, kwargs):
+        with pytest.raises(ValueError):
+            SequentialGate(0.95, **kwargs)
+
+    def test_look_appends_a_look(self):
+        gate = SequentialGate(*within_gate(0.05), start=2, budget=6)
+        assert gate.looks == []
+        groups = [(1, side([1000.0, 1005.0, 995.0])), (-1, side([1000.0, 1002.0]))]
+        look = gate.look(groups)
+        assert isinstance(look, Look)
+        assert gate.looks == [look]
+        assert look.launches == 3
+        assert look.interval.confidence == pytest.approx(gate.look_confidence)
+        assert look.verdict is decide(look.interval, gate.threshold, gate.direction)
+        gate.look(groups)
+        assert len(gate.looks) == 2
+
+    def test_each_look_is_wider_than_a_single_look(self):
+        groups = [(1, side([1000.0, 1010.0])), (-1, side([990.0, 1000.0]))]
+        look = SequentialGate(0.95).look(groups)
+        assert look.interval.width > contrast_interval(groups).width
+
+    def test_uses_its_prior_and_fixed_term(self):
+        prior = NoisePrior(0.05, 7.0, "nights")
+        gate = SequentialGate(0.95, prior=prior)
+        look = gate.look([(1, side([1000.0]))], fixed=(math.log(1 / 500), 0.0))
+        assert look.interval.df == 7.0
+        assert look.interval.point == pytest.approx(2.0)
+        assert look.verdict is Verdict.PASS
+
+
+def simulate(true_ratio: float, trials: int, seed: int, sigma: float = 0.02) -> Counter:
+    """Verdicts of ``trials`` sequential within-5% comparisons of interleaved launch pairs."""
+    rng = random.Random(seed)
+    verdicts: Counter = Counter()
+    for _ in range(trials):
+        gate = SequentialGate(*within_gate(0.05), start=2, budget=6)
+        candidate: list[tuple[float, float]] = []
+        reference: list[tuple[float, float]] = []
+        while True:
+            candidate.append((math.log(1000 * true_ratio) + rng.gauss(0, sigma), 0.005 ** 2))
+            reference.append((math.log(1000) + rng.gauss(0, sigma), 0.005 ** 2))
+            if len(candidate) < gate.start:
+                continue
+            look = gate.look([(1, candidate), (-1, reference)])
+            if look.verdict is not Verdict.INCONCLUSIVE or len(candidate) >= gate.budget:
+                break
+        assert len(gate.looks) <= gate.budget - gate.start + 1
+        verdicts[look.verdict] += 1
+    return verdicts
+
+
+class TestErrorRates:
+    trials = 200
+
+    def test_a_to_a_rarely_fails_and_mostly_passes(self):
+        verdicts = simulate(1.0, self.trials, seed=14)
+        assert verdicts[Verdict.FAIL] <= 0.05 * self.trials
+        assert verdicts[Verdict.FAIL] == 0
+        assert verdicts[Verdict.PASS] >= 0.8 * self.trials
+
+    def test_a_10pct_slowdown_never_passes_and_mostly_fails(self):
+        verdicts = simulate(0.9, self.trials, seed=15)
+        assert verdicts[Verdict.PASS] == 0
+        assert verdicts[Verdict.FAIL] >= 0.8 * self.trials
+
+    def test_at_the_threshold_either_verdict_is_rare_despite_repeated_looks(self):
+        verdicts = simulate(0.95, self.trials, seed=16)
+        assert verdicts[Verdict.PASS] <= 0.05 * self.trials
+        assert verdicts[Verdict.FAIL] <= 0.05 * self.trials
+
+
+# --------------------------------------------------------------------------------------------
+# Across nights
+# --------------------------------------------------------------------------------------------
 
 
 class TestRobustBaseline:
     def test_drops_a_bad_night(self):
         base = robust_baseline([100.0, 101.0, 99.0, 100.5, 70.0])
+        assert isinstance(base, RobustCenter)
         assert base.dropped == (70.0,)
+        assert base.n == 4
         assert base.center == pytest.approx(100.25)
         assert 0 < base.spread < 2
 
@@ -272,6 +626,10 @@ class TestRobustBaseline:
     def test_two_values_cannot_name_an_outlier(self):
         base = robust_baseline([100.0, 50.0])
         assert base.dropped == () and base.center == 75.0
+
+    def test_one_value(self):
+        base = robust_baseline([42.0])
+        assert base.center == 42.0 and base.spread == 0.0 and base.n == 1
 
     def test_needs_a_value(self):
         with pytest.raises(ValueError):

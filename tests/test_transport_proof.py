@@ -14,8 +14,10 @@ import pytest
 
 from pytest_fabric.cluster.base import Cluster
 from pytest_fabric.cluster.supervisor import LaunchOutcome
-from pytest_fabric.measure import Case, Measurer, Settings
+from pytest_fabric.case import Case
+from pytest_fabric.measure import Measurer, Settings
 from pytest_fabric.store import ResultStore
+from pytest_fabric.workload.result import TrainResult, write_result
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 
@@ -36,10 +38,10 @@ class RecordedGpuCluster(Cluster):
         for f in (NCCL / self.sample).glob("nccl.*"):
             shutil.copy(f, log_dir / f.name)
         config = json.loads((request.workdir / "config.json").read_text())
-        Path(config["result_path"]).write_text(json.dumps({
-            "tokens_per_s": 1000.0, "tokens_per_s_per_gpu": 62.5, "median_step_s": 1.0, "step_s": [1.0, 1.0],
-            "tokens_per_step": 1000, "world_size": 16, "nodes": ["a", "b"], "device": "cuda",
-            "versions": {}, "fabric": config["fabric"]}))
+        write_result(TrainResult(
+            model="qwen2-tiny", world_size=16, hosts=["a", "b"], local_world_size=8, batch_size=1, seq_len=64,
+            tokens_per_step=1000, step_s=[1.0, 1.0], device="cuda", dtype="bfloat16", fabric=config["fabric"]),
+            config["result_path"])
         return LaunchOutcome(procs=[], elapsed_s=0.1)
 
 
@@ -50,17 +52,19 @@ def measure(tmp_path, sample, fabric):
 
 def test_socket_fallback_is_named_with_its_evidence(tmp_path):
     m = measure(tmp_path, "socket_fallback", "ib")
-    assert m.result["transport"]["network"] == "Socket"
-    problem = m.result["transport_problem"]
+    assert m.result.transport["network"] == "Socket"
+    problem = m.result.transport_problem
     assert problem.startswith("requested ib; NCCL used Socket") and "Failed to initialize NET plugin IB" in problem
+    # The proof is part of the cached record: a test reusing the launch sees the same problem.
+    assert measure(tmp_path, "ib", "ib").result.transport_problem == problem
 
 
 @pytest.mark.parametrize(("sample", "fabric"), [("ib", "ib"), ("roce", "roce"), ("eth", "eth"), ("efa", "efa")])
 def test_the_requested_transport_passes(tmp_path, sample, fabric):
     m = measure(tmp_path, sample, fabric)
-    assert m.result["transport_problem"] is None
-    assert m.result["transport"]["network"] in ("IB", "Socket", "Libfabric")
+    assert m.result.transport_problem is None
+    assert m.result.transport["network"] in ("IB", "Socket", "Libfabric")
 
 
 def test_roce_is_not_ib(tmp_path):
-    assert "RoCE" in measure(tmp_path, "roce", "ib").result["transport_problem"]
+    assert "RoCE" in measure(tmp_path, "roce", "ib").result.transport_problem

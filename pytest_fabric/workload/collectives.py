@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import CollectivesConfig
+from .result import CollectiveRow, CollectivesResult
 from .train import _dump_stacks_on_sigusr1, _exit_now, finish
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -50,7 +51,7 @@ def _run_op(op: str, buf: torch.Tensor, out: torch.Tensor | None) -> None:
         raise ValueError(op)
 
 
-def run(cfg: CollectivesConfig) -> dict | None:
+def run(cfg: CollectivesConfig) -> CollectivesResult | None:
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -87,22 +88,21 @@ def run(cfg: CollectivesConfig) -> dict | None:
             seconds = float(elapsed.item())
             nbytes = total * 4
             algbw = nbytes / seconds / 1e9
-            rows.append({"op": op, "bytes": nbytes, "time_s": seconds, "algbw_GBps": algbw,
-                         "busbw_GBps": algbw * bus_factor(op, world)})
+            rows.append(CollectiveRow(op, nbytes, seconds, algbw, algbw * bus_factor(op, world)))
     result = None
     if rank == 0:
         import platform
 
-        result = {
-            "world_size": world,
-            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            "backend": backend,
-            "device": device.type,
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "backend": backend,
-                         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if use_cuda else None},
-            "fabric": cfg.fabric,
-            "rows": rows,
-        }
+        result = CollectivesResult(
+            world_size=world,
+            rows=rows,
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            backend=backend,
+            device=device.type,
+            versions={"python": platform.python_version(), "torch": torch.__version__, "backend": backend,
+                      "nccl": ".".join(map(str, torch.cuda.nccl.version())) if use_cuda else None},
+            fabric=cfg.fabric,
+        )
     finish(result, cfg.result_path)
     return result
 

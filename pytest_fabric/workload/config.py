@@ -20,7 +20,7 @@ class TrainConfig:
     model: dict[str, Any]  # ModelSpec.to_dict(): name, arch, config
     batch_size: int
     seq_len: int
-    steps: int  # measured steps, after the warm-up
+    steps: int  # measured steps at least, after the warm-up (clean ones: see workload/signals.py)
     warmup_steps: int
     result_path: str  # written by global rank 0
     progress_path: str  # one JSON line per step, appended by global rank 0
@@ -37,6 +37,14 @@ class TrainConfig:
     # A local Hugging Face checkpoint directory (config.json + *.safetensors), read by global rank 0
     # only and broadcast while sharding; None: random weights.
     model_path: str | None = None
+    # Measuring goes on past ``steps`` until the launch's step time is known to ``step_precision`` (the
+    # relative half-width of its 95% interval, stats.measuring_done), for at most ``measure_s``
+    # seconds of measured steps and ``max_steps`` steps.
+    max_steps: int = 200
+    measure_s: float = 6.0
+    step_precision: float = 0.01
+    # Time a fixed CPU kernel after each step (CPU runs): the VM's speed is a signal (signals.py).
+    cpu_probe: bool = True
 
     def __post_init__(self) -> None:
         if self.fsdp not in (1, 2):
@@ -47,6 +55,11 @@ class TrainConfig:
             raise ConfigError(f"device={self.device!r}: use auto, cpu or cuda")
         if self.device == "cpu":
             self.check_device("cpu")
+        if self.steps < 1 or self.max_steps < self.steps:
+            raise ConfigError(f"steps={self.steps}, max_steps={self.max_steps}: need 1 <= steps <= max_steps")
+        if not (self.measure_s >= 0 and 0 < self.step_precision < 1):
+            raise ConfigError(f"measure_s={self.measure_s}, step_precision={self.step_precision}: need measure_s >= 0 and "
+                              f"0 < step_precision < 1")
 
     def check_device(self, device_type: str) -> None:
         """Refuse what cannot run on ``device_type``, before any process group exists."""

@@ -10,6 +10,9 @@ One or more faults separated by ``;``, each ``KIND[:key=value,...]``:
 - ``hang``: the same rank stops there forever, so its peers block inside the step's collectives.
 - ``nojoin``: node ``node`` never joins the rendezvous: the harness leaves its link down, so its
   torchrun cannot reach node 0 (emulated cluster only).
+- ``slow``: every rank stretches each step by ``factor`` (default 1.10: a step 10% longer), on
+  launches that cross the fabric (more than one node) only: a known effect planted on the
+  compute side, for measuring what the gates catch (``benchmarks/nightly_gates.py``).
 
 ``fabric=NAME`` limits a fault to launches on that fabric (default: every launch). Defaults:
 ``rank=1``, ``step=1``, ``node=1``. The harness reads the variable from its own environment; the
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 
 ENV = "PYTEST_FABRIC_FAULT"
 RANK_KINDS = ("crash", "abort", "hang")
-KINDS = (*RANK_KINDS, "nojoin")
+KINDS = (*RANK_KINDS, "nojoin", "slow")
 _INTS = ("rank", "step", "node")
 
 
@@ -43,11 +46,14 @@ class Fault:
     rank: int = 1
     step: int = 1
     node: int = 1
+    factor: float = 1.10
 
     def applies(self, fabric: str | None) -> bool:
         return self.fabric is None or self.fabric == fabric
 
     def describe(self) -> str:
+        if self.kind == "slow":
+            return f"slow: every step x{self.factor:g}" + (f" (fabric {self.fabric})" if self.fabric else "")
         where = f"node {self.node}" if self.kind == "nojoin" else f"rank {self.rank} at step {self.step}"
         return f"{self.kind} on {where}" + (f" (fabric {self.fabric})" if self.fabric else "")
 
@@ -64,14 +70,25 @@ def parse(text: str) -> list[Fault]:
         fields: dict[str, object] = {}
         for pair in filter(None, (a.strip() for a in args.split(","))):
             key, sep, value = (s.strip() for s in pair.partition("="))
-            if not sep or key not in ("fabric", *_INTS) or not value:
-                raise ValueError(f"{ENV}: {pair!r} in {item!r} is not one of fabric=NAME, rank=N, step=N, node=N")
-            if key in _INTS:
+            if not sep or key not in ("fabric", "factor", *_INTS) or not value:
+                raise ValueError(f"{ENV}: {pair!r} in {item!r} is not one of fabric=NAME, rank=N, step=N, node=N, "
+                                 f"factor=X")
+            if key == "factor":
+                try:
+                    fields[key] = float(value)
+                except ValueError:
+                    fields[key] = 0.0
+                if not 1.0 <= fields[key] <= 100.0:  # type: ignore[operator]
+                    raise ValueError(f"{ENV}: factor={value!r} in {item!r} must be a number from 1 to 100 (1.10: "
+                                     f"steps 10% longer)")
+            elif key in _INTS:
                 if not value.isdigit():
                     raise ValueError(f"{ENV}: {key}={value!r} in {item!r} must be a whole number >= 0")
                 fields[key] = int(value)
             else:
                 fields[key] = value
+        if "factor" in fields and kind != "slow":
+            raise ValueError(f"{ENV}: factor= in {item!r} applies to slow faults only")
         faults.append(Fault(kind, **fields))  # type: ignore[arg-type]
     return faults
 
@@ -97,3 +114,13 @@ def at_step(faults: list[Fault], rank: int, step: int, fabric: str | None) -> No
             os.kill(os.getpid(), signal.SIGABRT)
         while True:  # hang
             time.sleep(3600)
+
+
+def stretch(faults: list[Fault], fabric: str | None, crosses_fabric: bool) -> float:
+    """The factor a ``slow`` fault stretches this launch's steps by (1.0: none)."""
+    factor = 1.0
+    if crosses_fabric:
+        for fault in faults:
+            if fault.kind == "slow" and fault.applies(fabric):
+                factor *= fault.factor
+    return factor

@@ -22,18 +22,18 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from . import faults, fsdp, metrics, weights
+from .. import stats
+from . import faults, fsdp, metrics, signals, weights
 from .config import ConfigError, TrainConfig
+from .result import CollectivesResult, StepSignals, TrainResult, write_result
 
 
 def _pick_device(requested: str) -> torch.device:
@@ -113,17 +113,16 @@ def _versions(backend: str) -> dict[str, str | None]:
 class _Progress:
     """Step-by-step progress lines for the harness's live display (global rank 0 only)."""
 
-    def __init__(self, path: str, enabled: bool, total: int) -> None:
+    def __init__(self, path: str, enabled: bool) -> None:
         self._file = open(path, "a", buffering=1) if enabled else None
-        self._total = total
 
-    def step(self, phase: str, index: int, seconds: float, tokens: int) -> None:
+    def step(self, phase: str, index: int, seconds: float, tokens: int, at_least: int) -> None:
         if self._file:
-            self._file.write(json.dumps({"phase": phase, "step": index, "of": self._total,
+            self._file.write(json.dumps({"phase": phase, "step": index, "of": at_least,
                                          "step_s": seconds, "tokens_per_s": tokens / seconds}) + "\n")
 
 
-def run(cfg: TrainConfig) -> dict | None:
+def run(cfg: TrainConfig) -> TrainResult | None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..models import ModelSpec
@@ -151,18 +150,24 @@ def run(cfg: TrainConfig) -> dict | None:
 
     batch = make_batch(cfg.seed, rank, cfg.batch_size, cfg.seq_len, spec.config["vocab_size"]).to(device)
     tokens_per_step = cfg.batch_size * cfg.seq_len * world
-    progress = _Progress(cfg.progress_path, rank == 0, cfg.warmup_steps + cfg.steps)
+    progress = _Progress(cfg.progress_path, rank == 0)
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    times: list[float] = []
+    sampler = signals.NodeSampler(gpu_index=device.index if device.type == "cuda" else None)
+    probe = _cpu_probe if device.type == "cpu" and cfg.cpu_probe else None
+    stretch = faults.stretch(injected, cfg.fabric.get("name"), bool(cfg.fabric.get("crosses_fabric", True)))
+    warmup: list[float] = []
+    measured: list[signals.StepView] = []
     losses: list[torch.Tensor] = []  # read after the loop: reading a loss would wait for the GPU
     compute_dtype = None  # what the forward really ran in, as the logits show
-    for step in range(cfg.warmup_steps + cfg.steps):
+    stopped, step = "", 0
+    while not stopped:
         faults.at_step(injected, rank, step, cfg.fabric.get("name"))
         sync()
+        before = sampler.cpu()
         start = time.perf_counter()
         out = model(input_ids=batch, labels=batch, use_cache=False)
         loss, compute_dtype = out.loss, out.logits.dtype
@@ -171,16 +176,25 @@ def run(cfg: TrainConfig) -> dict | None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
+        if stretch > 1.0:  # a planted slowdown (faults.py): the step takes `stretch` times as long
+            time.sleep((time.perf_counter() - start) * (stretch - 1.0))
         elapsed = time.perf_counter() - start
-        times.append(elapsed)
+        # Outside the timed region: the node's signals, then one small all-reduce so that every
+        # rank sees every rank's figures and takes the same decisions.
+        row = sampler.step_row(elapsed, before, sampler.cpu(), probe() if probe else 0.0)
+        view = _step_view(row, rank, world, device)
         losses.append(loss.detach())
         phase = "warmup" if step < cfg.warmup_steps else "measure"
-        progress.step(phase, step + 1, elapsed, tokens_per_step)
+        if phase == "warmup":
+            warmup.append(view.step_s)
+        else:
+            measured.append(view)
+            stopped = stats.measuring_done(
+                [v.step_s for v in measured], signals.judge_launch(measured), min_steps=cfg.steps,
+                max_steps=cfg.max_steps, measure_s=cfg.measure_s, precision=cfg.step_precision)
+        step += 1
+        progress.step(phase, step, view.step_s, tokens_per_step, cfg.warmup_steps + cfg.steps)
 
-    # Collectives only after the loop, so the measurement is not perturbed: the job waits for the
-    # slowest rank, so that rank's time is the step time.
-    slowest = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     memory, memory_kind = metrics.peak_memory(device)
     ranks: list[Any] = [None] * world
     dist.all_gather_object(ranks, {"node": os.environ.get("PYTEST_FABRIC_NODE", socket.gethostname()),
@@ -188,54 +202,83 @@ def run(cfg: TrainConfig) -> dict | None:
 
     result = None
     if rank == 0:
-        measured = slowest[cfg.warmup_steps:].tolist()
-        median = statistics.median(measured)
-        tokens_per_s = tokens_per_step / median
-        flops_per_token = spec.flops_per_token(cfg.seq_len)
         gpu_names = sorted({r["gpu"] for r in ranks if r["gpu"]})
         # One peak for the job: ranks on different GPU models have none.
         peak = metrics.peak_for(gpu_names[0]) if len(gpu_names) == 1 else None
-        peak_flops = peak.bf16_flops if peak else None
-        result = {
-            "model": spec.name,
-            "world_size": world,
-            "nodes": sorted({r["node"] for r in ranks}),
-            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            "batch_size": cfg.batch_size,
-            "seq_len": cfg.seq_len,
-            "tokens_per_step": tokens_per_step,
-            "warmup_step_s": slowest[: cfg.warmup_steps].tolist(),
-            "step_s": measured,
-            "median_step_s": median,
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_gpu": tokens_per_s / world,
-            "flops_per_token": flops_per_token,
-            "gpu_name": ", ".join(gpu_names) or None,
-            "peak_gpu": peak.gpu if peak else None,
-            "peak_flops_per_gpu": peak_flops,
-            "mfu": metrics.mfu(tokens_per_s, flops_per_token, world, peak_flops),
-            "mfu_note": _mfu_note(device, gpu_names, peak),
-            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
-            "peak_memory_kind": memory_kind,
-            "peak_memory_bytes_per_rank": [r["peak_memory_bytes"] for r in ranks],
-            "first_loss": float(losses[0].float().cpu()) if losses else None,
-            "final_loss": float(losses[-1].float().cpu()) if losses else None,
-            "device": device.type,
-            "dtype": str(compute_dtype or precision.param_dtype).removeprefix("torch."),
-            "mixed_precision": precision.name,
-            "reduce_dtype": str(precision.reduce_dtype).removeprefix("torch."),
-            "attention": attention,
-            "fsdp": f"fsdp{cfg.fsdp}",
-            **built,
-            "activation_checkpointing": cfg.activation_checkpointing,
-            "weights": source.source,
-            "timeouts": timeouts,
-            "versions": _versions(backend),
-            "fabric": cfg.fabric,
-            "host": platform.node(),
-        }
+        result = TrainResult(
+            model=spec.name,
+            world_size=world,
+            hosts=sorted({r["node"] for r in ranks}),
+            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            batch_size=cfg.batch_size,
+            seq_len=cfg.seq_len,
+            tokens_per_step=tokens_per_step,
+            step_s=[v.step_s for v in measured],
+            warmup_step_s=warmup,
+            signals=StepSignals(
+                steal_s=[v.steal_s for v in measured], foreign_s=[v.foreign_s for v in measured],
+                probe_s=[v.probe_s for v in measured], sm_clock_mhz=[v.sm_clock_mhz for v in measured],
+                throttle=[v.throttle for v in measured], disturbed=signals.judge_launch(measured)),
+            stopped=stopped,
+            flops_per_token=spec.flops_per_token(cfg.seq_len),
+            gpu_name=", ".join(gpu_names) or None,
+            peak_gpu=peak.gpu if peak else None,
+            peak_flops_per_gpu=peak.bf16_flops if peak else None,
+            mfu_note=_mfu_note(device, gpu_names, peak),
+            peak_memory_bytes=max(r["peak_memory_bytes"] for r in ranks),
+            peak_memory_kind=memory_kind,
+            peak_memory_bytes_per_rank=[r["peak_memory_bytes"] for r in ranks],
+            first_loss=float(losses[0].float().cpu()) if losses else None,
+            final_loss=float(losses[-1].float().cpu()) if losses else None,
+            device=device.type,
+            dtype=str(compute_dtype or precision.param_dtype).removeprefix("torch."),
+            mixed_precision=precision.name,
+            reduce_dtype=str(precision.reduce_dtype).removeprefix("torch."),
+            attention=attention,
+            fsdp=f"fsdp{cfg.fsdp}",
+            fsdp1_min_num_params=built.get("fsdp1_min_num_params"),
+            activation_checkpointing=cfg.activation_checkpointing,
+            weights=source.source,
+            timeouts=timeouts,
+            versions=_versions(backend),
+            fabric=cfg.fabric,
+            host=platform.node(),
+        )
     finish(result, cfg.result_path)
     return result
+
+
+# The CPU probe: a fixed small kernel timed after each step (outside the step's timing). On the
+# VMs this project runs on, a vCPU's speed flips between two levels (seen: 35 vs 74 ms for the same
+# 200 matmuls of 256 x 256, for seconds at a time) without any steal time being reported; the
+# probe shows which speed a step ran at. A plain Python loop on the calling thread, the best of
+# five runs (about 0.7 ms in all): a torch matmul here would use the intra-op thread pool, whose
+# workers wake slowly after the step's collectives or the ``slow`` fault's sleep (seen: half of
+# the steps of a quiet launch more than 30% over the launch's fastest matmul probe, none with this
+# probe); the best of five drops a single interrupt, while a slowed vCPU slows all five.
+_PROBE_LOOPS = 4000
+
+
+def _cpu_probe() -> float:
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        x = 0
+        for i in range(_PROBE_LOOPS):
+            x += i * i
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _step_view(row: list[float], rank: int, world: int, device: torch.device) -> signals.StepView:
+    """Every rank's signals row for this step, summed into place (each rank fills its own slot)."""
+    width = len(signals.FIELDS)
+    table = torch.zeros(world * width, dtype=torch.float64, device=device)
+    table[rank * width:(rank + 1) * width] = torch.tensor(row, dtype=torch.float64)
+    dist.all_reduce(table)
+    values = table.cpu().tolist()
+    rows = [values[r * width:(r + 1) * width] for r in range(world)]
+    return signals.combine(rows, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def _mfu_note(device: torch.device, gpu_names: list[str], peak: metrics.Peak | None) -> str | None:
@@ -275,13 +318,11 @@ def _dump_stacks_on_sigusr1() -> None:
         pass
 
 
-def finish(result: dict | None, result_path: str) -> None:
+def finish(result: TrainResult | CollectivesResult | None, result_path: str) -> None:
     """Global rank 0 writes the result atomically (the harness never reads half a file); then every
     rank leaves the process group at the same point."""
     if result is not None:
-        tmp = Path(result_path + ".tmp")
-        tmp.write_text(json.dumps(result, indent=2))
-        os.replace(tmp, result_path)
+        write_result(result, result_path)
     dist.barrier()
     dist.destroy_process_group()
 

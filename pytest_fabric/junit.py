@@ -1,0 +1,360 @@
+"""The JUnit format of pytest-fabric, in one place: what a measured testcase writes, how the file
+is completed after pytest's junitxml wrote it, how it is read back, and how files are merged.
+
+What a testcase writes (its ``system-out``, also the report section pytest shows with ``-rA``):
+human lines first (the verdict, the prediction, one line per configuration), then machine lines,
+``fabric.<case id>.<name>=<value>`` per configuration and ``fabric.gate.<a>_vs_<b>.<name>=<value>``
+per gate. The figure of a configuration (``tokens_per_s``) is the one the gate judged
+(``stats.configuration_value`` of the launches that counted); ``launch_tokens_per_s`` lists every
+launch and ``launch_set_aside`` flags (1) those the gates did not count, which a reader leaves out. A reader reads the machine lines, never the sentences.
+
+Why system-out: GitLab and most viewers read a testcase's ``system-out`` but not its properties,
+and the xunit2 schema (pytest's default, Jenkins' junit-10.xsd) allows no per-testcase properties.
+Properties are added where the JUnit family allows them (xunit1/legacy), and run-wide facts
+(versions, cluster) go into the testsuite's properties, which every family allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .case import BANDWIDTH
+from .fabrics import REFERENCE_FABRIC
+from .gates import GateOutcome
+from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
+from .redact import redact_file
+from .results import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
+from .workload.result import TrainResult
+
+SECTION = "pytest-fabric measurements"
+
+# "fabric.<case id>.<metric>=<value>", one per line in a measured testcase's system-out.
+# The name is one word, or op.bytes.busbw_gbit for bandwidth: a fabric name may contain dots (roce.v2).
+_METRIC_LINE = re.compile(r"^fabric\.(?P<id>.+?-n\d+-[a-z][a-z0-9_.-]*?)\."
+                          r"(?P<name>[a-z_]+\.\d+\.busbw_gbit|[A-Za-z0-9_]+)=(?P<value>.*)$")
+
+
+# --------------------------------------------------------------------------------------------
+# Writing: a measured testcase's text
+# --------------------------------------------------------------------------------------------
+
+
+def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) -> dict[str, str]:
+    """Machine lines of one configuration, from its launches in this test (name -> value)."""
+    first = launches[0]
+    p = f"fabric.{first.case.id}"
+    if isinstance(first, BandwidthMeasurement):
+        out = {f"{p}.{row.op}.{row.bytes}.busbw_gbit": f"{row.busbw_gbit:.4f}" for row in first.rows}
+        r = first.result
+    else:
+        ms = [m for m in launches if isinstance(m, Measurement)]
+        value = configuration_tokens_per_s(ms)
+        r = first.result
+        out = {
+            f"{p}.tokens_per_s": f"{value:.3f}",
+            f"{p}.tokens_per_s_per_gpu": f"{value / first.gpus:.3f}",
+            f"{p}.step_s": f"{r.tokens_per_step / value:.6f}",
+            f"{p}.launches": str(len(ms)),
+            f"{p}.launches_set_aside": str(sum(1 for m in ms if m.set_aside)),
+            f"{p}.launch_tokens_per_s": ",".join(f"{m.tokens_per_s:.3f}" for m in ms),
+            f"{p}.launch_set_aside": ",".join("1" if m.set_aside else "0" for m in ms),
+            f"{p}.steps": ",".join(str(m.estimate.steps) for m in ms),
+            f"{p}.gpus": str(first.gpus),
+            f"{p}.cluster": first.cluster,
+            f"{p}.hosts": ",".join(r.hosts),
+            f"{p}.attention": r.attention,
+            f"{p}.device": f"{r.device}/{r.dtype}",
+        }
+    out[f"{p}.fabric_settings"] = json.dumps(r.fabric, sort_keys=True)
+    out[f"{p}.versions"] = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
+    return out
+
+
+def gate_lines(outcome: GateOutcome) -> dict[str, str]:
+    """Machine lines of one gate: verdict, ratio, interval, threshold, launches."""
+    p = f"fabric.gate.{outcome.a_name}_vs_{outcome.b_name}"
+    return {f"{p}.{name}": value for name, value in outcome.fields().items()}
+
+
+def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], verdicts: Sequence[str] = (),
+                  outcomes: Sequence[GateOutcome] = ()) -> str:
+    """Human lines first (what a person reads on a dashboard), then name=value lines (for scripts).
+
+    A comparison measures each configuration several times: one line per configuration with its
+    value (the one its gate judged) and each launch's figure.
+    """
+    lines = list(verdicts)
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for m in measurements:
+        groups.setdefault((type(m).__name__, m.case.id), []).append(m)
+    values: dict[tuple[str, int, str], float] = {}
+    for group in groups.values():
+        first = group[0]
+        if isinstance(first, Measurement):
+            value = configuration_tokens_per_s(group)
+            values[(first.case.model, first.case.nodes, first.case.fabric)] = value
+            if len(group) > 1:
+                aside = sum(1 for m in group if m.set_aside)
+                lines.append(f"{first.case.id}: {value:.1f} tokens/s over {len(group)} launches "
+                             f"({', '.join(f'{m.tokens_per_s:.1f}' for m in group)}"
+                             + (f"; {aside} set aside" if aside else "") + f"), {first.gpus} GPU(s)")
+                continue
+        lines.append(first.summary())
+    for (model, nodes, fabric), value in values.items():
+        ref = values.get((model, nodes, REFERENCE_FABRIC))
+        if ref and fabric != REFERENCE_FABRIC:
+            r = value / ref
+            lines.append(f"{fabric}/{REFERENCE_FABRIC} tokens/s ratio ({model}, {nodes} nodes): {r:.3f} "
+                         f"({(r - 1) * 100:+.1f}%)")
+    if measurements:
+        r = measurements[0].result
+        attention = f"; attention {r.attention}" if isinstance(r, TrainResult) else ""
+        lines.append(f"ran with: {r.cluster or measurements[0].cluster}{attention}; "
+                     + ", ".join(f"{k} {v}" for k, v in r.versions.items() if v))
+    lines.append("")
+    for group in groups.values():
+        lines.extend(f"{k}={v}" for k, v in measurement_lines(group).items())
+    for outcome in outcomes:
+        lines.extend(f"{k}={v}" for k, v in gate_lines(outcome).items())
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Completing the file pytest wrote
+# --------------------------------------------------------------------------------------------
+
+
+def junit_names(nodeid: str, prefix: str | None) -> tuple[str, str]:
+    """(classname, name) exactly as pytest's junitxml derives them from a node id."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    classnames = names[:-1]
+    if prefix:
+        classnames.insert(0, prefix)
+    return ".".join(classnames), names[-1]
+
+
+def add_to_junit(path: Path, outputs: Mapping[str, str], suite_properties: Mapping[str, str],
+                 prefix: str | None = None) -> int:
+    """Add each test's measurement text to its testcase's system-out (appending to any captured
+    output already there) and run-wide properties to the testsuite. Returns testcases updated."""
+    from junitparser import JUnitXml, TestSuite
+
+    xml = JUnitXml.fromfile(str(path))
+    suites = [xml] if isinstance(xml, TestSuite) else list(xml)
+    wanted = {junit_names(nodeid, prefix): text for nodeid, text in outputs.items()}
+    updated = 0
+    for suite in suites:
+        for name, value in suite_properties.items():
+            suite.add_property(name, value)
+        for case in suite:
+            key = (case.classname, case.name)
+            if key in wanted:
+                text = wanted[key]
+                case.system_out = f"{case.system_out}\n{text}" if case.system_out else text
+                updated += 1
+    xml.write(str(path))
+    return updated
+
+# --------------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------------
+
+
+def junit_suites(path: Path | str) -> list[Any]:
+    """The testsuites of a JUnit file (junitparser objects); ResultsError when it is not one."""
+    from junitparser import JUnitXml, TestSuite
+    from junitparser.junitparser import JUnitXmlError
+
+    try:
+        xml = JUnitXml.fromfile(str(path))
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except JUnitXmlError:
+        raise ResultsError(f"{path}: XML but not JUnit (the root element must be <testsuites> or "
+                           "<testsuite>)") from None
+    except (SyntaxError, ValueError) as exc:  # lxml's and ElementTree's parse errors are SyntaxErrors
+        raise ResultsError(f"{path}: not readable as JUnit XML ({exc}); the file may be truncated") from None
+    # junitparser 3 returns a lone <testsuite> as it is, later versions wrap it in <testsuites>.
+    return [xml] if isinstance(xml, TestSuite) else list(xml)
+
+
+def load_junit(path: Path) -> SavedRun:
+    """A night as its JUnit file holds it, read from the machine lines (``fabric.<case>.<name>=``)
+    and the testsuite properties; ``ResultsError`` when the file carries no pytest-fabric figures."""
+    suites = junit_suites(path)
+    identity: dict[str, Any] = {}
+    versions: dict[str, str] = {}
+    metrics: dict[str, dict[str, str]] = {}
+    launches: dict[str, tuple[list[float], list[bool]]] = {}
+    verdicts: list[dict[str, Any]] = []
+    for suite in suites:
+        if suite.timestamp and "created" not in identity:
+            identity["created"] = suite.timestamp
+        if suite.hostname and "harness_host" not in identity:
+            identity["harness_host"] = suite.hostname
+        for prop in suite.properties():
+            if prop.name == "fabric.cluster":
+                identity.setdefault("cluster", prop.value)
+            elif prop.name == "fabric.fabrics":
+                identity.setdefault("fabrics", [f for f in (prop.value or "").split(",") if f])
+            elif prop.name == "fabric.attention":
+                identity.setdefault("attention", prop.value)
+            elif prop.name.startswith("fabric.version."):
+                versions.setdefault(prop.name.removeprefix("fabric.version."), prop.value)
+        for case in suite:
+            out = case.system_out or ""
+            mine: dict[str, dict[str, str]] = {}
+            for line in out.splitlines():
+                match = _METRIC_LINE.match(line.strip())
+                if match:
+                    mine.setdefault(match["id"], {})[match["name"]] = match["value"]
+            for cid, lines in mine.items():
+                for name, value in lines.items():
+                    metrics.setdefault(cid, {}).setdefault(name, value)
+                values = _launch_values(lines, path)
+                # The same launches are cached per index: the longest list holds the others.
+                if values is not None and len(values[0]) > len(launches.get(cid, ([], []))[0]):
+                    launches[cid] = values
+            if mine:
+                verdicts.append(_junit_verdict(case, out))
+    if not metrics:
+        raise ResultsError(f"{path}: JUnit, but no testcase carries pytest-fabric measurements (no "
+                           "fabric.<case>.tokens_per_s= lines in any system-out); expected the JUnit XML of a "
+                           "pytest-fabric run")
+    for m in metrics.values():
+        if m.get("cluster"):
+            identity.setdefault("cluster_kind", m["cluster"])
+        host_list = m.get("hosts") or m.get("nodes")  # "nodes" in files written before result version 2
+        if host_list:
+            hosts = sorted(h for h in host_list.split(",") if h)
+            if len(hosts) > len(identity.get("hosts", [])):
+                identity["hosts"] = hosts
+        device, _, dtype = (m.get("device") or "").partition("/")  # "cuda/bfloat16"
+        if device and device != "None":
+            identity.setdefault("device", device)
+        if dtype and dtype != "None":
+            identity.setdefault("dtype", dtype)
+    emulated = identity.get("cluster_kind") == "emulated" or str(identity.get("cluster", "")).startswith("emulated")
+    cases, links = _cases_from_metrics(metrics, launches, emulated, path)
+    if cases or links:
+        identity["nodes"] = max(c.nodes for c in [*cases.values(), *links.values()])
+    if versions:
+        identity["versions"] = versions
+    identity = {k: v for k, v in identity.items() if v not in (None, "")}
+    return SavedRun(identity, cases, links, verdicts, [], path, "junit")
+
+
+def _launch_values(lines: Mapping[str, str], path: Path) -> tuple[list[float], list[bool]] | None:
+    """(each launch's tokens/s, whether the gates set it aside) from one testcase's machine lines."""
+    text = lines.get("launch_tokens_per_s")
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ResultsError(f"{path}: launch_tokens_per_s={text!r} is not a comma-separated list of numbers") from None
+    flags = [f.strip() == "1" for f in lines.get("launch_set_aside", "").split(",") if f.strip()]
+    return values, flags if len(flags) == len(values) else [False] * len(values)
+
+
+def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, tuple[list[float], list[bool]]],
+                        emulated: bool,
+                        path: Path) -> tuple[dict[str, CaseResult], dict[str, LinkResult]]:
+    cases: dict[str, CaseResult] = {}
+    links: dict[str, LinkResult] = {}
+    for cid, m in sorted(metrics.items()):
+        case = parse_case_id(cid)  # the metric pattern only matches case ids
+        try:
+            if case.model == BANDWIDTH:
+                busbw: dict[str, tuple[int, float]] = {}
+                for name, value in m.items():
+                    parts = name.split(".")
+                    if len(parts) == 3 and parts[2] == "busbw_gbit" and parts[1].isdigit():
+                        op, size = parts[0], int(parts[1])
+                        if op not in busbw or size > busbw[op][0]:
+                            busbw[op] = (size, float(value))
+                if busbw:
+                    settings = json.loads(m.get("fabric_settings") or "{}")
+                    mbit = settings.get("emulated_mbit") if emulated else None
+                    links[cid] = LinkResult(case.nodes, case.fabric, {op: v for op, (_, v) in sorted(busbw.items())},
+                                            max(size for size, _ in busbw.values()), mbit / 1000 if mbit else None)
+            elif "tokens_per_s" in m:
+                gpus = int(m.get("gpus", "1"))
+                values, aside = launches.get(cid) or ([float(m["tokens_per_s"])], [False])
+                # The launches the gates counted (all of them when every one was set aside).
+                values = [v for v, a in zip(values, aside) if not a] or values
+                cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values])
+        except ValueError as exc:
+            raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "
+                               f"fabric.{cid}.tokens_per_s=<number> and fabric.{cid}.gpus=<integer>") from None
+    return cases, links
+
+
+def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
+    """A measured testcase's outcome, with the pass/fail line when there is one."""
+    from junitparser import Error, Failure, Skipped
+
+    outcome = "passed"
+    message = next((line for line in out.splitlines() if line.startswith(("pass: ", "inconclusive"))), "")
+    for r in case.result:
+        if isinstance(r, (Failure, Error)):
+            outcome = "failed" if isinstance(r, Failure) else "error"
+        elif isinstance(r, Skipped):  # pytest writes an xfail as a skip of type pytest.xfail
+            outcome = "xfailed" if r.type == "pytest.xfail" else "skipped"
+        else:
+            continue
+        message = r.message or message
+    verdict: dict[str, Any] = {"test": f"{case.classname}::{case.name}" if case.classname else case.name,
+                               "outcome": outcome, "message": message.splitlines()[0] if message else ""}
+    return {**verdict, **case_of_test(case.name or "")}
+
+# --------------------------------------------------------------------------------------------
+# Merging: several files of one nightly as one
+# --------------------------------------------------------------------------------------------
+
+
+def merge_junit(paths: Sequence[Path | str], out: Path | str) -> int:
+    """Write every testsuite of ``paths`` (each kept whole: its properties, timestamp, host) into
+    one ``<testsuites>`` file at ``out``. Returns the number of testcases written.
+
+    The totals on ``<testsuites>`` are the ones junit-10.xsd allows there (tests, failures,
+    errors, time): dashboards validate against it. A file that is not JUnit raises
+    ``ResultsError`` before anything is written.
+    """
+    from copy import deepcopy
+
+    from junitparser import JUnitXml
+
+    if not paths:
+        raise ValueError("nothing to merge")
+    merged = JUnitXml()
+    tests = failures = errors = 0
+    time = 0.0
+    for path in paths:
+        for suite in junit_suites(path):
+            cases = list(suite)
+            tests += len(cases)
+            failures += sum(1 for c in cases if c.is_failure)
+            errors += sum(1 for c in cases if c.is_error)
+            time += sum(c.time or 0.0 for c in cases)
+            merged.append(deepcopy(suite))
+    merged.name = "pytest-fabric"
+    merged.tests, merged.failures, merged.errors, merged.time = tests, failures, errors, round(time, 3)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        merged.write(str(tmp))
+        redact_file(tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return tests

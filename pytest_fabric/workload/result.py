@@ -1,0 +1,256 @@
+"""The typed results of the rank programs: written once by global rank 0, read once by the harness.
+
+A rank program reports what it measured and what it ran on; it never turns that into a verdict or
+a headline number (the harness's ``stats.launch_estimate`` does, in one place). Each result carries
+a format name and version: a result written by a newer harness is refused with a message instead
+of being half-read, and results of the first version (plain dicts without a format field, as older
+session stores and saved nights hold them) are still read.
+
+Plain standard library: the harness imports this without importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+TRAIN_FORMAT = "pytest-fabric-train-result"
+COLLECTIVES_FORMAT = "pytest-fabric-collectives-result"
+# 2: typed results; per-step disturbance signals; no derived figures (tokens/s, MFU) from the rank;
+#    the host list is "hosts" (version 1 called it "nodes").
+RESULT_VERSION = 2
+
+
+class ResultFormatError(ValueError):
+    """A result file that is not (or not yet) readable as the rank program's result."""
+
+
+T = TypeVar("T")
+
+
+def _from_fields(cls: type[T], data: dict[str, Any], where: str) -> T:
+    """``cls(**data)`` restricted to its fields: extra keys (written by other versions) are dropped,
+    missing required ones named."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    required = {f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    missing = sorted(required - set(data))
+    if missing:
+        raise ResultFormatError(f"{where}: missing {', '.join(missing)}")
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _check_format(data: Any, expected: str, where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ResultFormatError(f"{where}: a result is a JSON object, got {type(data).__name__}")
+    fmt = data.get("format")
+    if fmt is not None and fmt != expected:
+        raise ResultFormatError(f"{where}: format {fmt!r}, expected {expected!r}")
+    version = data.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ResultFormatError(f"{where}: result version {version!r} is not a version (1, 2, ...)")
+    if version > RESULT_VERSION:
+        raise ResultFormatError(f"{where}: result version {version!r} is newer than this pytest-fabric reads "
+                                f"({RESULT_VERSION}); upgrade pytest-fabric")
+    return data
+
+
+@dataclass
+class StepSignals:
+    """Per measured step, what else happened on the nodes while it ran (the slowest node's view).
+
+    On CPU runs the node's pinned cores are watched: ``steal_s`` is time the hypervisor took from
+    them, ``foreign_s`` CPU time other processes ran on them (the cores' busy time from /proc/stat
+    less the run time of this launch's own ranks there). On GPUs, the lowest SM clock of any GPU
+    and the union of NVML's clock throttle reasons. ``disturbed`` is the reason a step was set
+    aside by ``workload.signals.disturbance`` ("" for a clean step).
+    """
+
+    steal_s: list[float] = field(default_factory=list)
+    foreign_s: list[float] = field(default_factory=list)
+    probe_s: list[float] = field(default_factory=list)  # CPU probe time (signals.py); 0: none
+    sm_clock_mhz: list[float | None] = field(default_factory=list)
+    throttle: list[list[str]] = field(default_factory=list)
+    disturbed: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class LaunchFacts:
+    """What the harness adds to a rank program's result after the launch."""
+
+    cluster: str | None = None
+    launch_s: float | None = None
+    run_dir: str | None = None
+    transport: dict[str, Any] | None = None  # the NCCL log evidence (transport.py), GPU runs
+    transport_problem: str | None = None
+
+
+@dataclass
+class TrainResult(LaunchFacts):
+    """One FSDP training launch, as global rank 0 saw it after every rank reported."""
+
+    model: str
+    world_size: int
+    hosts: list[str]  # the hosts the ranks ran on (emulated: node names)
+    local_world_size: int
+    batch_size: int
+    seq_len: int
+    tokens_per_step: int
+    step_s: list[float]  # the slowest rank's time of each measured step
+    warmup_step_s: list[float] = field(default_factory=list)
+    signals: StepSignals = field(default_factory=StepSignals)
+    # Why measuring stopped: "precision", "time cap", "step cap" or "fixed" (version 1 results).
+    stopped: str = "fixed"
+    flops_per_token: float = 0.0
+    gpu_name: str | None = None
+    peak_gpu: str | None = None
+    peak_flops_per_gpu: float | None = None
+    mfu_note: str | None = None
+    peak_memory_bytes: int = 0
+    peak_memory_kind: str = ""
+    peak_memory_bytes_per_rank: list[int] = field(default_factory=list)
+    first_loss: float | None = None
+    final_loss: float | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    mixed_precision: str = "fp32"
+    reduce_dtype: str = "float32"
+    attention: str = "sdpa"
+    fsdp: str = "fsdp2"
+    fsdp1_min_num_params: int | None = None
+    activation_checkpointing: bool = False
+    weights: str = "random"
+    timeouts: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)
+    fabric: dict[str, Any] = field(default_factory=dict)
+    host: str = ""
+    format: str = TRAIN_FORMAT
+    version: int = RESULT_VERSION
+
+    @property
+    def crosses_fabric(self) -> bool:
+        return bool(self.fabric.get("crosses_fabric", len(self.hosts) > 1))
+
+    def mfu(self, tokens_per_s: float) -> float | None:
+        """Model FLOPs utilization at ``tokens_per_s``; None where the GPU's bf16 peak is unknown (CPU)."""
+        if not self.peak_flops_per_gpu or self.world_size <= 0:
+            return None
+        return self.flops_per_token * tokens_per_s / (self.world_size * self.peak_flops_per_gpu)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "train result") -> TrainResult:
+        data = dict(_check_format(data, TRAIN_FORMAT, where))
+        if data.get("version", 1) == 1:
+            data = _upgrade_train_v1(data)
+        signals = data.get("signals") or {}
+        if not isinstance(signals, dict):
+            raise ResultFormatError(f"{where}: signals must be an object")
+        data["signals"] = _from_fields(StepSignals, signals, f"{where}: signals")
+        result = _from_fields(cls, data, where)
+        steps = result.step_s
+        if not isinstance(steps, list) or not steps or not all(
+                isinstance(s, (int, float)) and s > 0 and math.isfinite(s) for s in steps):
+            raise ResultFormatError(f"{where}: step_s must be a non-empty list of positive step times, got {steps!r}")
+        # One entry per measured step in every signal (none at all: no signals, every step clean);
+        # stats would otherwise pair step times with the wrong steps' flags, or fail later.
+        for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed"):
+            values = getattr(result.signals, name)
+            if not isinstance(values, list) or (values and len(values) != len(steps)):
+                raise ResultFormatError(f"{where}: signals.{name} must list one entry per measured step "
+                                        f"({len(steps)}), got {values!r}")
+        if not (isinstance(result.world_size, int) and result.world_size >= 1):
+            raise ResultFormatError(f"{where}: world_size must be a positive integer, got {result.world_size!r}")
+        if not (isinstance(result.tokens_per_step, int) and result.tokens_per_step >= 1):
+            raise ResultFormatError(f"{where}: tokens_per_step must be a positive integer")
+        return result
+
+
+def _upgrade_train_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 result (a plain dict): host list under "nodes", derived figures the harness now
+    computes itself, no signals (every step counts as clean)."""
+    data = {k: v for k, v in data.items()
+            if k not in ("median_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")}
+    if "hosts" not in data and isinstance(data.get("nodes"), list):
+        data["hosts"] = data.pop("nodes")
+    data.setdefault("hosts", [])
+    data.setdefault("local_world_size", 1)
+    data.setdefault("batch_size", 0)
+    data.setdefault("seq_len", 0)
+    data.setdefault("model", str((data.get("fabric") or {}).get("model", "")))
+    n = len(data["step_s"]) if isinstance(data.get("step_s"), list) else 0  # from_dict refuses a bad one
+    data["signals"] = {"steal_s": [0.0] * n, "foreign_s": [0.0] * n, "probe_s": [0.0] * n, "sm_clock_mhz": [None] * n,
+                       "throttle": [[] for _ in range(n)], "disturbed": [""] * n}
+    data["stopped"] = "fixed"
+    data["version"] = RESULT_VERSION
+    return data
+
+
+@dataclass
+class CollectiveRow:
+    """One collective at one payload, nccl-tests semantics (see workload/collectives.py)."""
+
+    op: str
+    bytes: int
+    time_s: float
+    algbw_GBps: float
+    busbw_GBps: float
+
+    @property
+    def busbw_gbit(self) -> float:
+        return self.busbw_GBps * 8
+
+
+@dataclass
+class CollectivesResult(LaunchFacts):
+    """One collective-bandwidth launch: a row per collective x payload."""
+
+    world_size: int
+    rows: list[CollectiveRow]
+    local_world_size: int = 1
+    backend: str = "gloo"
+    device: str = "cpu"
+    versions: dict[str, str | None] = field(default_factory=dict)
+    fabric: dict[str, Any] = field(default_factory=dict)
+    format: str = COLLECTIVES_FORMAT
+    version: int = RESULT_VERSION
+
+    def largest(self, op: str) -> CollectiveRow:
+        """The row gates read: the largest payload of ``op``."""
+        rows = [r for r in self.rows if r.op == op]
+        if not rows:
+            raise KeyError(f"{op} was not measured; measured: {', '.join(self.ops())}")
+        return max(rows, key=lambda r: r.bytes)
+
+    def ops(self) -> list[str]:
+        return sorted({r.op for r in self.rows})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "collectives result") -> CollectivesResult:
+        data = dict(_check_format(data, COLLECTIVES_FORMAT, where))
+        rows = data.get("rows")
+        if not isinstance(rows, list) or not rows:
+            raise ResultFormatError(f"{where}: rows must be a non-empty list")
+        data["rows"] = [_from_fields(CollectiveRow, r, f"{where}: a row") if isinstance(r, dict) else r for r in rows]
+        if not all(isinstance(r, CollectiveRow) for r in data["rows"]):
+            raise ResultFormatError(f"{where}: every row must be an object (op, bytes, time_s, algbw_GBps, busbw_GBps)")
+        data["version"] = RESULT_VERSION
+        return _from_fields(cls, data, where)
+
+
+def write_result(result: TrainResult | CollectivesResult, path: str | os.PathLike[str]) -> None:
+    """Atomically: the harness never reads half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result.to_dict(), indent=1))
+    os.replace(tmp, path)

@@ -1,0 +1,234 @@
+"""What else happened on a node while a step ran: the signals that explain a slow step.
+
+Timing noise on shared machines is additive and one-sided (Chen & Revels 2016): something else
+took the CPU (another process on the rank's cores, the hypervisor's steal), or the GPU slowed its
+clocks (thermal or power brake). A slow step with such a cause says nothing about the fabric, so
+it is measured, not only endured: every rank samples its node before and after each step, the
+samples travel to every rank in one small all-reduce outside the timed region, and
+``disturbance`` decides, the same way on every rank, whether the step is set aside.
+
+CPU runs (the emulated and local clusters pin each node's ranks to their own cores):
+
+- ``steal``: the hypervisor's steal time on the node's cores (``/proc/stat``, column 8);
+- ``foreign``: the cores' busy time (user + nice + system in ``/proc/stat``) less the run time
+  of this launch's own ranks on them (``/proc/self/task/*/schedstat``, nanoseconds): CPU time
+  other processes took from the ranks.
+
+``/proc/stat`` counts in clock ticks (10 ms at the usual USER_HZ of 100), so a step's figure is
+only good to about two ticks; the rule's thresholds sit above that.
+
+GPU runs: NVML's SM clock and clock-throttle reasons (through ``pynvml`` when it is installed;
+otherwise nothing is recorded and no GPU step is set aside).
+
+The rule (``disturbance``), documented in the README: a step is disturbed when, on any node,
+steal or foreign CPU time exceeds ``CPU_SHARE`` (10%) of the step's time on that node's cores and
+at least ``MIN_TICKS`` clock ticks, or when any GPU reports a thermal or hardware slowdown or a
+power brake. (A software power cap is the normal state of a busy GPU and does not count.)
+
+Standard library only: the harness imports the rule and the names without torch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# A step is set aside when other work took more than this share of its cores' time...
+CPU_SHARE = 0.10
+# ... and at least this many clock ticks of it (below, /proc/stat's resolution cannot tell).
+MIN_TICKS = 3
+
+try:
+    CLK_TCK = os.sysconf("SC_CLK_TCK")
+except (AttributeError, ValueError, OSError):  # not Linux
+    CLK_TCK = 100
+
+# NVML clock-throttle reason bits (nvml.h, nvmlClocksEventReason*) and their names.
+THROTTLE_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+# The reasons that make a step slower for reasons outside the job.
+DISTURBING_THROTTLE = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+# Per rank and step, the numbers every rank contributes to the step's all-reduce (in this order).
+FIELDS = ("step_s", "own_run_s", "cores_busy_s", "cores_steal_s", "cores", "probe_s", "sm_clock_mhz",
+          "throttle_mask")
+
+# A step whose CPU probe took this much longer than the launch's fastest probe ran on a slowed CPU.
+PROBE_SLOWDOWN = 0.30
+
+
+def throttle_names(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    busy_s: float  # user + nice + system time of the watched cores, cumulative
+    steal_s: float  # steal time of the watched cores, cumulative
+    own_run_s: float  # run time of this process's threads, cumulative
+
+
+def _own_run_s() -> float:
+    """Run time of every thread of this process, in seconds (schedstat: nanoseconds)."""
+    total = 0
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            continue
+    if total:
+        return total / 1e9
+    t = os.times()
+    return t.user + t.system
+
+
+class NodeSampler:
+    """Samples this rank's cores and its own run time (CPU side) and its GPU (NVML), cheaply."""
+
+    def __init__(self, gpu_index: int | None = None) -> None:
+        try:
+            self.cores = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self.cores = list(range(os.cpu_count() or 1))
+        self._names = {f"cpu{c}" for c in self.cores}
+        self._nvml = _Nvml.open(gpu_index) if gpu_index is not None else None
+
+    def cpu(self) -> CpuSample:
+        busy = steal = 0
+        try:
+            with open("/proc/stat") as f:
+                for line in f:
+                    if not line.startswith("cpu"):
+                        break
+                    parts = line.split()
+                    if parts[0] in self._names:
+                        values = [int(x) for x in parts[1:9]]
+                        busy += values[0] + values[1] + values[2]
+                        steal += values[7] if len(values) > 7 else 0
+        except (OSError, ValueError):
+            pass
+        return CpuSample(busy / CLK_TCK, steal / CLK_TCK, _own_run_s())
+
+    def gpu(self) -> tuple[float, int]:
+        """(SM clock in MHz, throttle-reason mask) of this rank's GPU; (0, 0) when unknown."""
+        return self._nvml.read() if self._nvml else (0.0, 0)
+
+    def step_row(self, step_s: float, before: CpuSample, after: CpuSample, probe_s: float = 0.0) -> list[float]:
+        """This rank's contribution to the step's all-reduce, in ``FIELDS`` order."""
+        clock, mask = self.gpu()
+        return [step_s, max(0.0, after.own_run_s - before.own_run_s), max(0.0, after.busy_s - before.busy_s),
+                max(0.0, after.steal_s - before.steal_s), float(len(self.cores)), probe_s, clock, float(mask)]
+
+
+class _Nvml:
+    """NVML through pynvml (nvidia-ml-py), if installed: best effort, never fails a run."""
+
+    def __init__(self, pynvml, handle) -> None:  # noqa: ANN001
+        self._pynvml = pynvml
+        self._handle = handle
+
+    @classmethod
+    def open(cls, index: int) -> _Nvml | None:
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
+        except Exception:  # noqa: BLE001 - no pynvml, no driver: no GPU signals
+            return None
+
+    def read(self) -> tuple[float, int]:
+        try:
+            clock = float(self._pynvml.nvmlDeviceGetClockInfo(self._handle, self._pynvml.NVML_CLOCK_SM))
+            mask = int(self._pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(self._handle))
+            return clock, mask
+        except Exception:  # noqa: BLE001
+            return 0.0, 0
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One step as every rank sees it after the all-reduce: the slowest node's figures."""
+
+    step_s: float  # the slowest rank's time
+    steal_s: float  # the steal of the node whose cores lost the largest share to steal
+    foreign_s: float  # the foreign CPU time of the node whose cores lost the largest share to it
+    cores: int  # cores of the node with that foreign time
+    probe_s: float  # the slowest node's CPU probe time (0: no probe)
+    sm_clock_mhz: float | None  # the lowest SM clock of any GPU; None on CPU runs
+    throttle: list[str]  # every throttle reason any GPU reported
+    steal_cores: int = 1  # cores of the node with that steal
+
+
+def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
+    """Every rank's row of one step (``FIELDS``) -> the step as a whole.
+
+    Ranks ``k * local_world_size ...`` share node ``k`` and its cores (torchrun numbers them so):
+    the first of them speaks for the cores, and every one of them subtracts its own run time.
+    """
+    lws = max(1, local_world_size)
+    step_s = max(r[0] for r in rows)
+    # Per node (cpu seconds, cores); the worst node is the one that lost the largest share of its
+    # cores' time, since the rule's budget is a share of the node's own cores.
+    foreign, steal = (0.0, 1), (0.0, 1)
+    for start in range(0, len(rows), lws):
+        node = rows[start:start + lws]
+        first = node[0]
+        cores = max(1, int(first[4]))
+        node_foreign = max(0.0, first[2] - sum(r[1] for r in node))
+        if node_foreign / cores > foreign[0] / foreign[1]:
+            foreign = (node_foreign, cores)
+        if first[3] / cores > steal[0] / steal[1]:
+            steal = (first[3], cores)
+    clocks = [r[6] for r in rows if r[6] > 0]
+    mask = 0
+    for r in rows:
+        mask |= int(r[7])
+    return StepView(step_s, steal[0], foreign[0], foreign[1], max(r[5] for r in rows),
+                    min(clocks) if clocks else None, throttle_names(mask), steal_cores=steal[1])
+
+
+def disturbance(view: StepView, probe_reference_s: float = 0.0) -> str:
+    """Why ``view``'s step is set aside ("" when it is not): the rule in the module docstring.
+
+    ``probe_reference_s``: the CPU probe time of the same launch at full speed (its fastest).
+    """
+    if _took_too_much(view.steal_s, view.step_s, view.steal_cores):
+        return f"cpu steal {view.steal_s * 1000:.0f} ms"
+    if _took_too_much(view.foreign_s, view.step_s, view.cores):
+        return f"other processes {view.foreign_s * 1000:.0f} ms on the node's cores"
+    if probe_reference_s > 0 and view.probe_s > (1 + PROBE_SLOWDOWN) * probe_reference_s:
+        return f"cpu slowed {(view.probe_s / probe_reference_s - 1) * 100:.0f}%"
+    bad = [t for t in view.throttle if t in DISTURBING_THROTTLE]
+    if bad:
+        return "gpu " + ", ".join(bad)
+    return ""
+
+
+def _took_too_much(cpu_s: float, step_s: float, cores: int) -> bool:
+    """More than ``CPU_SHARE`` of the step's time on ``cores`` cores, and at least ``MIN_TICKS``
+    clock ticks (a hair of tolerance: tick counts turned into seconds and subtracted are not exact)."""
+    return cpu_s > CPU_SHARE * step_s * max(1, cores) and cpu_s * CLK_TCK >= MIN_TICKS - 1e-6
+
+
+def judge_launch(views: Sequence[StepView]) -> list[str]:
+    """The rule applied to every step of a launch so far, the CPU probe judged against the
+    launch's fastest probe."""
+    probes = [v.probe_s for v in views if v.probe_s > 0]
+    reference = min(probes) if probes else 0.0
+    return [disturbance(v, reference) for v in views]

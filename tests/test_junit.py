@@ -1,0 +1,376 @@
+"""The JUnit format (pytest_fabric/junit.py): what a measured testcase writes, and how the file pytest
+wrote is completed without breaking it.
+
+The measurements here are real ``Measurement`` objects made from the rank program's typed result
+(``TrainResult``) as the store records it, so every figure goes through ``stats.launch_estimate``.
+Other test modules import ``train_record`` / ``train_measurement`` from here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+from dataclasses import asdict
+
+import pytest
+from helpers import assert_valid_junit
+from lxml import etree
+
+from pytest_fabric.case import Case
+from pytest_fabric.gates import GateOutcome
+from pytest_fabric.junit import add_to_junit, gate_lines, junit_names, load_junit, measurement_lines
+from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
+from pytest_fabric.measure import BandwidthMeasurement, Measurement
+from pytest_fabric.stats import Interval, NoisePrior, Verdict
+from pytest_fabric.workload.result import CollectiveRow, CollectivesResult, StepSignals, TrainResult
+
+VERSIONS = {"torch": "2.13.0", "nccl": None, "python": "3.11.7"}
+DISTURBANCE = "cpu steal 40 ms"
+
+
+def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, steps: int = 4,
+                 disturbed: int = 0, tokens_per_step: int | None = None, cluster: str = "emulated",
+                 versions: dict | None = None, **result_fields) -> dict:
+    """A store record (``{"case", "cluster", "result"}``) of one training launch of ``case`` whose
+    ``steps`` measured steps all take the time that gives ``tokens_per_s``; the last ``disturbed``
+    of them carry a disturbance flag (more than half: the launch is set aside)."""
+    world = case.nodes * gpus_per_node
+    tokens_per_step = tokens_per_step or 64 * world
+    step = tokens_per_step / tokens_per_s
+    flags = [""] * (steps - disturbed) + [DISTURBANCE] * disturbed
+    fields = dict(
+        model=case.model, world_size=world, hosts=[f"node{i}" for i in range(case.nodes)],
+        local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
+        step_s=[step] * steps, warmup_step_s=[step * 3], signals=StepSignals(disturbed=flags if disturbed else []),
+        stopped="precision", versions=dict(VERSIONS if versions is None else versions),
+        fabric={"name": case.fabric, "emulated_mbit": 2000, "nccl_env": {}, "crosses_fabric": case.crosses_fabric},
+        cluster="emulated (network namespaces on this machine)")
+    result = TrainResult(**{**fields, **result_fields})  # result_fields: any other TrainResult field
+    return {"case": asdict(case), "cluster": cluster, "result": result.to_dict()}
+
+
+def train_measurement(model: str, nodes: int, fabric: str, tokens_per_s: float, *, launch: int = 0,
+                      shared_with: str | None = None, **record) -> Measurement:
+    """Launch ``launch`` of (model, nodes, fabric) at ``tokens_per_s``, read as the Measurer reads its
+    records (``shared_with``: a one-node launch measured for that fabric and serving this one)."""
+    case = Case(model, nodes, fabric)
+    measured_for = case.with_fabric(shared_with) if shared_with else case
+    return Measurement.from_record(case, train_record(measured_for, tokens_per_s, **record), launch)
+
+
+def bandwidth_measurement(nodes: int, fabric: str, gbit: float) -> BandwidthMeasurement:
+    rows = [CollectiveRow(op, size, size / (gbit / 8 * 1e9), gbit / 8, gbit / 8 * scale)
+            for op in ("all_reduce", "all_gather") for size, scale in ((1 << 20, 0.5), (16 << 20, 1.0))]
+    result = CollectivesResult(world_size=nodes, rows=rows, versions=dict(VERSIONS),
+                               fabric={"name": fabric, "emulated_mbit": gbit * 1000})
+    return BandwidthMeasurement.from_record({"case": asdict(Case("collectives", nodes, fabric)), "cluster": "emulated",
+                                             "result": result.to_dict()})
+
+
+def outcome(verdict: Verdict = Verdict.PASS, set_aside: tuple[str, ...] = ()) -> GateOutcome:
+    interval = Interval(low=0.962, point=0.981, high=1.0013, confidence=0.9875, df=8.0, sigma=0.0158,
+                        launches=(3, 4))
+    return GateOutcome("eth", "ib", 0.95, "eth at most 5% slower", interval, verdict, (981.0, 1000.0), "tokens/s",
+                       "[m, 2 node(s)]", NoisePrior(0.02, 4.0, "declared default"), set_aside)
+
+
+def geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# -- machine lines of one configuration ---------------------------------------------------------------
+
+
+def test_one_launch_gives_its_own_figures():
+    m = train_measurement("m", 2, "eth", 800.0, tokens_per_step=200)
+    lines = measurement_lines([m])
+    p = "fabric.m-n2-eth"
+    assert lines[f"{p}.tokens_per_s"] == "800.000"
+    assert lines[f"{p}.tokens_per_s_per_gpu"] == "400.000"
+    assert lines[f"{p}.step_s"] == "0.250000"
+    assert lines[f"{p}.launches"] == "1" and lines[f"{p}.launches_set_aside"] == "0"
+    assert lines[f"{p}.launch_tokens_per_s"] == "800.000"
+    assert lines[f"{p}.launch_set_aside"] == "0"
+    assert lines[f"{p}.steps"] == "4"
+    assert lines[f"{p}.gpus"] == "2"
+    assert lines[f"{p}.cluster"] == "emulated"
+    assert lines[f"{p}.hosts"] == "node0,node1"
+    assert lines[f"{p}.attention"] == "sdpa"
+    assert lines[f"{p}.device"] == "cpu/float32"
+    assert lines[f"{p}.versions"] == "torch 2.13.0, python 3.11.7"  # unknown versions are left out
+    assert '"emulated_mbit": 2000' in lines[f"{p}.fabric_settings"]
+    # Flat strings, every name under the case's id: what a script greps for.
+    assert all(isinstance(v, str) and "\n" not in v for v in lines.values())
+    assert all(k.startswith(p + ".") for k in lines)
+
+
+def test_the_configuration_figure_is_the_geometric_mean_of_its_launches():
+    values = [1000.0, 1100.0, 900.0]
+    ms = [train_measurement("m", 2, "ib", v, launch=i, steps=4 + i) for i, v in enumerate(values)]
+    lines = measurement_lines(ms)
+    p = "fabric.m-n2-ib"
+    value = geomean(values)
+    assert value != pytest.approx(sum(values) / len(values), rel=1e-4)  # not the arithmetic mean
+    assert float(lines[f"{p}.tokens_per_s"]) == pytest.approx(value, abs=1e-3)
+    assert float(lines[f"{p}.tokens_per_s_per_gpu"]) == pytest.approx(value / 2, abs=1e-3)
+    assert float(lines[f"{p}.step_s"]) == pytest.approx(128 / value, abs=1e-6)
+    assert lines[f"{p}.launch_tokens_per_s"] == "1000.000,1100.000,900.000"
+    assert lines[f"{p}.launch_set_aside"] == "0,0,0"
+    assert lines[f"{p}.launches"] == "3" and lines[f"{p}.launches_set_aside"] == "0"
+    assert lines[f"{p}.steps"] == "4,5,6"
+
+
+def test_disturbed_launches_are_listed_and_counted_but_not_in_the_figure():
+    ms = [train_measurement("m", 2, "ib", 1000.0, launch=0),
+          train_measurement("m", 2, "ib", 500.0, launch=1, disturbed=3),  # 3 of 4 steps: set aside
+          train_measurement("m", 2, "ib", 1210.0, launch=2, disturbed=1)]  # 1 of 4: counts
+    assert [bool(m.set_aside) for m in ms] == [False, True, False]
+    lines = measurement_lines(ms)
+    p = "fabric.m-n2-ib"
+    assert lines[f"{p}.launches_set_aside"] == "1"
+    assert lines[f"{p}.launches"] == "3"
+    assert lines[f"{p}.launch_tokens_per_s"] == "1000.000,500.000,1210.000"  # every launch, also the one set aside
+    assert lines[f"{p}.launch_set_aside"] == "0,1,0"  # ...and which one it was
+    assert float(lines[f"{p}.tokens_per_s"]) == pytest.approx(geomean([1000.0, 1210.0]), abs=1e-3)
+
+
+def test_when_every_launch_is_set_aside_the_figure_still_exists():
+    ms = [train_measurement("m", 2, "ib", v, launch=i, disturbed=4) for i, v in enumerate([400.0, 900.0])]
+    lines = measurement_lines(ms)
+    assert lines["fabric.m-n2-ib.launches_set_aside"] == "2"
+    assert lines["fabric.m-n2-ib.launch_set_aside"] == "1,1"
+    assert float(lines["fabric.m-n2-ib.tokens_per_s"]) == pytest.approx(600.0, abs=1e-3)
+
+
+def test_bandwidth_lines_per_collective_and_payload():
+    lines = measurement_lines([bandwidth_measurement(2, "eth", 0.4)])
+    p = "fabric.collectives-n2-eth"
+    assert lines[f"{p}.all_reduce.16777216.busbw_gbit"] == "0.4000"
+    assert lines[f"{p}.all_gather.1048576.busbw_gbit"] == "0.2000"
+    assert f"{p}.tokens_per_s" not in lines
+    assert lines[f"{p}.versions"] == "torch 2.13.0, python 3.11.7"
+    assert '"emulated_mbit": 400.0' in lines[f"{p}.fabric_settings"]
+
+
+# -- machine lines of one gate ------------------------------------------------------------------------
+
+
+def test_gate_lines_name_the_comparison_and_carry_every_field():
+    lines = gate_lines(outcome(Verdict.INCONCLUSIVE, set_aside=("m-n2-eth launch 2: 3 of 4 steps disturbed",)))
+    p = "fabric.gate.eth_vs_ib"
+    assert lines == {
+        f"{p}.verdict": "inconclusive",
+        f"{p}.ratio": "0.981",
+        f"{p}.ci_low": "0.962",
+        f"{p}.ci_high": "1.0013",
+        f"{p}.confidence": "0.9875",
+        f"{p}.threshold": "0.95",
+        f"{p}.launches": "3+4",
+        f"{p}.set_aside": "1",
+        f"{p}.launch_noise": "0.02",
+    }
+
+
+@pytest.mark.parametrize("verdict", list(Verdict))
+def test_gate_verdict_is_the_plain_word(verdict):
+    assert gate_lines(outcome(verdict))["fabric.gate.eth_vs_ib.verdict"] == verdict.value
+
+
+# -- the testcase text ---------------------------------------------------------------------------------
+
+MACHINE_LINE = re.compile(r"^fabric\.[^=\s]+=")
+
+
+def split_text(text: str) -> tuple[list[str], list[str]]:
+    """(human lines, machine lines) around the one blank line."""
+    human, blank, machine = text.partition("\n\n")
+    assert blank, f"no blank line between the human and the machine lines:\n{text}"
+    return human.splitlines(), machine.splitlines()
+
+
+def test_verdict_first_then_summaries_then_machine_lines_after_a_blank_line():
+    ms = [train_measurement("m", 2, "ib", 1000.0, tokens_per_step=250),
+          train_measurement("m", 2, "eth", 800.0, tokens_per_step=250)]
+    verdict = "pass: eth/ib = 0.800 < 1.2, CI [0.75, 0.85] & more"  # characters XML must escape
+    text = text_of(ms, [verdict, "predicted: eth 20% slower than ib"], [outcome()])
+    human, machine = split_text(text)
+    assert human[0] == verdict and human[1].startswith("predicted: ")
+    assert human[2] == "m-n2-ib: 1000.0 tokens/s, 500.0 tokens/s/GPU, step 250.0 ms (median of 4 of 4 steps), 2 GPU(s)"
+    assert human[3].startswith("m-n2-eth: 800.0 tokens/s")
+    assert "eth/ib tokens/s ratio (m, 2 nodes): 0.800 (-20.0%)" in human
+    ran_with = next(line for line in human if line.startswith("ran with: "))
+    assert "attention sdpa" in ran_with and "torch 2.13.0" in ran_with and "nccl" not in ran_with
+    assert machine and all(MACHINE_LINE.match(line) for line in machine), machine
+    assert "fabric.m-n2-eth.tokens_per_s=800.000" in machine
+    assert "fabric.m-n2-ib.gpus=2" in machine
+    assert "fabric.gate.eth_vs_ib.verdict=pass" in machine
+    # The gate's lines come after the configurations'.
+    assert machine.index("fabric.gate.eth_vs_ib.verdict=pass") > machine.index("fabric.m-n2-eth.tokens_per_s=800.000")
+
+
+def test_repeated_launches_give_one_human_line_with_the_value_and_each_launch():
+    ms = [train_measurement("m", 2, "ib", v, launch=i, disturbed=3 if i == 1 else 0)
+          for i, v in enumerate([1000.0, 400.0, 1210.0])]
+    ms.append(train_measurement("m", 2, "eth", 880.0))
+    human, machine = split_text(text_of(ms))
+    value = geomean([1000.0, 1210.0])
+    assert human[0] == (f"m-n2-ib: {value:.1f} tokens/s over 3 launches (1000.0, 400.0, 1210.0; 1 set aside), "
+                        "2 GPU(s)")
+    # The ratio line uses the configuration's value, the one the gates judged.
+    assert f"eth/ib tokens/s ratio (m, 2 nodes): {880.0 / value:.3f}" in "\n".join(human)
+    assert "fabric.m-n2-ib.launch_tokens_per_s=1000.000,400.000,1210.000" in machine
+    assert "fabric.m-n2-ib.launches_set_aside=1" in machine
+
+
+def test_without_the_reference_fabric_there_is_no_ratio():
+    text = text_of([train_measurement("m", 2, "eth", 800.0)])
+    assert "ratio" not in text
+
+
+def test_one_node_shared_launch_says_so():
+    text = text_of([train_measurement("m", 1, "eth", 100.0, shared_with="ib")])
+    assert "[one node: shared with ib]" in text.splitlines()[0]
+
+
+def test_bandwidth_and_training_side_by_side():
+    human, machine = split_text(text_of([bandwidth_measurement(2, "eth", 0.4),
+                                               train_measurement("m", 2, "eth", 800.0)]))
+    assert human[0].startswith("collectives-n2-eth: busbw all_gather 0.400 Gbit/s at 16 MiB")
+    # Collective launches record no attention: the ran-with line leaves it out.
+    assert human[-1].startswith("ran with: emulated") and "attention" not in human[-1]
+    assert "fabric.collectives-n2-eth.all_reduce.16777216.busbw_gbit=0.4000" in machine
+    assert "fabric.m-n2-eth.tokens_per_s=800.000" in machine
+
+
+# -- completing the file pytest wrote -------------------------------------------------------------------
+
+TESTS = {
+    "test_top.py": """
+        import pytest
+
+        def test_plain():
+            print("captured line")
+
+        @pytest.mark.parametrize("x", ["a/b", "c::d", "e f"])
+        def test_param(x):
+            pass
+
+        @pytest.mark.parametrize("case", ["m-n2-eth"])
+        def test_gate(case):
+            pytest.xfail("inconclusive after the launch budget: eth/ib = 0.981")
+    """,
+    "sub/test_nested.py": """
+        import pytest
+
+        class TestGroup:
+            @pytest.mark.parametrize("n", [1, 2])
+            def test_method(self, n):
+                pass
+
+            def test_fails(self):
+                assert 0, "broken"
+    """,
+}
+
+
+def junit_of(pytester, *args):
+    for path, source in TESTS.items():
+        target = pytester.path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(textwrap.dedent(source))
+    nodeids = [line for line in pytester.runpytest("--collect-only", "-q").outlines if "::" in line]
+    xml = pytester.path / "junit.xml"
+    pytester.runpytest(f"--junitxml={xml}", "-o", "junit_logging=system-out", *args)
+    return xml, nodeids
+
+
+@pytest.mark.parametrize("extra", [[], ["-o", "junit_suite_name=fabric", "--junitprefix=nightly"],
+                                   ["-o", "junit_family=xunit1"]])
+def test_every_testcase_is_found_and_gets_its_text(pytester, junit_schema, extra):
+    xml, nodeids = junit_of(pytester, *extra)
+    assert len(nodeids) == 8
+    outputs = {nodeid: f"measured {nodeid}" for nodeid in nodeids}
+    prefix = "nightly" if "--junitprefix=nightly" in extra else None
+    updated = add_to_junit(xml, outputs, {"fabric.cluster": "emulated"}, prefix=prefix)
+    assert updated == len(nodeids)
+    tree = etree.parse(str(xml))
+    for case in tree.iter("testcase"):
+        out = case.find("system-out")
+        assert out is not None and out.text.count("measured ") == 1, etree.tostring(case)
+    # Captured output is kept, the measurement text is appended.
+    plain = next(c for c in tree.iter("testcase") if c.get("name") == "test_plain")
+    assert "captured line" in plain.find("system-out").text
+    assert "measured test_top.py::test_plain" in plain.find("system-out").text
+    props = {p.get("name"): p.get("value") for p in tree.iter("property")}
+    assert props == {"fabric.cluster": "emulated"}
+    if "junit_family=xunit1" not in extra:  # pytest's own xunit1 testcases carry file/line, which junit-10.xsd lacks
+        assert_valid_junit(junit_schema, xml)
+
+
+def test_unknown_nodeids_leave_the_file_valid_and_untouched(pytester, junit_schema):
+    xml, _ = junit_of(pytester)
+    assert add_to_junit(xml, {"test_other.py::test_x": "nothing"}, {}) == 0
+    assert "nothing" not in xml.read_text()
+    assert_valid_junit(junit_schema, xml)
+
+
+def test_a_testcase_text_added_to_junit_stays_valid_and_reads_back(pytester, junit_schema):
+    """The full path: testcase_text into a file pytest wrote, validated, then read as a saved night."""
+    xml, nodeids = junit_of(pytester)
+    (gate,) = [n for n in nodeids if "test_gate" in n]
+    ib = [train_measurement("m", 2, "ib", v, launch=i, disturbed=3 if i == 2 else 0)
+          for i, v in enumerate([1000.0, 1020.0, 300.0])]
+    eth = [train_measurement("m", 2, "eth", v, launch=i) for i, v in enumerate([981.0, 979.5, 990.25])]
+    text = text_of([*ib, *eth], ["inconclusive after the launch budget: eth/ib = 0.981 < 1 & <more>"],
+                         [outcome(Verdict.INCONCLUSIVE, ("m-n2-ib launch 3: 3 of 4 steps disturbed",))])
+    props = {"fabric.cluster": "emulated (network namespaces on this machine)", "fabric.fabrics": "ib,eth",
+             "fabric.version.torch": "2.13.0", "fabric.attention": "sdpa"}
+    assert add_to_junit(xml, {gate: text}, props) == 1
+    assert_valid_junit(junit_schema, xml)
+    case = next(c for c in etree.parse(str(xml)).iter("testcase") if c.get("name") == "test_gate[m-n2-eth]")
+    assert case.find("system-out").text.endswith(text)  # escaped on the way in, whole on the way out
+
+    night = load_junit(xml)
+    # The launches the gates counted: the one set aside (flagged in launch_set_aside) is left out.
+    assert night.cases["m-n2-ib"].tokens_per_s == [1000.0, 1020.0]
+    assert night.cases["m-n2-eth"].tokens_per_s == [981.0, 979.5, 990.25]
+    assert night.cases["m-n2-eth"].gpus == 2
+    assert night.identity["hosts"] == ["node0", "node1"]
+    assert night.identity["versions"] == {"torch": "2.13.0"}
+    (verdict,) = night.verdicts
+    assert verdict["outcome"] == "xfailed" and verdict["fabric"] == "eth"
+
+
+@pytest.mark.parametrize(("nodeid", "prefix", "expected"), [
+    ("test_top.py::test_plain", None, ("test_top", "test_plain")),
+    ("sub/test_nested.py::TestGroup::test_method[1]", None, ("sub.test_nested.TestGroup", "test_method[1]")),
+    ("test_top.py::test_param[c::d]", None, ("test_top", "test_param[c::d]")),
+    ("test_top.py::test_param[a/b]", "nightly", ("nightly.test_top", "test_param[a/b]")),
+])
+def test_junit_names_as_pytest_derives_them(nodeid, prefix, expected):
+    assert junit_names(nodeid, prefix) == expected
+
+
+def tiny_junit(path, text: str) -> None:
+    """A one-testcase JUnit file as pytest writes it (xunit2), carrying ``text`` in its system-out."""
+    from xml.sax.saxutils import escape
+
+    path.write_text('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" '
+                    'failures="0" skipped="0" tests="1" time="1.0"><testcase classname="suites.test_throughput" '
+                    f'name="test_gate[m-n2-eth]" time="1.0"><system-out>{escape(text)}</system-out></testcase>'
+                    '</testsuite></testsuites>')
+
+
+def test_when_every_launch_was_set_aside_a_reader_keeps_them_all(tmp_path, junit_schema):
+    ms = [train_measurement("m", 2, "eth", v, launch=i, disturbed=4) for i, v in enumerate([400.0, 900.0])]
+    tiny_junit(tmp_path / "j.xml", text_of(ms, ["pass: eth"]))
+    assert_valid_junit(junit_schema, tmp_path / "j.xml")
+    assert load_junit(tmp_path / "j.xml").cases["m-n2-eth"].tokens_per_s == [400.0, 900.0]
+
+
+def test_a_file_without_set_aside_flags_reads_every_launch(tmp_path):
+    ms = [train_measurement("m", 2, "eth", v, launch=i) for i, v in enumerate([400.0, 900.0])]
+    text = "\n".join(line for line in text_of(ms).splitlines() if ".launch_set_aside=" not in line)
+    tiny_junit(tmp_path / "j.xml", text)
+    assert load_junit(tmp_path / "j.xml").cases["m-n2-eth"].tokens_per_s == [400.0, 900.0]
