@@ -13,7 +13,7 @@ import time
 import uuid
 import warnings
 from dataclasses import dataclass, field, replace
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -314,10 +314,15 @@ class CompareFixture:
         o = self._session.options
         return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats, prior=self._session.noise)
 
-    def _launch_until_decided(self, cases: Sequence[Case], gate: SequentialGate,
-                              look: Callable[[list[list[Measurement]]], Look]) -> tuple[list[list[Measurement]], Look]:
-        """Launch every case once per round (interleaved) until each has ``--repeats`` counted
-        launches and a look decides, or the budget is spent."""
+    def _launch_until_decided(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate,
+                              per_gpu: bool = False, fixed: tuple[float, float] = (0.0, 0.0),
+                              ) -> tuple[list[list[Measurement]], Look]:
+        """Launch every case once per round (interleaved, in ``cases`` order) until ``--repeats``
+        rounds have no disturbed launch and a look decides, or the budget is spent.
+
+        The gate judges sum_j signs[j] x log tokens/s of cases[j] (per GPU with ``per_gpu``) plus
+        ``fixed``, blocked by round: launches of one round ran back to back, so a drift of the
+        machine that hits both cancels. A round with a launch set aside is left out whole."""
         o = self._session.options
         runs: list[list[Measurement]] = [[] for _ in cases]
         while True:
@@ -325,12 +330,18 @@ class CompareFixture:
             for case, launches in zip(cases, runs):
                 launches.append(self._measure(case, launch=index))
             spent = index + 1 >= o.max_repeats
-            if not spent and min(sum(not m.set_aside for m in launches) for launches in runs) < o.repeats:
+            rounds = [r for r in zip(*runs) if not any(m.set_aside for m in r)]
+            if not spent and len(rounds) < o.repeats:
                 continue  # a disturbed launch is replaced before the first look
-            result = look(runs)
-            if spent and any(all(m.set_aside for m in launches) for launches in runs):
-                # Only disturbed launches on a side: their figures stand in the output, but decide nothing.
-                return runs, replace(result, verdict=Verdict.INCONCLUSIVE)
+            if rounds:
+                groups = [(sign, [r[j].sample(per_gpu) for r in rounds]) for j, sign in enumerate(signs)]
+                result = gate.look(groups, fixed, blocked=True, launches=index + 1)
+            else:
+                groups = [(sign, [m.sample(per_gpu) for m in counted(launches)]) for sign, launches in zip(signs, runs)]
+                result = gate.look(groups, fixed, launches=index + 1)
+                if any(all(m.set_aside for m in launches) for launches in runs):
+                    # Only disturbed launches on a side: their figures stand in the output, but decide nothing.
+                    return runs, replace(result, verdict=Verdict.INCONCLUSIVE)
             if result.verdict is not Verdict.INCONCLUSIVE or spent:
                 return runs, result
 
@@ -338,9 +349,7 @@ class CompareFixture:
         threshold, direction = gate_spec
         gate = self._gate(threshold, direction)
         # b first: interleaved b a b a ...
-        (runs_b, runs_a), look = self._launch_until_decided(
-            (b, a), gate, lambda runs: gate.look([(+1, [m.sample() for m in counted(runs[1])]),
-                                                   (-1, [m.sample() for m in counted(runs[0])])]))
+        (runs_b, runs_a), look = self._launch_until_decided((b, a), (-1, +1), gate)
         outcome = GateOutcome(
             a.fabric, b.fabric, threshold, requirement, look.interval, look.verdict,
             (configuration_tokens_per_s(runs_a), configuration_tokens_per_s(runs_b)), "tokens/s",
@@ -380,8 +389,8 @@ class CompareFixture:
         by_scaling = o.regression_on == "scaling" and case.nodes > 1 and bool(baseline.values.get(one.id))
         past = reference_term(baseline.values[case.id], gate.prior)
 
-        def raw(runs: list[list[Measurement]], confidence: float) -> Interval:
-            return contrast_interval([(+1, [m.sample() for m in counted(runs[-1])])], gate.prior, confidence,
+        def raw(tonight: list[Measurement], confidence: float) -> Interval:
+            return contrast_interval([(+1, [m.sample() for m in counted(tonight)])], gate.prior, confidence,
                                      (-past[0], past[1]))
 
         if by_scaling:
@@ -389,22 +398,17 @@ class CompareFixture:
             # log efficiency = log(multi / gpus) - log(one / gpus_one); tonight's launches give it per GPU.
             gpus = math.log(baseline.gpus.get(case.id, 1)) - math.log(baseline.gpus.get(one.id, 1))
             fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
-
-            def look(runs: list[list[Measurement]]) -> Look:
-                return gate.look([(+1, [m.sample(per_gpu=True) for m in counted(runs[1])]),
-                                  (-1, [m.sample(per_gpu=True) for m in counted(runs[0])])], fixed)
-
-            (runs_one, tonight), result = self._launch_until_decided((one, case), gate, look)
+            (runs_one, tonight), result = self._launch_until_decided((one, case), (-1, +1), gate, per_gpu=True,
+                                                                     fixed=fixed)
             values = (configuration_tokens_per_s(tonight, per_gpu=True) / configuration_tokens_per_s(runs_one, per_gpu=True),
                       math.exp(-fixed[0]))
-            tokens = raw([tonight], result.interval.confidence)
+            tokens = raw(tonight, result.interval.confidence)
             what, unit = "scaling", f"scaling efficiency (n{case.nodes} over n1 tokens/s/GPU)"
             extra = (f"raw tokens/s tonight/baseline = {tokens.point:.3f} [{tokens.low:.3f}, {tokens.high:.3f}]: "
                      f"tonight {configuration_tokens_per_s(tonight):.1f} vs baseline {math.exp(past[0]):.1f}")
             launches = runs_one + tonight
         else:
-            (tonight,), result = self._launch_until_decided(
-                (case,), gate, lambda runs: gate.look([(+1, [m.sample() for m in counted(runs[0])])], (-past[0], past[1])))
+            (tonight,), result = self._launch_until_decided((case,), (+1,), gate, fixed=(-past[0], past[1]))
             values = (configuration_tokens_per_s(tonight), math.exp(past[0]))
             what, unit = "tokens/s", "tokens/s"
             extra = ("" if case.nodes == 1 or o.regression_on == "tokens"

@@ -54,6 +54,11 @@ def side(values: list[float], within: float = 0.0) -> list[tuple[float, float]]:
     return [(math.log(v), within) for v in values]
 
 
+def q25(values) -> float:
+    """The 25% quantile with linear interpolation, computed independently of stats.py."""
+    return statistics.quantiles(values, n=4, method="inclusive")[0]
+
+
 def interval(low: float, point: float, high: float) -> Interval:
     return Interval(low, point, high, 0.95, 6.0, 0.02, (3, 3))
 
@@ -61,7 +66,7 @@ def interval(low: float, point: float, high: float) -> Interval:
 def test_public_names_exist():
     for name in stats_module.__all__:
         assert hasattr(stats_module, name), name
-    assert LOCATION_QUANTILE == 0.5
+    assert LOCATION_QUANTILE == 0.25  # a low quantile: noise is one-sided (README)
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,16 +108,18 @@ class TestSteadyWindow:
 
 
 class TestLocationInterval:
-    def test_value_is_the_median_and_the_interval_holds_it(self):
-        times = [1.3, 0.9, 1.0, 1.1, 1.2, 0.95, 1.05, 1.0, 1.02]
+    def test_value_is_the_quantile_and_the_interval_holds_it(self):
+        times = [1.3, 0.9, 1.0, 1.1, 1.2, 0.95, 1.05, 1.0, 1.02, 0.97, 1.15, 1.01, 0.99, 1.08]
         loc, low, high = location_interval(times)
-        assert loc == pytest.approx(statistics.median(times))
+        assert loc == pytest.approx(q25(times))
+        assert location_interval(times, q=0.5)[0] == pytest.approx(statistics.median(times))
         assert low is not None and high is not None
         assert low <= loc <= high
         assert low in times and high in times  # order statistics, not interpolated values
 
     def test_even_count_interpolates_the_median(self):
-        assert location_interval([1.0, 2.0, 3.0, 4.0])[0] == pytest.approx(2.5)
+        assert location_interval([1.0, 2.0, 3.0, 4.0], q=0.5)[0] == pytest.approx(2.5)
+        assert location_interval([1.0, 2.0, 3.0, 4.0])[0] == pytest.approx(1.75)
 
     def test_other_quantiles_interpolate_linearly(self):
         assert location_interval([4.0, 1.0, 3.0, 2.0, 5.0], q=0.25)[0] == pytest.approx(2.0)
@@ -121,32 +128,37 @@ class TestLocationInterval:
     def test_too_few_values_have_no_interval(self):
         # Of five values the extremes cover the median with probability 1 - 2/32 < 95%.
         for n in range(1, 6):
-            loc, low, high = location_interval([float(i) for i in range(n)])
+            loc, low, high = location_interval([float(i) for i in range(n)], q=0.5)
             assert (low, high) == (None, None)
             assert loc == pytest.approx((n - 1) / 2)
         # Six values: the extremes (1 - 2/64 >= 95%).
-        assert location_interval([3.0, 1.0, 6.0, 2.0, 5.0, 4.0]) == (3.5, 1.0, 6.0)
+        assert location_interval([3.0, 1.0, 6.0, 2.0, 5.0, 4.0], q=0.5) == (3.5, 1.0, 6.0)
+        # The 25% quantile needs more: below the minimum with probability 0.75^n, so 11 values.
+        assert location_interval([float(i) for i in range(12)])[1:] == (None, None)
+        assert location_interval([float(i) for i in range(13)])[1] == 0.0
 
     def test_a_lower_confidence_needs_fewer_values(self):
-        assert location_interval([1.0, 2.0, 3.0, 4.0, 5.0], confidence=0.9) == (3.0, 1.0, 5.0)
+        assert location_interval([1.0, 2.0, 3.0, 4.0, 5.0], q=0.5, confidence=0.9) == (3.0, 1.0, 5.0)
 
     def test_narrows_with_more_values(self):
         rng = random.Random(1)
         widths = []
-        for n in (10, 40, 160, 640):
+        for n in (20, 80, 320, 1280):
             _, low, high = location_interval(lognormal(1.0, 0.05, n, rng))
             widths.append(high - low)
         assert widths == sorted(widths, reverse=True)
         assert widths[-1] < widths[0] / 4
 
-    def test_covers_the_true_median_at_least_as_often_as_stated(self):
-        # Distribution-free: a skewed distribution (exponential, median ln 2) is covered too.
+    def test_covers_the_true_quantile_at_least_as_often_as_stated(self):
+        # Distribution-free: a skewed distribution (exponential) is covered too; its q quantile
+        # is -ln(1 - q).
         rng = random.Random(2)
-        covered = 0
-        for _ in range(400):
-            _, low, high = location_interval([rng.expovariate(1.0) for _ in range(15)])
-            covered += low <= math.log(2) <= high
-        assert covered / 400 >= 0.93
+        for q, n in ((0.5, 15), (0.25, 25)):
+            covered = 0
+            for _ in range(400):
+                _, low, high = location_interval([rng.expovariate(1.0) for _ in range(n)], q=q)
+                covered += low <= -math.log(1 - q) <= high
+            assert covered / 400 >= 0.93
 
     def test_needs_a_value(self):
         with pytest.raises(ValueError):
@@ -154,10 +166,10 @@ class TestLocationInterval:
 
 
 class TestLaunchEstimate:
-    def test_value_is_the_median_of_the_steady_steps(self):
+    def test_value_is_the_low_quantile_of_the_steady_steps(self):
         est = launch_estimate([5.0, 1.2, 1.0, 0.9, 1.1, 1.0, 1.0])
         assert isinstance(est, LaunchEstimate)
-        assert est.step_s == pytest.approx(1.0)
+        assert est.step_s == pytest.approx(q25([1.2, 1.0, 0.9, 1.1, 1.0, 1.0]))
         assert (est.steps, est.used, est.warmup_like) == (7, 6, 1)
         assert est.set_aside == {} and est.set_aside_steps == 0
         assert est.disturbed == ""
@@ -166,14 +178,14 @@ class TestLaunchEstimate:
         steady = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.0, 1.01]
         est = launch_estimate([8.0, 4.0] + steady)
         assert est.warmup_like == 2
-        assert est.step_s == pytest.approx(statistics.median(steady))
+        assert est.step_s == pytest.approx(q25(steady))
 
     def test_disturbed_steps_are_set_aside_and_counted_by_cause(self):
         times = [1.0, 1.01, 3.0, 0.99, 2.5, 1.0, 1.02, 0.98, 1.0, 1.6]
         flags = ["", "", "cpu steal 40 ms", "", "cpu steal 12 ms", "", "", "", "", "gpu clock 1200 MHz"]
         est = launch_estimate(times, flags)
         clean = [t for t, f in zip(times, flags) if not f]
-        assert est.step_s == pytest.approx(statistics.median(clean))
+        assert est.step_s == pytest.approx(q25(clean))
         assert (est.steps, est.used, est.warmup_like) == (10, 7, 0)
         assert est.set_aside_steps == 3
         # The figures are dropped from the cause: two steal steps are one kind, counted twice.
@@ -199,7 +211,7 @@ class TestLaunchEstimate:
         assert est.set_aside_steps == 4
         # With too few clean steps the value falls back to all steady steps.
         assert est.used == 6
-        assert est.step_s == pytest.approx(statistics.median(times))
+        assert est.step_s == pytest.approx(q25(times))
 
     def test_mostly_disturbed_launch_is_marked_even_with_enough_clean_steps(self):
         times = [1.0] * 10
@@ -226,7 +238,8 @@ class TestLaunchEstimate:
         center = statistics.median(logs)
         mad = statistics.median(abs(x - center) for x in logs)
         est = launch_estimate(times)
-        assert est.log_se == pytest.approx(1.2533 * 1.4826 * mad / math.sqrt(5))
+        # The 25% quantile's asymptotic factor sqrt(q (1 - q)) / phi(z_q) = 1.3626.
+        assert est.log_se == pytest.approx(1.3626 * 1.4826 * mad / math.sqrt(5), rel=1e-4)
 
     def test_tokens_per_s(self):
         assert launch_estimate([0.5] * 8).tokens_per_s(1000) == pytest.approx(2000.0)
@@ -251,15 +264,15 @@ class TestMeasuringDone:
         assert measuring_done(noisy[:19], None, **{**self.kw, "max_steps": 20}) == ""
 
     def test_precision_for_steady_steps(self):
-        steps = [1.0, 1.001, 0.999, 1.0, 1.0005, 0.9995]
+        steps = [1.0, 1.001, 0.999, 1.0, 1.0005, 0.9995] * 2 + [1.0]
         assert measuring_done(steps, None, **self.kw) == "precision"
-        # Five steady steps have no interval yet, whatever min_steps says.
-        assert measuring_done(steps[:5], None, **{**self.kw, "min_steps": 3}) == ""
+        # Twelve steady steps have no interval of the 25% quantile yet, whatever min_steps says.
+        assert measuring_done(steps[:12], None, **{**self.kw, "min_steps": 3}) == ""
 
     def test_precision_needs_clean_steps(self):
-        steps = [1.0] * 10
-        assert measuring_done(steps, ["cpu steal 3 ms"] * 10, **self.kw) == ""
-        assert measuring_done(steps, [""] * 10, **self.kw) == "precision"
+        steps = [1.0] * 14
+        assert measuring_done(steps, ["cpu steal 3 ms"] * 14, **self.kw) == ""
+        assert measuring_done(steps, [""] * 14, **self.kw) == "precision"
 
     def test_time_cap_for_noisy_steps(self):
         rng = random.Random(5)
@@ -413,10 +426,26 @@ class TestContrastInterval:
         expected = math.sqrt((4 * 0.02 ** 2 + 4 * s_launches ** 2) / 8)
         assert middle.sigma == pytest.approx(expected)
 
-    def test_within_launch_variance_widens_the_prior(self):
+    def test_within_launch_variance_is_a_floor_for_the_prior(self):
+        # A launch cannot be known better than its own steps allow: max(sigma0^2, w).
         w = 0.03 ** 2
         iv = contrast_interval([(1, side([1000.0], w)), (-1, side([1000.0], w))])
-        assert iv.sigma == pytest.approx(math.sqrt(DEFAULT_NOISE.sigma ** 2 + w))
+        assert iv.sigma == pytest.approx(0.03)
+        small = contrast_interval([(1, side([1000.0], 0.001 ** 2)), (-1, side([1000.0], 0.001 ** 2))])
+        assert small.sigma == pytest.approx(DEFAULT_NOISE.sigma)
+
+    def test_blocked_rounds_cancel_a_shared_drift(self):
+        # Each round's two launches share the machine's speed of the moment: by round the
+        # contrast is steady, pooled it is not.
+        drift = [1000.0, 1080.0, 950.0, 1040.0, 990.0]
+        a, b = side([d * 1.01 for d in drift]), side(drift)
+        blocked = contrast_interval([(1, a), (-1, b)], blocked=True)
+        pooled = contrast_interval([(1, a), (-1, b)])
+        assert blocked.point == pytest.approx(pooled.point) == pytest.approx(1.01)
+        assert blocked.width < pooled.width / 2
+        assert blocked.df == DEFAULT_NOISE.df + 4 and pooled.df == DEFAULT_NOISE.df + 8
+        with pytest.raises(ValueError):
+            contrast_interval([(1, side([1.0, 2.0])), (-1, side([1.0]))], blocked=True)
 
     def test_fixed_term_shifts_the_point_and_its_variance_widens(self):
         groups = [(1, side([1000.0, 1010.0])), (-1, side([500.0, 505.0]))]
@@ -510,12 +539,30 @@ class TestDecide:
 
 
 class TestSequentialGate:
-    def test_look_confidence_splits_the_error_over_the_looks(self):
-        assert SequentialGate(0.95, start=2, budget=6).look_confidence == pytest.approx(1 - 0.05 / 5)
-        assert SequentialGate(0.95, start=3, budget=10, confidence=0.9).look_confidence == pytest.approx(1 - 0.1 / 8)
-        assert SequentialGate(0.95, start=4, budget=4).look_confidence == pytest.approx(0.95)
+    def test_looks_spend_the_error_allowance_obrien_fleming_style(self):
+        gate = SequentialGate(0.95, start=2, budget=6)
+        spent = [gate.spending(n) for n in range(2, 7)]
+        assert spent == sorted(spent) and spent[-1] == pytest.approx(0.05)
+        # O'Brien-Fleming: alpha(t) = 2 (1 - Phi(z / sqrt(t))); little early, most late.
+        z = statistics.NormalDist().inv_cdf(0.975)
+        assert spent[0] == pytest.approx(2 * (1 - statistics.NormalDist().cdf(z / math.sqrt(2 / 6))))
+        assert spent[0] < 0.001
+        shares = [spent[0]] + [b - a for a, b in zip(spent, spent[1:])]
+        assert sum(shares) == pytest.approx(0.05)  # the union bound keeps the stated confidence
+        assert gate.look_confidence(2) == pytest.approx(1 - spent[0])
+        assert SequentialGate(0.95, start=4, budget=4).look_confidence(4) == pytest.approx(0.95)
+        assert SequentialGate(0.95, start=1, budget=1).look_confidence(1) == pytest.approx(0.95)
 
-    @pytest.mark.parametrize("kwargs", [dict(start=0), dict(start=5, budget=3), dict(direction=">")])
+    def test_each_look_spends_only_what_is_left_since_the_last(self):
+        gate = SequentialGate(*within_gate(0.05), start=2, budget=6)
+        groups = [(1, side([1000.0, 1005.0])), (-1, side([1000.0, 1002.0]))]
+        first = gate.look(groups, launches=2)
+        second = gate.look(groups, launches=4)
+        assert 1 - first.interval.confidence == pytest.approx(gate.spending(2))
+        assert 1 - second.interval.confidence == pytest.approx(gate.spending(4) - gate.spending(2))
+
+    @pytest.mark.parametrize("kwargs", [dict(start=0), dict(start=5, budget=3), dict(direction=">"),
+                                        dict(confidence=1.0)])
     def test_rejects_nonsense(self, kwargs):
         with pytest.raises(ValueError):
             SequentialGate(0.95, **kwargs)
@@ -528,7 +575,7 @@ class TestSequentialGate:
         assert isinstance(look, Look)
         assert gate.looks == [look]
         assert look.launches == 3
-        assert look.interval.confidence == pytest.approx(gate.look_confidence)
+        assert look.interval.confidence == pytest.approx(1 - gate.spending(3))
         assert look.verdict is decide(look.interval, gate.threshold, gate.direction)
         gate.look(groups)
         assert len(gate.looks) == 2
