@@ -1,144 +1,197 @@
 #!/usr/bin/env python
-"""Do the gates flake, and do they catch a real slowdown? Nightly-style runs on the emulated cluster.
+"""Do the gates decide, do they flake, and do they catch a planted slowdown? Nightly runs, measured.
 
-    python benchmarks/nightly_gates.py [--nights 10] [--slowdown 0.3] [--out DIR]
+    python benchmarks/nightly_gates.py [--nights 10] [--one-launch-nights 5] [--out DIR] [--resume]
 
-Every "night" is one `pytest suites/test_parity.py suites/test_regression.py` run in a subprocess,
-as a nightly CI job would run it, on 2 emulated nodes with two fabrics:
+Every "night" is one `pytest suites/...` run in a subprocess, as a nightly CI job would run it, on
+2 emulated nodes, with copies of the ib preset defined in the ini so that the effect of each gate is
+known in advance:
 
   ib    the InfiniBand preset (2000 Mbit/s emulated link)
-  ib2   a copy of ib defined in the ini (`fabric_define = ib2: ib`): the same link, another name
+  ib2   a copy of ib: the same link, another name                    -> A/A: must never fail
+  ib3   a copy of ib whose steps are stretched x1.10 (the `slow`      -> planted 10% slowdown on a
+        fault, compute side: PYTEST_FABRIC_FAULT)                        compute-bound job: must fail
+  ib4   a copy of ib, stretched x1.10 on the nightly runs only        -> planted regression
 
-and two gates:
+Gates, each with the suites' defaults (--repeats / --max-repeats as the plugin ships them):
 
-  A/A parity       qwen2-tiny: ib2 within 5% of ib (the embedded parity suite). Both sides are the
-                   same fabric, so a fail is a false alarm.
-  regression       llama-wide (communication-bound), 2 nodes on ib: tonight no more than 10%
-                   below the baseline (--fabric-baseline).
+  parity A/A        qwen2-tiny n2: ib2 within 5% of ib
+  parity planted    qwen2-tiny n2: ib3 within 5% of ib
+  regression A/A    llama-wide n2 on ib: scaling efficiency at most 5% below the baseline
+  regression plant  llama-wide n2 on ib4: the same, with every ib4 step 10% longer tonight
+  one launch        --repeats 1 --max-repeats 1: llama-wide ib at least 20% ahead of eth (about 4x),
+                    qwen2-tiny ib2 within 5% of ib (A/A)
 
-The baseline is built the way a team builds one: --baseline-nights runs of the throughput suite
-(one llama-wide launch each, --fabric-save), merged by `pytest-fabric baseline` (one value per
-night, outliers dropped). Nights 1..N then change nothing: every fail there is a flake. The last night, "planted", lowers ib's link
-by --slowdown (a known fraction, via --fabric-rate) and must fail the regression gate. The table
-gives each night's verdict per gate with the interval and launches the gate reported (read from
-the JUnit XML with junitparser). Exit status 0 when no A/A night failed and the planted night
-failed its regression gate, 1 otherwise. Needs root (network namespaces). ~4 min a night here.
+The regression threshold is 5% here (--regression-threshold 0.05): a planted 10% loss against the
+default 10% threshold would sit on the threshold itself, where no gate can decide. The baseline is
+built as a team builds one: --baseline-nights runs of the throughput suite (one launch of each
+configuration, --fabric-save), merged by `pytest-fabric baseline`.
+
+Verdicts and their numbers are read from the JUnit machine lines (`fabric.gate.<a>_vs_<b>.*`), the
+measured-step share of each launch from the saved nights. A "fixed" night runs parity A/A with the
+old measuring policy (8 fixed steps a launch) for the share of launch time spent measuring, before
+and after. Prints a table per gate: pass / inconclusive / fail, launches per side, wall time per
+verdict. Exit status 0 when no A/A gate failed and every planted one failed. Needs root. Run it
+alone on the machine: anything running beside it is measured too.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
+import json
+import os
+import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
-from junitparser import JUnitXml
+from junitparser import Error, Failure, JUnitXml, Skipped
 
 REPO = Path(__file__).resolve().parent.parent
-IB_MBIT = 2000
+
+FABRICS = ["--fabrics", "ib,ib2,ib3,ib4", "-o", "fabric_define=ib2: ib\nib3: ib\nib4: ib"]
+PLANT_PARITY = "slow:fabric=ib3,factor=1.10"
+PLANT_REGRESSION = "slow:fabric=ib4,factor=1.10"
+NIGHTLY = ["suites/test_parity.py", "suites/test_regression.py", "--models", "qwen2-tiny,llama-wide",
+           "--regression-threshold", "0.05",
+           "-k", "(parity and qwen2 and (ib2 or ib3)) or (regression and llama and n2 and (ib] or ib4))"]
+BASELINE = ["suites/test_throughput.py", "--models", "llama-wide", "-k", "n1-ib] or n2-ib] or n2-ib4]"]
+ONE_LAUNCH = ["suites/test_parity.py", "suites/test_advantage.py", "--models", "qwen2-tiny,llama-wide",
+              "--fabrics", "ib,ib2,eth", "-o", "fabric_define=ib2: ib", "--repeats", "1", "--max-repeats", "1",
+              "-k", "(parity and qwen2 and ib2) or (advantage and llama and n2-eth)"]
+FIXED = ["suites/test_parity.py", "--models", "qwen2-tiny", "--fabrics", "ib,ib2", "-o", "fabric_define=ib2: ib",
+         "--steps", "8", "--measure-seconds", "0", "-k", "qwen2 and ib2"]
+
+# test id fragment -> (gate label, expected outcome: "not fail" for A/A, "fail" for planted, "pass")
+GATES = {
+    ("nightly", "parity", "ib2"): ("parity A/A", "not fail"),
+    ("nightly", "parity", "ib3"): ("parity planted x1.10", "fail"),
+    ("nightly", "regression", "ib]"): ("regression A/A", "not fail"),
+    ("nightly", "regression", "ib4"): ("regression planted x1.10", "fail"),
+    ("one", "parity", "ib2"): ("one launch: parity A/A", "not fail"),
+    ("one", "advantage", "eth"): ("one launch: advantage ib vs eth", "pass"),
+    ("fixed", "parity", "ib2"): ("fixed 8 steps: parity A/A", "not fail"),
+}
 
 
-NIGHTLY = ["suites/test_parity.py", "suites/test_regression.py",
-           "-k", "within or (regression and llama and n2 and not ib2)"]
-BASELINE = ["suites/test_throughput.py", "-k", "llama and n2 and not ib2"]
-
-
-def night(index: int | str, out: Path, extra: list[str],
-          resume: bool = False) -> tuple[dict[str, tuple[str, str]], float]:
-    """Run one night (or, with ``resume``, read the one already run); {test id: (outcome, message)}, wall time."""
-    junit = out / f"night{index}.xml"
+def night(name: str, out: Path, argv: list[str], fault: str = "", resume: bool = False) -> float:
+    """Run one night unless ``resume`` finds it already run; its wall time (0 when resumed)."""
+    junit = out / f"{name}.xml"
     if resume and junit.exists():
-        return verdicts_of(junit), 0.0
-    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
-            "--nodes", "2", "--fabrics", "ib,ib2", "--models", "qwen2-tiny,llama-wide",
-            "-o", "fabric_define=ib2: ib",
-            f"--fabric-save={out / f'night{index}.json'}", f"--junitxml={junit}", *extra]
+        return 0.0
+    env = {**os.environ, "PYTEST_FABRIC_FAULT": fault} if fault else {
+        k: v for k, v in os.environ.items() if k != "PYTEST_FABRIC_FAULT"}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--nodes", "2",
+           f"--fabric-save={out / f'{name}.json'}", f"--junitxml={junit}", *argv]
     start = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     wall = time.monotonic() - start
-    (out / f"night{index}.log").write_text(proc.stdout + proc.stderr)
+    (out / f"{name}.log").write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
     if not junit.exists():
-        raise SystemExit(f"night {index}: pytest wrote no JUnit (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-    return verdicts_of(junit), wall
+        raise SystemExit(f"{name}: pytest wrote no JUnit (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
+    return wall
 
 
-def verdicts_of(junit: Path) -> dict[str, tuple[str, str]]:
-    verdicts = {}
+def gates_of(junit: Path, kind: str) -> list[dict]:
+    """Each gate testcase of a night: label, outcome, its machine-line fields, wall time."""
+    found = []
     for suite in JUnitXml.fromfile(str(junit)):
         for case in suite:
-            outcome, message = "passed", ""
+            label = next((g for (k, suite_part, part), g in GATES.items()
+                          if k == kind and suite_part in (case.classname or "") and part in case.name), None)
+            if label is None:
+                continue
+            outcome = "pass"
             for r in case.result:
-                outcome = {"Failure": "FAILED", "Error": "ERROR", "Skipped": "skipped"}.get(type(r).__name__, "?")
-                message = r.message or ""
-                if outcome == "skipped" and "xfail" in (r.type or "") + message:
-                    outcome = "xfail"
-            if outcome == "passed":  # the gate's own line: "pass: ..."
-                found = re.search(r"^(pass: .*)$", case.system_out or "", re.MULTILINE)
-                message = found.group(1) if found else ""
-            verdicts[case.name] = (outcome, message)
-    return verdicts
+                if isinstance(r, (Failure, Error)):
+                    outcome = "fail" if isinstance(r, Failure) else "error"
+                elif isinstance(r, Skipped):
+                    outcome = "inconclusive" if "inconclusive" in (r.message or "") else "skipped"
+            fields = {}
+            for line in (case.system_out or "").splitlines():
+                if line.startswith("fabric.gate."):
+                    name, _, value = line.partition("=")
+                    fields[name.rsplit(".", 1)[1]] = value
+            found.append({"gate": label[0], "expect": label[1], "outcome": outcome, "time": case.time or 0.0,
+                          **fields})
+    return found
 
 
-def short(message: str) -> str:
-    interval = re.search(r"= (\d+\.\d+), [\d.]+% CI \[(\d+\.\d+), (\d+\.\d+)\]", message)
-    launches = re.search(r"(\d+\+\d+|\d+) launch(?:es)?", message)
-    bits = []
-    if interval:
-        bits.append(f"ratio {interval.group(1)} [{interval.group(2)}, {interval.group(3)}]")
-    if launches:
-        bits.append(launches.group(0))
-    return ", ".join(bits) or message[:80]
+def measured_share(saved: Path) -> list[float]:
+    """Per launch of a saved night: the share of its wall time spent in measured steps."""
+    if not saved.exists():
+        return []
+    records = json.loads(saved.read_text()).get("records", {})
+    shares = []
+    for record in records.values():
+        r = record.get("result") or {}
+        if r.get("launch_s") and r.get("step_s"):
+            shares.append(sum(r["step_s"]) / r["launch_s"])
+    return shares
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nights", type=int, default=10, help="unchanged (A/A) nights after night 0 (default 10)")
-    parser.add_argument("--baseline-nights", type=int, default=3, help="nights merged into the baseline (default 3)")
-    parser.add_argument("--slowdown", type=float, default=0.3,
-                        help="fraction of ib's link rate removed on the planted night (default 0.3)")
+    parser.add_argument("--nights", type=int, default=10, help="nightly runs (parity + regression gates)")
+    parser.add_argument("--one-launch-nights", type=int, default=5, help="runs with one launch per side")
+    parser.add_argument("--baseline-nights", type=int, default=3, help="nights merged into the baseline")
     parser.add_argument("--out", default="nightly-gates", help="directory for JUnit, saved results and logs")
-    parser.add_argument("--resume", action="store_true", help="reuse the nights already in --out (their JUnit)")
+    parser.add_argument("--resume", action="store_true", help="reuse the nights already in --out")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
     baseline = out / "baseline.json"
     for b in range(1, args.baseline_nights + 1):
-        _, wall = night(f"b{b}", out, BASELINE, args.resume)
-        print(f"baseline night b{b}: {wall:.0f}s", flush=True)
+        wall = night(f"baseline{b}", out, [*BASELINE, *FABRICS], resume=args.resume)
+        print(f"baseline night {b}: {wall:.0f}s", flush=True)
     merged = subprocess.run([sys.executable, "-m", "pytest_fabric.cli", "baseline", str(baseline),
-                             *(str(out / f"nightb{b}.json") for b in range(1, args.baseline_nights + 1))],
+                             *(str(out / f"baseline{b}.json") for b in range(1, args.baseline_nights + 1))],
                             cwd=REPO, capture_output=True, text=True)
     print(merged.stdout + merged.stderr, flush=True)
     if merged.returncode != 0:
         return 1
-    plans = [("A/A", i, [*NIGHTLY, f"--fabric-baseline={baseline}"]) for i in range(1, args.nights + 1)]
-    planted_mbit = round(IB_MBIT * (1 - args.slowdown))
-    plans.append((f"planted: ib {IB_MBIT}->{planted_mbit} Mbit/s", args.nights + 1,
-                  [*NIGHTLY, f"--fabric-baseline={baseline}", f"--fabric-rate=ib={planted_mbit}"]))
 
-    rows, ok = [], True
-    for label, index, extra in plans:
-        verdicts, wall = night(index, out, extra, args.resume)
-        for test, (outcome, message) in sorted(verdicts.items()):
-            rows.append((index, label, test, outcome, short(message), wall))
-            print(f"night {index:2d} {label:28s} {test:55s} {outcome:8s} {short(message)}  ({wall:.0f}s)",
-                  flush=True)
-            if label == "A/A" and outcome in ("FAILED", "ERROR"):
-                ok = False
-            if label.startswith("planted") and "regression" in test and outcome != "FAILED":
-                ok = False
+    plans = [("fixed", "fixed", FIXED, "")]
+    plans += [(f"night{i}", "nightly", [*NIGHTLY, *FABRICS, f"--fabric-baseline={baseline}"],
+               f"{PLANT_PARITY};{PLANT_REGRESSION}") for i in range(1, args.nights + 1)]
+    plans += [(f"one{i}", "one", ONE_LAUNCH, "") for i in range(1, args.one_launch_nights + 1)]
+    rows = []
+    shares: dict[str, list[float]] = {}
+    for name, kind, extra, fault in plans:
+        wall = night(name, out, extra, fault, args.resume)
+        for g in gates_of(out / f"{name}.xml", kind):
+            rows.append({"night": name, **g})
+            print(f"{name:8s} {g['gate']:34s} {g['outcome']:12s} ratio {g.get('ratio', '-'):>8s} "
+                  f"[{g.get('ci_low', '-')}, {g.get('ci_high', '-')}] launches {g.get('launches', '-'):>5s} "
+                  f"set aside {g.get('set_aside', '-')}  ({g['time']:.0f}s)", flush=True)
+        shares.setdefault("fixed" if kind == "fixed" else "adaptive", []).extend(measured_share(out / f"{name}.json"))
+        print(f"{name}: {wall:.0f}s", flush=True)
 
-    print("\n| night | kind | gate | verdict | interval, launches |\n|---|---|---|---|---|")
-    for index, label, test, outcome, message, _ in rows:
-        print(f"| {index} | {label} | `{test}` | {outcome} | {message} |")
-    aa = [r for r in rows if r[1] == "A/A"]
-    print(f"\nA/A gate results: {len(aa)}; failed: {sum(r[3] in ('FAILED', 'ERROR') for r in aa)}; "
-          f"inconclusive (xfail): {sum(r[3] == 'xfail' for r in aa)}")
-    print("planted slowdown caught" if ok or any(r[1].startswith("planted") and r[3] == "FAILED" for r in rows)
-          else "planted slowdown NOT caught")
+    ok = True
+    print("\n| gate | nights | pass | inconclusive | fail | launches per side (count) | s per verdict (median) |")
+    print("|---|---|---|---|---|---|---|")
+    for label, expect in dict.fromkeys(GATES.values()):
+        mine = [r for r in rows if r["gate"] == label]
+        if not mine:
+            continue
+        counts = Counter(r["outcome"] for r in mine)
+        launches = Counter(max(int(x) for x in r["launches"].split("+")) for r in mine if r.get("launches"))
+        spread = ", ".join(f"{n}: {c}" for n, c in sorted(launches.items()))
+        print(f"| {label} | {len(mine)} | {counts['pass']} | {counts['inconclusive']} | {counts['fail']} | {spread} | "
+              f"{statistics.median(r['time'] for r in mine):.0f} |")
+        if expect == "not fail" and counts["fail"] + counts["error"]:
+            ok = False
+        if expect == "fail" and counts["fail"] < len(mine):
+            ok = False
+        if expect == "pass" and counts["pass"] < len(mine):
+            ok = False
+    for policy, values in shares.items():
+        if values:
+            print(f"\nshare of launch wall time in measured steps, {policy}: median {statistics.median(values):.0%} "
+                  f"over {len(values)} launches")
     return 0 if ok else 1
 
 

@@ -24,8 +24,8 @@ from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .cluster.local import LocalCluster
 from .matrix import expand
 from .case import BANDWIDTH, Case
-from .measure import (BandwidthMeasurement, Measurement, MeasurementError, Measurer, configuration_tokens_per_s,
-                      counted)
+from .measure import (BandwidthMeasurement, Measurement, MeasurementError, Measurer, Settings,
+                      configuration_tokens_per_s, counted)
 from .models import get_model
 from .redact import redact_file
 from .references import References
@@ -202,12 +202,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"fabric: cluster {session.cluster.describe()}; nodes up to {session.nodes} x {o.settings.gpus_per_node} per node",
         f"fabric: fabrics {', '.join(o.fabrics)}"
         + (f" (emulated links: {rates})" if session.cluster.realizes_fabrics else ""),
-        f"fabric: models {', '.join(o.models)}; {o.settings.warmup_steps} warm-up + {o.settings.steps} measured steps; "
+        f"fabric: models {', '.join(o.models)}; {o.settings.warmup_steps} warm-up + {_measuring(o.settings)}; "
         f"results in {session.directory}",
     ]
     if session.note:
         lines.append(f"fabric: NOTE {session.note}")
     return lines
+
+
+def _measuring(s: Settings) -> str:
+    if not s.measure_s:
+        return f"{s.steps} measured steps"
+    return f"at least {s.steps} measured steps, then to {s.step_precision:.0%} precision within {s.measure_s:g} s"
 
 
 # -- parametrization -------------------------------------------------------------------------

@@ -256,8 +256,16 @@ def test_header_shows_cluster_fabrics_rates_and_results_directory(pytester):
     result.stdout.fnmatch_lines([
         "fabric: cluster emulated*; nodes up to 2 x 1 per node",
         f"fabric: fabrics ib, eth (emulated links: ib {FABRICS['ib'].emulated_mbit:g} Mbit/s, eth 200 Mbit/s)",
-        "fabric: models qwen2-tiny; 1 warm-up + 3 measured steps; results in */pytest-fabric-*",
+        "fabric: models qwen2-tiny; 1 warm-up + at least 3 measured steps, then to 1% precision within 6 s; "
+        "results in */pytest-fabric-*",
     ])
+
+
+def test_header_shows_a_fixed_step_count_without_adaptive_measuring(pytester):
+    pytester.makepyfile(test_any="def test_nothing(): pass")
+    result = pytester.runpytest("--nodes", "2", "--models", "qwen2-tiny", "--steps", "3", "--warmup-steps", "1",
+                                "--measure-seconds", "0")
+    result.stdout.fnmatch_lines(["fabric: models qwen2-tiny; 1 warm-up + 3 measured steps; results in */pytest-fabric-*"])
 
 
 COMPARISON = """
