@@ -97,6 +97,12 @@ BAD = [
     # choices and thresholds not covered elsewhere
     (["--regression-threshold", "1.5"], ["--regression-threshold must be a fraction in (0, 1)"]),
     (["--regression-threshold", "ten"], ["--regression-threshold must be a fraction in (0, 1)"]),
+    (["--regression-on", "speed"], ["--regression-on: 'speed' is not one of scaling, tokens"]),
+    (["--launch-noise", "0"], ["--launch-noise must be a fraction in (0, 0.5)"]),
+    (["--launch-noise", "2%"], ["--launch-noise must be a fraction in (0, 0.5)"]),
+    (["--step-precision", "1"], ["--step-precision must be a fraction in (0, 1)"]),
+    (["--measure-seconds", "-1"], ["--measure-seconds must be a number of seconds >= 0"]),
+    (["--measure-seconds", "inf"], ["--measure-seconds must be a number of seconds >= 0"]),
     (["--repeats", "5", "--max-repeats", "3"], ["--max-repeats 3 is below --repeats 5"]),
     (["--inconclusive", "ignore"], ["--inconclusive: 'ignore' is not one of xfail, fail, warn"]),
     (["--device", "gpu"], ["--device: 'gpu' is not one of auto, cpu, cuda"]),
