@@ -8,7 +8,7 @@ import socket
 import pytest
 from helpers import FAST_LAUNCH, session_directory
 
-from pytest_fabric.cluster import local
+from pytest_fabric.cluster import base, local
 
 
 def test_free_port_is_below_the_ephemeral_range_and_bindable():
@@ -62,3 +62,19 @@ def test_only_node_0_hosts_the_rendezvous_store(tmp_path):
              for i in range(3)]
     assert confs[0].endswith(",is_host=true")
     assert confs[1].endswith(",is_host=false") and confs[2].endswith(",is_host=false")
+
+
+@pytest.mark.parametrize(("cores", "nodes", "per_node", "expected"), [
+    (2, 1, 1, ["0"]),  # one node, one GPU: one core, the other left to the harness
+    (2, 2, 1, ["0", "1"]),
+    (8, 2, 2, ["0,1", "2,3"]),  # a node of two GPUs: two cores
+    (8, 1, 4, ["0,1,2,3"]),
+    (2, 4, 1, ["0", "1", "0", "1"]),  # more GPUs than cores: nodes share cores evenly
+    (4, 2, 4, ["0,1", "2,3"]),
+])
+def test_each_emulated_gpu_is_one_core_at_every_node_count(monkeypatch, cores, nodes, per_node, expected):
+    monkeypatch.setattr(base.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    pinned = [base.OnThisMachine.pin(i, nodes, ["torchrun"], per_node) for i in range(nodes)]
+    assert [argv[:2] for argv in pinned] == [["taskset", "-c"]] * nodes
+    assert [argv[2] for argv in pinned] == expected
+    assert all(argv[3:] == ["torchrun"] for argv in pinned)

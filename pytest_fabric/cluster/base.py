@@ -21,6 +21,11 @@ RDZV_PORT = 29400
 # Clusters whose ranks all run on this machine: past this many ranks per core a launch measures
 # CPU contention, not the fabric.
 MAX_RANKS_PER_CPU = 4
+# Their ranks each stand for a GPU of one core: one compute thread each at every node count (more
+# threads on a one-node launch would make its GPU faster than a multi-node launch's, and a rank of
+# two threads stalls whenever anything else takes one of its cores: one-node launches here varied
+# by 5.6% between launches with two threads).
+THREADS_PER_RANK = 1
 
 
 class OnThisMachine:
@@ -36,14 +41,17 @@ class OnThisMachine:
         return MAX_RANKS_PER_CPU * len(os.sched_getaffinity(0))
 
     @staticmethod
-    def pin(node_rank: int, nodes: int, argv: list[str]) -> list[str]:
-        """``argv`` run on this node's own share of the cores.
+    def pin(node_rank: int, nodes: int, argv: list[str], procs_per_node: int = 1) -> list[str]:
+        """``argv`` run on this node's own share of the cores: one core per rank (an emulated GPU
+        is one core, so a GPU computes as fast at every node count and tokens/s/GPU, scaling
+        efficiency above all, compares like with like); where the machine has fewer cores than
+        ranks, the nodes split the cores evenly.
 
         Emulated nodes are separate machines; left to the scheduler, two ranks sometimes share a
         core while another idles, which showed here as +-40% between identical launches.
         """
         cpus = sorted(os.sched_getaffinity(0))
-        share = max(1, len(cpus) // nodes)
+        share = max(1, min(procs_per_node, len(cpus) // nodes))
         start = (node_rank * share) % len(cpus)
         mine = cpus[start:start + share]
         return ["taskset", "-c", ",".join(map(str, mine)), *argv]
@@ -145,8 +153,3 @@ def rank_env(request: LaunchRequest, node_name: str, threads: int, extra: Mappin
     env.update(request.env or {})
     env.update(extra)
     return env
-
-
-def threads_per_rank(total_ranks: int) -> int:
-    """Ranks on one machine share its cores; oversubscribing threads only adds noise."""
-    return max(1, len(os.sched_getaffinity(0)) // max(1, total_ranks))

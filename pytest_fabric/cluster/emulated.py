@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import count
 
 from ..workload import faults
-from .base import Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env, threads_per_rank, torchrun_argv
+from .base import Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env, THREADS_PER_RANK, torchrun_argv
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
 # RFC 2544 benchmark range: never routed, never anybody's real network.
@@ -173,7 +173,6 @@ class EmulatedCluster(OnThisMachine, Cluster):
         return 250  # one /24 subnet
 
     def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
-        threads = threads_per_rank(request.nodes * request.procs_per_node)
         with EmulatedNetwork(request.nodes, request.fabric.emulated_mbit) as net:
             for i in faults.nodes_left_out(self.faults, request.fabric.name):
                 if i < len(net.nodes):  # an injected fault: this node's cable is out
@@ -183,8 +182,9 @@ class EmulatedCluster(OnThisMachine, Cluster):
                 ProcSpec(
                     node.name,
                     ["ip", "netns", "exec", node.netns,
-                     *self.pin(i, request.nodes, torchrun_argv(request, i, head, node.address))],
-                    rank_env(request, f"{node.name}/{node.address}", threads,
+                     *self.pin(i, request.nodes, torchrun_argv(request, i, head, node.address),
+                              request.procs_per_node)],
+                    rank_env(request, f"{node.name}/{node.address}", THREADS_PER_RANK,
                              {**self.nccl_env(request.fabric), "GLOO_SOCKET_IFNAME": IFNAME}),
                 )
                 for i, node in enumerate(net.nodes)

@@ -10,7 +10,7 @@ import random
 import socket
 from collections.abc import Callable
 
-from .base import Cluster, LaunchRequest, OnThisMachine, rank_env, threads_per_rank, torchrun_argv
+from .base import Cluster, LaunchRequest, OnThisMachine, rank_env, THREADS_PER_RANK, torchrun_argv
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
 
@@ -54,13 +54,13 @@ class LocalCluster(OnThisMachine, Cluster):
         return self.max_ranks()
 
     def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
-        threads = threads_per_rank(request.nodes * request.procs_per_node)
         port = free_port()
         specs = [
             ProcSpec(
                 f"node{i}",
-                self.pin(i, request.nodes, torchrun_argv(request, i, "127.0.0.1", "127.0.0.1", rdzv_port=port)),
-                rank_env(request, f"node{i}/127.0.0.1", threads, {"GLOO_SOCKET_IFNAME": "lo"}),
+                self.pin(i, request.nodes, torchrun_argv(request, i, "127.0.0.1", "127.0.0.1", rdzv_port=port),
+                         request.procs_per_node),
+                rank_env(request, f"node{i}/127.0.0.1", THREADS_PER_RANK, {"GLOO_SOCKET_IFNAME": "lo"}),
             )
             for i in range(request.nodes)
         ]
