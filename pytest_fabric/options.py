@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,21 +34,26 @@ class Baseline:
     values: dict[str, list[float]]
     gpus: dict[str, int]
     identity: dict
-    noise: NoisePrior | None = None
+    learned_noise: dict | None = None  # the built baseline's ``launch_noise``, as stored
+
+    def noise(self, case_ids: Sequence[str] = ()) -> NoisePrior | None:
+        """The launch noise the baseline learned for ``case_ids`` (else over all its multi-node
+        configurations), or None."""
+        return baseline_noise({"launch_noise": self.learned_noise}, case_ids)
 
     @classmethod
     def load(cls, path: str) -> Baseline:
         run = load_results(path)
-        noise = None
+        learned = None
         if run.kind == "baseline":
             # A built baseline keeps one value per kept night: those are its samples.
             data = load_baseline(path)
             values = {cid: list(b.kept) for cid in run.cases if (b := baseline_for(data, cid)) is not None}
-            noise = baseline_noise(data)
+            learned = data.get("launch_noise") if isinstance(data.get("launch_noise"), dict) else None
         else:
             values = run.measurements
         return cls(str(path), {cid: v for cid, v in values.items() if v},
-                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), noise)
+                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), learned)
 
 DEFAULT_NODES = 2
 
@@ -77,6 +83,9 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("launch-timeout", "seconds one launch may take before every rank is killed (default 300)", "300"),
     ("repeats", "launches per side before a comparison is first judged (default 2)", "2"),
     ("max-repeats", "launches per side a comparison may take while inconclusive (default 6)", "6"),
+    ("throughput-launches", "launches of each configuration in the throughput suite (default 1; with 2 or more, "
+                            "`pytest-fabric baseline` learns each configuration's launch noise from the saved "
+                            "night)", "1"),
     ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
     ("fabric-rate", "emulated link rate override NAME=MBIT, comma-separated (e.g. eth=200)", None),
     ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
@@ -301,6 +310,7 @@ class FabricOptions:
     regression_threshold: float = 0.10
     repeats: int = 2
     max_repeats: int = 6
+    throughput_launches: int = 1
     inconclusive: str = "xfail"
     # USD per GPU-hour by fabric (ini fabric_price, --fabric-price); empty: no cost figures.
     prices: dict[str, float] = field(default_factory=dict)
@@ -403,6 +413,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         regression_threshold=regression_threshold,
         repeats=repeats,
         max_repeats=max_repeats,
+        throughput_launches=_int(config, "throughput-launches", 1, default=1),
         inconclusive=_choice(config, "inconclusive"),
         prices=_prices(config, table),
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),

@@ -66,16 +66,15 @@ class FabricSession:
             self._prepared = True
         return self.cluster
 
-    @property
-    def noise(self) -> NoisePrior:
-        """Launch-to-launch noise the gates assume before tonight's launches: --launch-noise, else
-        what the --fabric-baseline learned from its nights, else the declared default."""
+    def noise(self, cases: Sequence[Case] = ()) -> NoisePrior:
+        """Launch-to-launch noise a gate over ``cases`` assumes before tonight's launches:
+        --launch-noise, else what the --fabric-baseline learned from its nights for those
+        configurations (else for all of its own), else the declared default."""
         o = self.options
         if o.launch_noise is not None:
             return o.launch_noise
-        if o.baseline is not None and o.baseline.noise is not None:
-            return o.baseline.noise
-        return DEFAULT_NOISE
+        learned = o.baseline.noise([c.id for c in cases]) if o.baseline is not None else None
+        return learned or DEFAULT_NOISE
 
     @property
     def store(self) -> ResultStore:
@@ -316,9 +315,10 @@ class CompareFixture:
         """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
         return self._compare(reference, candidate, ahead_gate(by), f"{reference.fabric} at least {by:.0%} ahead")
 
-    def _gate(self, threshold: float, direction: str) -> SequentialGate:
+    def _gate(self, threshold: float, direction: str, cases: Sequence[Case]) -> SequentialGate:
         o = self._session.options
-        return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats, prior=self._session.noise)
+        return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats,
+                              prior=self._session.noise(cases))
 
     def _launch_until_decided(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate,
                               per_gpu: bool = False, fixed: tuple[float, float] = (0.0, 0.0),
@@ -353,7 +353,7 @@ class CompareFixture:
 
     def _compare(self, a: Case, b: Case, gate_spec: tuple[float, str], requirement: str) -> GateOutcome:
         threshold, direction = gate_spec
-        gate = self._gate(threshold, direction)
+        gate = self._gate(threshold, direction, (a, b))
         # b first: interleaved b a b a ...
         (runs_b, runs_a), look = self._launch_until_decided((b, a), (-1, +1), gate)
         outcome = GateOutcome(
@@ -390,8 +390,8 @@ class CompareFixture:
             pytest.skip(f"the baseline {baseline.path} has no measurement of {case.id}")
         rel = o.regression_threshold if rel is None else rel
         threshold, direction = within_gate(rel)
-        gate = self._gate(threshold, direction)
         one = case.with_nodes(1)
+        gate = self._gate(threshold, direction, (case, one) if o.regression_on == "scaling" else (case,))
         by_scaling = o.regression_on == "scaling" and case.nodes > 1 and bool(baseline.values.get(one.id))
         past = reference_term(baseline.values[case.id], gate.prior)
 

@@ -621,14 +621,29 @@ def baseline_for(baseline: Mapping[str, Any], case_id: str) -> RobustCenter | No
 def launch_noise(runs: Sequence[SavedRun]) -> dict[str, Any] | None:
     """Launch-to-launch variation learned from nights: the pooled standard deviation of log tokens/s
     between launches of one configuration in one night (``stats.pooled_noise``), with its degrees
-    of freedom; None when no night launched any configuration twice."""
+    of freedom, over the multi-node configurations, and per configuration (``cases``: one node
+    included, since a scaling-efficiency gate leans on it); None when no night launched any
+    configuration twice. Noise differs by configuration (here 0.9% for a communication-bound
+    model, 3.3% for a compute-bound one), so a gate takes its own configurations' where known."""
+    per_case: dict[str, list[list[float]]] = {}
+    for run in runs:
+        for cid, c in run.cases.items():
+            if len(c.tokens_per_s) >= 2:
+                per_case.setdefault(cid, []).append([math.log(v) for v in c.tokens_per_s])
     contributing = [run for run in runs if any(c.nodes > 1 and len(c.tokens_per_s) >= 2 for c in run.cases.values())]
     groups = [[math.log(v) for v in c.tokens_per_s] for run in contributing for c in run.cases.values()
               if c.nodes > 1 and len(c.tokens_per_s) >= 2]
     variance, df = pooled_noise(groups)
-    if not df:
+    cases = {}
+    for cid, case_groups in sorted(per_case.items()):
+        v, d = pooled_noise(case_groups)
+        cases[cid] = {"sigma": math.sqrt(v), "df": d, "nights": len(case_groups)}
+    if not df and not cases:
         return None
-    return {"sigma": math.sqrt(variance), "df": df, "nights": len(contributing)}
+    out: dict[str, Any] = {"cases": cases}
+    if df:
+        out.update({"sigma": math.sqrt(variance), "df": df, "nights": len(contributing)})
+    return out
 
 
 # A learned noise never counts as less than this (nights whose launches agreed by chance must not
@@ -636,16 +651,27 @@ def launch_noise(runs: Sequence[SavedRun]) -> dict[str, Any] | None:
 MIN_LEARNED_NOISE = 0.005
 
 
-def baseline_noise(baseline: Mapping[str, Any]) -> NoisePrior | None:
-    """The launch noise a built baseline learned (``launch_noise``) as the gates' prior, or None."""
+def baseline_noise(baseline: Mapping[str, Any], case_ids: Sequence[str] = ()) -> NoisePrior | None:
+    """The launch noise a built baseline learned (``launch_noise``) as the gates' prior, or None:
+    pooled over ``case_ids`` where the baseline learned any of them, else over all multi-node
+    configurations."""
     noise = baseline.get("launch_noise")
     if not isinstance(noise, dict):
         return None
+    learned = noise.get("cases") if isinstance(noise.get("cases"), dict) else {}
+    mine = [learned[cid] for cid in dict.fromkeys(case_ids) if isinstance(learned.get(cid), dict)]
     try:
-        sigma, df = float(noise["sigma"]), float(noise["df"])
+        if mine:
+            df = sum(float(c["df"]) for c in mine)
+            sigma = math.sqrt(sum(float(c["df"]) * float(c["sigma"]) ** 2 for c in mine) / df) if df > 0 else math.nan
+            nights = max(int(c.get("nights", 0)) for c in mine)
+            what = "these configurations' launches"
+        else:
+            sigma, df = float(noise["sigma"]), float(noise["df"])
+            nights, what = noise.get("nights", "?"), "all configurations' launches"
     except (KeyError, TypeError, ValueError):
         return None
     if not (df > 0 and math.isfinite(sigma)):
         return None
     return NoisePrior(min(max(sigma, MIN_LEARNED_NOISE), 0.5), df,
-                      f"learned from {noise.get('nights', '?')} nights, {df:g} df")
+                      f"learned from {nights} nights of {what}, {df:g} df")

@@ -6,6 +6,7 @@ real ``Measurement`` read from a typed rank result, so its value goes through
 runs in test_plugin_runs.py.
 """
 
+import math
 import random
 import re
 import warnings
@@ -220,7 +221,8 @@ def test_declared_launch_noise_is_used_and_named():
 def test_more_declared_noise_widens_the_interval():
     widths = []
     for sigma in (0.01, 0.05):
-        fixture, _, _ = compare({"ib": 1000.0, "eth": 1000.0}, launch_noise=NoisePrior(sigma, 8.0), inconclusive="warn")
+        fixture, _, _ = compare({"ib": 1000.0, "eth": 1000.0}, launch_noise=NoisePrior(sigma, 8.0), inconclusive="warn",
+                                repeats=3, max_repeats=3)  # one look each, at the same launches
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             widths.append(fixture.within(CAND, REF, rel=0.05).interval.width)
@@ -228,12 +230,28 @@ def test_more_declared_noise_widens_the_interval():
 
 
 def test_the_baseline_noise_is_used_unless_one_is_declared():
-    learned = NoisePrior(0.03, 12.0, "learned from 3 nights, 12 df")
+    # Learned per configuration: a gate takes its own configurations' noise, else the pooled one.
+    learned = {"sigma": 0.03, "df": 12.0, "nights": 3,
+               "cases": {REF.id: {"sigma": 0.01, "df": 6.0, "nights": 3},
+                         CAND.id: {"sigma": 0.02, "df": 2.0, "nights": 1}}}
     baseline = Baseline("b.json", {}, {}, {}, learned)
-    assert StandInSession(options=options(baseline=baseline)).noise == learned
+    session = StandInSession(options=options(baseline=baseline))
+    own = session.noise((CAND, REF))
+    assert own.df == 8.0 and own.sigma == pytest.approx(math.sqrt((6 * 0.01 ** 2 + 2 * 0.02 ** 2) / 8))
+    assert session.noise((REF,)).sigma == pytest.approx(0.01)
+    other = session.noise((REF.with_fabric("roce").with_nodes(4),))
+    assert (other.sigma, other.df) == (0.03, 12.0)
+    assert session.noise().sigma == 0.03
     declared = NoisePrior(0.05, 8.0, "declared --launch-noise 0.05")
-    assert StandInSession(options=options(baseline=baseline, launch_noise=declared)).noise == declared
-    assert StandInSession(options=options()).noise.source == "declared default"
+    assert StandInSession(options=options(baseline=baseline, launch_noise=declared)).noise((REF,)) == declared
+    assert StandInSession(options=options()).noise((REF,)).source == "declared default"
+
+
+def test_a_gate_uses_the_noise_learned_for_its_configurations():
+    learned = {"sigma": 0.2, "df": 40.0, "nights": 5, "cases": {REF.id: {"sigma": 0.01, "df": 40.0, "nights": 5}}}
+    fixture, _, _ = compare({"ib": 1000.0, "eth": 1000.0}, baseline=Baseline("b.json", {}, {}, {}, learned))
+    result = fixture.within(CAND, REF, rel=0.05)
+    assert result.noise.sigma == pytest.approx(0.01) and "these configurations" in result.noise.source
 
 
 # -- against a baseline -------------------------------------------------------------------------------

@@ -700,21 +700,47 @@ def test_launch_noise_through_saved_nights(tmp_path):
     out = tmp_path / "baseline.json"
     save_baseline(out, baseline)
     loaded = load_baseline(out)
-    assert loaded["launch_noise"] == pytest.approx(baseline["launch_noise"])
+    assert loaded["launch_noise"] == baseline["launch_noise"]
     prior = baseline_noise(loaded)
     assert prior.sigma == pytest.approx(max(baseline["launch_noise"]["sigma"], 0.005))
     assert prior.df == 3 * df
 
 
 def test_no_launch_noise_without_a_configuration_launched_twice(tmp_path):
-    runs = [night_of({"m-n2-ib": [1800.0], "m-n2-eth": [1700.0], "m-n1-ib": [900.0, 950.0]}),
+    runs = [night_of({"m-n2-ib": [1800.0], "m-n2-eth": [1700.0]}),
             night_of({"m-n2-ib": [1810.0]}, "2026-11-11T02:00:00+00:00")]
     baseline = build_baseline(runs)
     assert baseline["launch_noise"] is None
     assert baseline_noise(baseline) is None
+    assert baseline_noise(baseline, ["m-n2-ib"]) is None
     out = tmp_path / "baseline.json"
     save_baseline(out, baseline)
     assert baseline_noise(load_baseline(out)) is None
+
+
+def test_launch_noise_is_learned_per_configuration_too(tmp_path):
+    """Each configuration launched twice or more gets its own noise (one node included: a scaling
+    gate leans on it); a gate over some configurations pools theirs, weighted by df."""
+    s, t = 0.01, 0.04
+    runs = [night_of({"m-n2-ib": [1800 * math.exp(-s), 1800 * math.exp(s)],
+                      "m-n1-ib": [900 * math.exp(-t), 900, 900 * math.exp(t)], "m-n2-eth": [1700.0]}),
+            night_of({"m-n2-ib": [1810 * math.exp(-s), 1810 * math.exp(s)]}, "2026-11-11T02:00:00+00:00")]
+    baseline = build_baseline(runs)
+    cases = baseline["launch_noise"]["cases"]
+    assert set(cases) == {"m-n2-ib", "m-n1-ib"}
+    assert cases["m-n2-ib"]["df"] == 2 and cases["m-n2-ib"]["sigma"] == pytest.approx(math.sqrt(2) * s)
+    assert cases["m-n1-ib"]["df"] == 2 and cases["m-n1-ib"]["sigma"] == pytest.approx(t)
+    out = tmp_path / "baseline.json"
+    save_baseline(out, baseline)
+    loaded = load_baseline(out)
+    both = baseline_noise(loaded, ["m-n2-ib", "m-n1-ib"])
+    assert both.df == 4 and both.sigma == pytest.approx(math.sqrt((2 * 2 * s * s + 2 * t * t) / 4))
+    assert baseline_noise(loaded, ["m-n2-ib"]).sigma == pytest.approx(math.sqrt(2) * s)
+    # A configuration the baseline never repeated: the pooled multi-node noise (m-n2-ib's alone here).
+    assert baseline_noise(loaded, ["m-n2-eth"]).sigma == pytest.approx(math.sqrt(2) * s)
+    # Only one-node configurations repeated: nothing pooled to fall back on.
+    only_one = build_baseline([night_of({"m-n1-ib": [900.0, 950.0], "m-n2-ib": [1800.0]})])
+    assert baseline_noise(only_one) is None and baseline_noise(only_one, ["m-n1-ib"]) is not None
 
 
 def test_learned_noise_is_floored():
