@@ -8,6 +8,7 @@ and JUnit file.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -20,6 +21,7 @@ from lxml import etree
 from pytest_fabric import FABRICS, Case, Measurement
 from pytest_fabric.cluster import ClusterUnavailable
 from pytest_fabric.cluster.emulated import check_available
+from pytest_fabric.results import build_baseline, load_results
 
 try:
     check_available()
@@ -337,3 +339,22 @@ def test_deadline_fails_every_test_of_the_configuration_with_one_launch(pytester
     # The second test reused the cached failure instead of waiting out the deadline again.
     assert len(run.launch_dirs) == 1
     assert "error" in run.record("ib")
+
+
+@pytest.mark.slow
+def test_throughput_launches_teach_the_baseline_each_configurations_noise(pytester, monkeypatch, tmp_path):
+    """--throughput-launches 2 on the shipped throughput suite: two real launches of the configuration,
+    its value over both in the saved night, and `pytest-fabric baseline` learns its launch noise."""
+    monkeypatch.setenv("TMPDIR", str(pytester.mkdir("tmp")))
+    saved = tmp_path / "night.json"
+    suite = Path(__file__).resolve().parent.parent / "suites" / "test_throughput.py"
+    result = pytester.runpytest_subprocess(str(suite), "--nodes", "2", "-k", "n2-ib]", "--throughput-launches", "2",
+                                           f"--fabric-save={saved}", *FAST_LAUNCH, timeout=300)
+    result.assert_outcomes(passed=1)
+    run = load_results(saved)
+    (case,) = run.cases.values()
+    assert case.nodes == 2 and len(case.tokens_per_s) == 2
+    noise = build_baseline([run])["launch_noise"]
+    assert set(noise["cases"]) == {case.id} and noise["cases"][case.id]["df"] == 1
+    assert noise["cases"][case.id]["sigma"] == pytest.approx(
+        abs(math.log(case.tokens_per_s[0]) - math.log(case.tokens_per_s[1])) / math.sqrt(2))
