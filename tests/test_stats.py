@@ -14,6 +14,7 @@ import pytest
 
 import pytest_fabric.stats as stats_module
 from pytest_fabric.stats import (
+    CONFIDENCE,
     DEFAULT_NOISE,
     LOCATION_QUANTILE,
     Interval,
@@ -550,7 +551,7 @@ def boundaries(gate: SequentialGate, launches) -> list[float]:
 
 class TestSequentialGate:
     def test_looks_spend_the_error_allowance_obrien_fleming_style(self):
-        gate = SequentialGate(0.95, start=2, budget=6)
+        gate = SequentialGate(0.95, start=2, budget=6, confidence=0.95)
         spent = [gate.spending(n) for n in range(2, 7)]
         assert spent == sorted(spent) and spent[-1] == pytest.approx(0.05)
         # Lan-DeMets O'Brien-Fleming type, alpha/2 per side: 2 (1 - Phi(z_{1-alpha/4} / sqrt(t))).
@@ -558,13 +559,13 @@ class TestSequentialGate:
         assert spent[0] == pytest.approx(4 * (1 - statistics.NormalDist().cdf(z / math.sqrt(2 / 6))))
         assert spent[0] < 0.001
         assert gate.look_confidence(2) == pytest.approx(1 - spent[0], rel=1e-6)  # the first look spends its share
-        assert SequentialGate(0.95, start=4, budget=4).look_confidence(4) == pytest.approx(0.95)
-        assert SequentialGate(0.95, start=1, budget=1).look_confidence(1) == pytest.approx(0.95)
+        assert SequentialGate(0.95, start=4, budget=4, confidence=0.95).look_confidence(4) == pytest.approx(0.95)
+        assert SequentialGate(0.95, start=1, budget=1, confidence=0.95).look_confidence(1) == pytest.approx(0.95)
 
     def test_boundaries_match_the_published_obrien_fleming_table(self):
         # Five equally spaced looks, two-sided alpha 0.05, Lan-DeMets O'Brien-Fleming spending:
         # 4.877, 3.357, 2.680, 2.290, 2.031 (Jennison & Turnbull 2000; gsDesign sfLDOF).
-        bounds = boundaries(SequentialGate(0.95, start=1, budget=5), range(1, 6))
+        bounds = boundaries(SequentialGate(0.95, start=1, budget=5, confidence=0.95), range(1, 6))
         assert bounds == pytest.approx([4.877, 3.357, 2.680, 2.290, 2.031], abs=2e-3)
 
     def test_the_sequential_procedure_keeps_its_error_rate_and_no_more(self):
@@ -573,7 +574,7 @@ class TestSequentialGate:
         # holds), and not much less (a union bound would waste it).
         import numpy as np
 
-        gate = SequentialGate(0.95, start=2, budget=6)
+        gate = SequentialGate(0.95, start=2, budget=6, confidence=0.95)
         bounds = boundaries(gate, range(2, 7))
         rng = np.random.default_rng(7)
         steps = rng.standard_normal((200_000, 6))
@@ -664,9 +665,15 @@ class TestErrorRates:
         assert verdicts[Verdict.FAIL] >= 0.8 * self.trials
 
     def test_at_the_threshold_either_verdict_is_rare_despite_repeated_looks(self):
-        verdicts = simulate(0.95, self.trials, seed=16)
-        assert verdicts[Verdict.PASS] <= 0.05 * self.trials
-        assert verdicts[Verdict.FAIL] <= 0.05 * self.trials
+        # At the threshold each verdict is wrong half the time it is given: the looks together keep
+        # each below (1 - CONFIDENCE) / 2 = 5% (within this simulation's own error, 3 s.e.).
+        trials = 800
+        verdicts = simulate(0.95, trials, seed=16)
+        allowed = (1 - CONFIDENCE) / 2
+        bound = trials * allowed + 3 * math.sqrt(trials * allowed * (1 - allowed))
+        assert verdicts[Verdict.PASS] <= bound
+        assert verdicts[Verdict.FAIL] <= bound
+        assert verdicts[Verdict.PASS] + verdicts[Verdict.FAIL] >= 0.02 * trials  # the allowance is used, not wasted
 
 
 # --------------------------------------------------------------------------------------------
