@@ -21,7 +21,7 @@ from .models import DEFAULT_CPU_MODELS, MODELS
 from .predict import parse_price
 from .redact import remember
 from .references import ReferenceError, References
-from .results import ResultsError, baseline_for, baseline_noise, load_baseline, load_results
+from .results import ResultsError, baseline_for, baseline_nights, baseline_noise, load_baseline, load_results
 from .stats import NoisePrior
 
 
@@ -35,6 +35,13 @@ class Baseline:
     gpus: dict[str, int]
     identity: dict
     learned_noise: dict | None = None  # the built baseline's ``launch_noise``, as stored
+    # A built baseline's kept value of each case per night (night label -> tokens/s).
+    nights: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def paired(self, a: str, b: str) -> list[tuple[float, float]]:
+        """(a, b) tokens/s of each night of a built baseline that kept a value of both."""
+        mine, theirs = self.nights.get(a, {}), self.nights.get(b, {})
+        return [(mine[night], theirs[night]) for night in mine if night in theirs]
 
     def noise(self, case_ids: Sequence[str] = ()) -> NoisePrior | None:
         """The launch noise the baseline learned for ``case_ids`` (else over all its multi-node
@@ -44,16 +51,17 @@ class Baseline:
     @classmethod
     def load(cls, path: str) -> Baseline:
         run = load_results(path)
-        learned = None
+        learned, nights = None, {}
         if run.kind == "baseline":
             # A built baseline keeps one value per kept night: those are its samples.
             data = load_baseline(path)
             values = {cid: list(b.kept) for cid in run.cases if (b := baseline_for(data, cid)) is not None}
             learned = data.get("launch_noise") if isinstance(data.get("launch_noise"), dict) else None
+            nights = baseline_nights(data)
         else:
             values = run.measurements
         return cls(str(path), {cid: v for cid, v in values.items() if v},
-                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), learned)
+                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), learned, nights)
 
 DEFAULT_NODES = 2
 

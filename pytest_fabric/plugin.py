@@ -400,10 +400,17 @@ class CompareFixture:
                                      (-past[0], past[1]))
 
         if by_scaling:
-            past_one = reference_term(baseline.values[one.id], gate.prior)
             # log efficiency = log(multi / gpus) - log(one / gpus_one); tonight's launches give it per GPU.
             gpus = math.log(baseline.gpus.get(case.id, 1)) - math.log(baseline.gpus.get(one.id, 1))
-            fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
+            nights = baseline.paired(case.id, one.id)
+            if len(nights) >= 2:
+                # Each night's own efficiency: what moved both of a night's values (the machine's speed
+                # that night) cancels, as it does in tonight's rounds.
+                past_eff = reference_term([multi / single for multi, single in nights], gate.prior)
+                fixed = (-(past_eff[0] - gpus), past_eff[1])
+            else:  # a single saved night, or nights that measured only one of the two: the values apart
+                past_one = reference_term(baseline.values[one.id], gate.prior)
+                fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
             (runs_one, tonight), result = self._launch_until_decided((one, case), (-1, +1), gate, per_gpu=True,
                                                                      fixed=fixed)
             values = (configuration_tokens_per_s(tonight, per_gpu=True) / configuration_tokens_per_s(runs_one, per_gpu=True),

@@ -618,6 +618,15 @@ def baseline_for(baseline: Mapping[str, Any], case_id: str) -> RobustCenter | No
                         tuple(n["tokens_per_s"] for n in nights if not n.get("kept", True)))
 
 
+def baseline_nights(baseline: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """Each case's kept value per night of a built baseline: case id -> {night label: tokens/s}."""
+    out: dict[str, dict[str, float]] = {}
+    for cid, c in baseline.get("cases", {}).items():
+        out[cid] = {str(n["night"]): float(n["tokens_per_s"]) for n in c.get("nights", [])
+                    if n.get("kept", True) and "night" in n and "tokens_per_s" in n}
+    return out
+
+
 def launch_noise(runs: Sequence[SavedRun]) -> dict[str, Any] | None:
     """Launch-to-launch variation learned from nights: the pooled standard deviation of log tokens/s
     between launches of one configuration in one night (``stats.pooled_noise``), with its degrees

@@ -257,11 +257,13 @@ def test_a_gate_uses_the_noise_learned_for_its_configurations():
 # -- against a baseline -------------------------------------------------------------------------------
 
 
-def regression(tonight, past, noise=0.01, regression_on="scaling", gpus=None):
-    """``tonight``: mean tokens/s per case id; ``past``: the baseline's values per case id."""
+def regression(tonight, past, noise=0.01, regression_on="scaling", gpus=None, by_night=False):
+    """``tonight``: mean tokens/s per case id; ``past``: the baseline's values per case id (with
+    ``by_night``, value i of every case is night i's, as a built baseline records them)."""
     launches = FakeLaunches(tonight, noise)
+    nights = {cid: {f"night {i}": v for i, v in enumerate(values)} for cid, values in past.items()} if by_night else {}
     baseline = Baseline("b.json", past, gpus or {cid: int(cid.split("-n")[1].split("-")[0]) for cid in past},
-                        {"cluster_kind": "emulated"})
+                        {"cluster_kind": "emulated"}, None, nights)
     session = StandInSession(options=options(inconclusive="fail", baseline=baseline, regression_on=regression_on),
                              store=SimpleNamespace(all=lambda: {}))
     item = SimpleNamespace(stash={})
@@ -307,6 +309,24 @@ def test_a_machine_slower_all_night_is_no_regression_of_scaling():
     assert "scaling at most 10% below the baseline" in line
     assert "scaling efficiency (n2 over n1 tokens/s/GPU)" in line
     assert "raw tokens/s tonight/baseline = 0.70" in line and "tonight 12" in line and "baseline 1800.0" in line
+
+
+def test_the_baselines_efficiency_is_taken_night_by_night():
+    # The machine's speed moved both values of each baseline night by up to 10%, but each night's
+    # efficiency is 0.9: taken night by night, the baseline's efficiency varies 0.1% between nights
+    # (the launch-noise prior then carries its uncertainty); taken from the two cases' values apart,
+    # the speed's moves count twice (about 7% each).
+    speed = [1.0, 0.9, 1.08, 0.95]
+    past = {"m-n1-ib": [1000.0 * f for f in speed], "m-n2-ib": [1800.0 * f * (1 + d) for f, d in
+                                                          zip(speed, (0.001, -0.001, 0.0005, 0.0))]}
+    widths = {}
+    for by_night in (True, False):
+        fixture, _, _ = regression({"m-n1-ib": 1000.0, "m-n2-ib": 1800.0}, past, by_night=by_night, noise=0.002)
+        outcome = fixture.no_regression(REF)
+        assert outcome.interval.point == pytest.approx(1.0, abs=0.01)
+        widths[by_night] = outcome.interval.width
+        assert outcome.values[1] == pytest.approx(0.9, abs=0.001 if by_night else 0.02)
+    assert widths[True] < 0.7 * widths[False]
 
 
 def test_the_same_night_judged_on_raw_tokens_fails():

@@ -592,6 +592,25 @@ def nights(tmp_path: Path, scales: list[float], versions: list[dict] | None = No
     return paths
 
 
+def test_a_built_baseline_pairs_two_cases_night_by_night(tmp_path):
+    from pytest_fabric.options import Baseline
+
+    paths = nights(tmp_path, [1.0, 1.01, 0.99, 1.005, 0.5])
+    out = tmp_path / "baseline.json"
+    baseline = build_baseline([load_results(p) for p in paths])
+    save_baseline(out, baseline)
+    loaded = Baseline.load(str(out))
+    ib, eth = "qwen2-tiny-n2-ib", "qwen2-tiny-n2-eth"
+    pairs = loaded.paired(ib, eth)
+    # The outlier night (0.5) is dropped for both cases: four nights pair up, each with its own values.
+    assert len(pairs) == 4
+    expected = {n["night"]: n["tokens_per_s"] for n in baseline["cases"][ib]["nights"] if n["kept"]}
+    assert sorted(a for a, _ in pairs) == sorted(expected.values())
+    # The same night's two values: scaled alike, so their ratio is the same every night.
+    assert len({round(a / b, 9) for a, b in pairs}) == 1
+    assert loaded.paired(ib, "no-such-case") == []
+
+
 def test_baseline_drops_an_outlier_night(tmp_path):
     paths = nights(tmp_path, [1.0, 1.01, 0.99, 1.005, 0.5])
     baseline = build_baseline([load_results(p) for p in paths])
