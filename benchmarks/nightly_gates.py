@@ -117,7 +117,7 @@ def gates_of(junit: Path, kind: str) -> list[dict]:
                 if isinstance(r, (Failure, Error)):
                     outcome = "fail" if isinstance(r, Failure) else "error"
                 elif isinstance(r, Skipped):
-                    outcome = "inconclusive" if "inconclusive" in (r.message or "") else "skipped"
+                    outcome = "inconclusive" if "inconclusive" in (r.message or "").lower() else "skipped"
             fields = {}
             for line in (case.system_out or "").splitlines():
                 if line.startswith("fabric.gate."):
