@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .fabrics import Fabric
+from .transport import select_names
 
 
 def visible_gpus() -> int:
@@ -25,19 +26,6 @@ def visible_gpus() -> int:
         return 0
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def _selected(names: list[str], spec: str | None) -> list[str]:
-    """NCCL's list syntax for NCCL_IB_HCA / NCCL_SOCKET_IFNAME: prefixes, '=' exact, '^' exclude."""
-    if not spec:
-        return names
-    exclude = spec.startswith("^")
-    body = spec[1:] if exclude else spec
-    exact = body.startswith("=")
-    body = body[1:] if exact else body
-    wanted = [w.split(":")[0] for w in body.split(",") if w]
-    match = (lambda n: n in wanted) if exact else (lambda n: any(n.startswith(w) for w in wanted))
-    return [n for n in names if match(n) != exclude]
 
 
 def _rdma_ports(sysfs: Path) -> dict[str, tuple[str, str]]:
@@ -67,7 +55,7 @@ def check(fabric: Fabric, gpus_per_node: int, env: Mapping[str, str] | None = No
     net = env.get("NCCL_NET", "") if network else ""
     if net == "IB":
         ports = _rdma_ports(sysfs)
-        hcas = _selected(sorted({p.split(":")[0] for p in ports}), env.get("NCCL_IB_HCA"))
+        hcas = select_names(sorted({p.split(":")[0] for p in ports}), env.get("NCCL_IB_HCA"))
         want = "Ethernet" if "NCCL_IB_GID_INDEX" in fabric.nccl_env else "InfiniBand"
         usable = [p for p, (layer, state) in ports.items()
                   if p.split(":")[0] in hcas and layer == want and "ACTIVE" in state]
@@ -80,7 +68,7 @@ def check(fabric: Fabric, gpus_per_node: int, env: Mapping[str, str] | None = No
     elif net == "Socket":
         interfaces = sorted(p.name for p in (sysfs / "class" / "net").iterdir()) \
             if (sysfs / "class" / "net").is_dir() else []
-        chosen = _selected(interfaces, env.get("NCCL_SOCKET_IFNAME"))
+        chosen = select_names(interfaces, env.get("NCCL_SOCKET_IFNAME"))
         if not chosen:
             problems.append(f"fabric {fabric.name}: NCCL_SOCKET_IFNAME={env.get('NCCL_SOCKET_IFNAME')} matches no "
                             f"interface; this node has: {', '.join(interfaces)} (override with "
