@@ -465,6 +465,32 @@ class NicInventory:
     source: str = "ini fabric_inventory"
 
 
+_INVENTORY_KEYS = {"nics": int, "gbit_per_nic": float}
+
+
+def parse_inventory(lines: Iterable[str], fabrics: Iterable[str]) -> dict[str, NicInventory]:
+    """The ini's ``fabric_inventory`` lines (``ib.nics = 8``, ``ib.gbit_per_nic = 400``) by fabric.
+
+    Raises ValueError naming the line and how to write it.
+    """
+    known = list(fabrics)
+    values: dict[str, dict[str, Any]] = {}
+    for line in (raw.strip() for raw in lines):
+        if not line or line.startswith("#"):
+            continue
+        target, sep, value = (x.strip() for x in line.partition("="))
+        fabric, _, key = target.partition(".")
+        try:
+            number = _INVENTORY_KEYS[key](value) if sep and fabric in known else None
+        except (KeyError, ValueError):
+            number = None
+        if number is None or not 0 < number < float("inf"):
+            raise ValueError(f"fabric inventory {line!r}: write 'FABRIC.nics = N' or 'FABRIC.gbit_per_nic = GBIT' "
+                             f"with a positive number and FABRIC one of {', '.join(known)} (e.g. 'ib.nics = 8')")
+        values.setdefault(fabric, {})[key] = number
+    return {name: NicInventory(**v) for name, v in values.items()}
+
+
 # A port may train a little below its nominal rate in what NCCL prints (e.g. HDR100 speed=100000 is
 # exact, but some providers round); anything below this share of the declared rate is a slow port.
 SPEED_TOLERANCE = 0.9

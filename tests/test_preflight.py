@@ -134,3 +134,24 @@ def test_emulated_node_interfaces_are_real_ethernet(tmp_path):
         assert node.interfaces == {"lo": 772, IFNAME: 1} and node.ports == {}
         assert judge(FABRICS["eth"], node, {"NCCL_SOCKET_IFNAME": f"={IFNAME}"}) == []
         assert "needs an ACTIVE InfiniBand port on node" in judge(FABRICS["ib"], node, {})[0]
+
+
+def test_measurer_probes_remote_nodes_before_a_gpu_launch(tmp_path):
+    """A cluster whose nodes are elsewhere gets its pre-flight on the nodes, through the launcher:
+    here the emulated nodes, which have no HCA, so an ib GPU job stops before any rank starts."""
+    from pytest_fabric.case import Case
+    from pytest_fabric.cluster.base import ClusterUnavailable
+    from pytest_fabric.cluster.emulated import EmulatedCluster
+    from pytest_fabric.measure import MeasurementError, Measurer, Settings
+    from pytest_fabric.store import ResultStore
+
+    try:
+        cluster = EmulatedCluster()
+        cluster.prepare()
+    except ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    measurer = Measurer(cluster, Settings(device="cuda"), ResultStore(tmp_path / "store"), tmp_path / "runs")
+    with pytest.raises(MeasurementError) as failed:
+        measurer.measure(Case("qwen2-tiny", 2, "ib"))
+    assert "pre-flight failed: fabric ib needs an ACTIVE InfiniBand port on node0" in str(failed.value)
+    assert "on node1" in str(failed.value) and measurer.launched == []
