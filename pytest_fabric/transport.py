@@ -23,7 +23,8 @@ The line formats come from NCCL's source (2.19 to 2.28) and aws-ofi-nccl 1.x; a 
 - ``NET/OFI Selected Provider is efa (found 4 nics)`` (aws-ofi-nccl; newer: ``Selected provider is
   efa, fabric is efa-direct (found 32 nics)``): the libfabric provider behind ``Libfabric``.
   libfabric can pick ``tcp``, which is EFA in name only.
-- ``NCCL version 2.21.5+cuda12.4``: printed by rank 0 (a bare line before 2.23, an INFO line since).
+- ``NCCL version 2.21.5+cuda12.4``: printed by rank 0, an INFO line in the debug file (and a bare
+  line on stdout, which the parser also reads).
 - Fallback evidence: ``Failed to initialize NET plugin IB``, ``NET/IB : No device found.``,
   ``Failed to open libibverbs.so[.1]``, ``Error: network IB not found.`` and the like.
 
@@ -35,7 +36,7 @@ Beyond "which network", the blind spots a job can hide in (``check_transport`` j
 - No ``via NET/`` channel on a multi-node job (``comm ... nNodes 2 ... MNNVL 1``): MNNVL or NVLS
   carried every byte, nothing crossed the network fabric.
 - Fewer HCA ports, or slower ones, than the node has: the ports of ``NET/IB : Using`` (also the
-  merged form ``[0]={[0] mlx5_0:1/IB, [1] mlx5_0:2/IB}`` of NCCL 2.19-2.22) against a
+  merged form ``[0]={[0] mlx5_0:1/IB, [1] mlx5_0:2/IB}`` of NCCL 2.20-2.23) against a
   ``NicInventory``; speeds from ``NET/IB: [0] mlx5_0:uverbs0:1/IB provider=Mlx5 speed=400000 ...``
   (NCCL 2.27+, NET) or the GRAPH dump's ``+ NET[50.0] - NET/0 (.../1/50.000000)`` (GB/s).
 - GPUDirect RDMA off (``NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'``, channels without
@@ -242,7 +243,7 @@ _PREFIX = re.compile(r"([^\s:\]>]+):(\d+):(\d+) \[\d+\]")
 _VERSION = re.compile(r"(?:^|\s)NCCL version (\d+\.\d+\.\d+\S*)")
 _USING_NETWORK = re.compile(r"^Using network (\S.*?)\s*$")
 _IB_USING = re.compile(r"^NET/IB ?: Using(?P<devs>.*?)\s*; OOB\b")
-# One network device of that line: "[0]mlx5_0:1/IB" or the merged form of NCCL 2.19-2.22 and the
+# One network device of that line: "[0]mlx5_0:1/IB" or the merged form of NCCL 2.20-2.23 and the
 # HPC-X plugin, "[0]={[0] mlx5_0:1/IB, [1] mlx5_0:2/IB}".
 _IB_NETDEV = re.compile(r"\[\d+\](?:=\{(?P<merged>[^}]*)\}|(?P<single>\S+))")
 # "[0]mlx5_0:1/IB", "[1]mlx5_1:1:2/RoCE" (rail), "[2]mlx5_2:1::3/IB" (plane), "[0]mlx5_0:1/IB/SHARP"
