@@ -56,7 +56,7 @@ def test_fixtures_are_named_as_nccl_debug_file_names_them():
         ("ib", "IB", {"mlx5_0:1": "IB", "mlx5_1:1": "IB"}, True, None, "2.21.5+cuda12.4"),
         ("roce", "IB", {"mlx5_0:1": "RoCE", "mlx5_1:1": "RoCE"}, True, None, "2.23.4+cuda12.6"),
         ("gdr_off", "IB", {"mlx5_0:1": "IB", "mlx5_1:1": "IB"}, False, None, "2.23.4+cuda12.6"),
-        ("socket_fallback", "Socket", {}, False, None, "2.27.7+cuda12.9"),
+        ("socket_fallback", "Socket", {}, False, None, "2.28.3+cuda12.9"),
         ("eth", "Socket", {}, False, None, "2.21.5+cuda12.4"),
         ("efa", "Libfabric", {}, True, "efa", "2.21.5+cuda12.4"),
         ("efa_tcp", "Libfabric", {}, False, "tcp", "2.27.7+cuda12.9"),
