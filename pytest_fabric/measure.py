@@ -374,8 +374,9 @@ class Measurer:
                 self._nodes[case.fabric] = preflight.probe_nodes(self.cluster, fabric, case.nodes, run_dir)
             except RuntimeError as exc:
                 return [str(exc)]
+        # Each node is judged with the NCCL settings its probe saw, i.e. what reached that node.
         return [p for node in self._nodes[case.fabric]
-                for p in preflight.judge(fabric, node, self.cluster.nccl_env(fabric),
+                for p in preflight.judge(fabric, node, node.env or self.cluster.nccl_env(fabric),
                                          declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)]
 
     def _inventory(self, case: Case) -> NicInventory | None:

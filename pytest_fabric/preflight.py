@@ -66,6 +66,8 @@ class NodeFacts:
     ports: dict[str, Port] = field(default_factory=dict)  # "mlx5_0:1"
     peermem: bool = False
     dmabuf: bool = False
+    # The NCCL_* environment the probe saw: started like a rank, it sees what the ranks will.
+    env: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +78,7 @@ class NodeFacts:
                             {int(i): (g[0], g[1]) for i, g in p.get("gids", {}).items()})
                  for name, p in data.get("ports", {}).items()}
         return cls(data["host"], dict(data.get("interfaces", {})), ports, bool(data.get("peermem")),
-                   bool(data.get("dmabuf")))
+                   bool(data.get("dmabuf")), dict(data.get("env", {})))
 
 
 def _read(path: Path) -> str | None:
@@ -137,8 +139,9 @@ def _fabric_ports(kind: str | None, facts: NodeFacts) -> dict[str, Port]:
 
 def inventory(fabric: Fabric, facts: NodeFacts) -> NicInventory | None:
     """What the transport proof compares NCCL's devices with, from this node's sysfs: every port
-    of the fabric's kind (a DOWN one included: NCCL skipping it is what must show) and the slowest
-    rate among them. None where the node shows no such port."""
+    of the fabric's kind (a DOWN one included: NCCL skipping it is what must show) and the fastest
+    rate among them (the NICs' speed; a port below it is a slow one). None where the node shows
+    no such port."""
     ports = _fabric_ports(fabric_kind(fabric), facts)
     if not ports:
         return None
@@ -149,11 +152,17 @@ def inventory(fabric: Fabric, facts: NodeFacts) -> NicInventory | None:
 def judge(fabric: Fabric, facts: NodeFacts, env: Mapping[str, str] | None = None, *,
           declared: NicInventory | None = None, require_gdr: bool = False) -> list[str]:
     """Problems that would stop ``fabric`` carrying a job on the node ``facts`` describe, or
-    make it carry one silently degraded; empty when ready. ``env``: the ranks' environment."""
-    env = {**fabric.nccl_env, **(env or {})}
+    make it carry one silently degraded; empty when ready. ``env``: the NCCL environment the
+    ranks get there (a fabric setting missing from it never arrived); None: the fabric's own."""
     kind = fabric_kind(fabric)
     on = f" on {facts.host}"
     problems: list[str] = []
+    if env is None:
+        env = dict(fabric.nccl_env)
+    lost = [f"{k}={v}" for k, v in fabric.nccl_env.items() if k not in env]
+    if lost:
+        problems.append(f"fabric {fabric.name}: {', '.join(lost)} did not reach the node{on} (does the launcher "
+                        f"pass the fabric's environment to every rank?)")
     if kind in _LAYER:
         ports = _fabric_ports(kind, facts)
         hcas = select_names(sorted({p.split(":")[0] for p in facts.ports}), env.get("NCCL_IB_HCA"))
@@ -162,7 +171,8 @@ def judge(fabric: Fabric, facts: NodeFacts, env: Mapping[str, str] | None = None
             seen = ", ".join(f"{n} {p.link_layer} {p.state}" for n, p in facts.ports.items()) or "no RDMA devices"
             what = "RoCE (Ethernet link layer)" if kind == "roce" else "InfiniBand"
             hca = f" among NCCL_IB_HCA={env['NCCL_IB_HCA']}" if env.get("NCCL_IB_HCA") else ""
-            return [f"fabric {fabric.name} needs an ACTIVE {what} port{hca}{on}; found: {seen} (class/infiniband)"]
+            return problems + [f"fabric {fabric.name} needs an ACTIVE {what} port{hca}{on}; found: {seen} "
+                               f"(class/infiniband)"]
         if declared and declared.nics and len(usable) < declared.nics:
             down = [f"{n} {p.state}" for n, p in ports.items() if n not in usable]
             why = f": {', '.join(down)}" if down else ""
@@ -275,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     # The emulated cluster names its nodes (PYTEST_FABRIC_NODE); a real node is its host name.
     host = os.environ.get("PYTEST_FABRIC_NODE", socket.gethostname()).split("/")[0]
     facts = read_node(Path(args.sysfs), host)
+    facts.env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_") and "DEBUG" not in k}
     target = Path(args.out) / f"{host}.json"
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps(facts.to_dict(), indent=1))
