@@ -399,7 +399,8 @@ def parse_nccl_logs(paths_or_texts: LogSource | Iterable[LogSource] | None) -> T
             elif dm := _IB_DEV_DETAIL.match(msg):
                 _add_link_layer(facts, f"{dm.group(1)}:{dm.group(2)}", dm.group(3), ev)
                 if sp := _IB_SPEED.search(msg):
-                    facts.speeds.setdefault(f"{host or label}/{dm.group(1)}:{dm.group(2)}", (int(sp.group(1)) / 1000, ev))
+                    port = f"{host or label}/{dm.group(1)}:{dm.group(2)}"
+                    facts.speeds.setdefault(port, (int(sp.group(1)) / 1000, ev))
             elif sm := _SOCKET_USING.match(msg):
                 for iface in _SOCKET_IF.findall(sm.group(1)):
                     if iface not in facts.socket_interfaces:

@@ -83,8 +83,9 @@ def test_gdr_is_required_unless_accepted(tmp_path):
 def test_declared_inventory_reaches_the_proof_and_asks_nccl_for_speeds(tmp_path):
     cluster = RecordedGpuCluster("ib_missing_port")
     settings = Settings(inventory={"ib": NicInventory(nics=8, gbit_per_nic=400)})
-    m = Measurer(cluster, settings, ResultStore(tmp_path / "store"), tmp_path / "runs").measure(Case("qwen2-tiny", 2, "ib"))
+    measurer = Measurer(cluster, settings, ResultStore(tmp_path / "store"), tmp_path / "runs")
+    m = measurer.measure(Case("qwen2-tiny", 2, "ib"))
     assert "NCCL used 1 HCA port(s) on gpu-g01, the node has 8" in m.result.transport_problem
     assert cluster.subsystems == ["INIT,BOOTSTRAP,ENV,NET,GRAPH"]
     # Without a declared speed NCCL is not asked for its GRAPH dump.
-    assert (measure(tmp_path / "c", "ib", "ib").result.transport_problem is None)
+    assert measure(tmp_path / "c", "ib", "ib").result.transport_problem is None
