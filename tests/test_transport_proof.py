@@ -87,5 +87,7 @@ def test_declared_inventory_reaches_the_proof_and_asks_nccl_for_speeds(tmp_path)
     m = measurer.measure(Case("qwen2-tiny", 2, "ib"))
     assert "NCCL used 1 HCA port(s) on gpu-g01, the node has 8" in m.result.transport_problem
     assert cluster.subsystems == ["INIT,BOOTSTRAP,ENV,NET,GRAPH"]
-    # Without a declared speed NCCL is not asked for its GRAPH dump.
-    assert measure(tmp_path / "c", "ib", "ib").result.transport_problem is None
+    # Without a known speed NCCL is not asked for its GRAPH dump.
+    plain = RecordedGpuCluster("ib")
+    m = Measurer(plain, Settings(), ResultStore(tmp_path / "s2"), tmp_path / "r2").measure(Case("qwen2-tiny", 2, "ib"))
+    assert m.result.transport_problem is None and plain.subsystems == ["INIT,BOOTSTRAP,ENV,NET"]
