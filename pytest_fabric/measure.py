@@ -32,7 +32,7 @@ from .fabrics import Fabric, get_fabric
 from .models import get_model
 from .stats import LaunchEstimate, configuration_value, launch_estimate
 from .store import ResultStore
-from .transport import nccl_debug_env, prove_transport
+from .transport import NicInventory, nccl_debug_env, prove_transport
 from .workload.config import CollectivesConfig, TrainConfig
 from .workload.result import CollectiveRow, CollectivesResult, TrainResult
 
@@ -59,6 +59,10 @@ class Settings:
     mixed_precision: str = "auto"
     activation_checkpointing: bool = False
     model_path: str | None = None
+    # The transport proof: GPUDirect RDMA required on RDMA fabrics; NICs each node has, by fabric
+    # (ini fabric_inventory; a fabric not listed is compared with what its nodes' sysfs shows).
+    require_gdr: bool = True
+    inventory: Mapping[str, NicInventory] = field(default_factory=dict, compare=False)
 
     def workload_knobs(self) -> dict[str, Any]:
         """The TrainConfig fields these settings decide (beyond model and shape)."""
@@ -220,6 +224,9 @@ class Measurer:
         self.progress = progress
         self.progress_every_s = progress_every_s
         self.launched: list[Case] = []  # what this process actually launched
+        # Pre-flight facts of the nodes, by fabric: read once per session (locally or by a probe
+        # through the launcher), then the inventory the transport proof compares NCCL's NICs with.
+        self._nodes: dict[str, list[preflight.NodeFacts]] = {}
 
     def key(self, case: Case) -> str:
         """Cache key: the case plus every setting that changes the measurement."""
@@ -291,6 +298,9 @@ class Measurer:
         config.dump(run_dir / "config.json")
         nccl_logs = run_dir / "nccl"
         nccl_logs.mkdir(exist_ok=True)
+        if self._runs_on_gpus() and (problems := self._preflight(case, run_dir)):
+            return {"case": asdict(case), "error": f"{case.id}: pre-flight failed: " + "; ".join(problems)}
+        inventory = self._inventory(case)
         request = LaunchRequest(
             nodes=case.nodes,
             procs_per_node=s.gpus_per_node,
@@ -299,14 +309,10 @@ class Measurer:
             workdir=run_dir,
             deadline_s=s.launch_timeout_s,
             job_id=re.sub(r"[^A-Za-z0-9]", "", case.id)[:40] + str(int(time.time())),
-            # NCCL's own logs are the proof of which transport ran (ignored by gloo on CPU).
-            env=nccl_debug_env(nccl_logs),
+            # NCCL's own logs are the proof of which transport ran (ignored by gloo on CPU); GRAPH
+            # carries port speeds before NCCL 2.27, needed where a speed is declared.
+            env=nccl_debug_env(nccl_logs, graph=bool(inventory and inventory.gbit_per_nic)),
         )
-        if self._runs_on_gpus() and self.cluster.checks_here:
-            problems = preflight.check(fabric, s.gpus_per_node, network=case.crosses_fabric)
-            if problems:
-                return {"case": asdict(case),
-                        "error": f"{case.id}: pre-flight failed on {platform.node()}: " + "; ".join(problems)}
         self.launched.append(case)
         ticker = self._ticker(case, progress_file) if progress_file else None
         with self._machine_slot(case):
@@ -320,8 +326,10 @@ class Measurer:
             return {"case": asdict(case), "error": f"{case.id}: every rank exited 0 but the result is unreadable "
                                                    f"({exc}).\n{outcome.describe()}"}
         if result.device == "cuda" and self.cluster.proves_transport:
+            # The log files exist, so nccl_debug_env (ENV included) reached NCCL: env_logged.
             facts, problem = prove_transport(case.fabric, nccl_logs, crosses_fabric=case.crosses_fabric,
-                                             table=s.fabric_table)
+                                             table=s.fabric_table, require_gdr=s.require_gdr,
+                                             inventory=inventory, env_logged=True)
             result.transport = facts.summary()
             result.transport_problem = problem
         result.cluster = self.cluster.describe()
@@ -347,6 +355,38 @@ class Measurer:
             yield
         finally:
             lock.release()
+
+    def _preflight(self, case: Case, run_dir: Path) -> list[str]:
+        """What stops ``case``'s fabric on its nodes: checked here where this host is a node, else
+        on every node through the launcher (once per fabric)."""
+        s = self.settings
+        fabric = s.fabric(case.fabric)
+        if self.cluster.checks_here:
+            problems = preflight.check(fabric, s.gpus_per_node, network=case.crosses_fabric,
+                                       declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)
+            if case.crosses_fabric:
+                self._nodes.setdefault(case.fabric, [preflight.read_node()])
+            return [f"{p} ({platform.node()})" for p in problems]
+        if not (case.crosses_fabric and self.cluster.probes_nodes):
+            return []
+        if case.fabric not in self._nodes:
+            try:
+                self._nodes[case.fabric] = preflight.probe_nodes(self.cluster, fabric, case.nodes, run_dir)
+            except RuntimeError as exc:
+                return [str(exc)]
+        # Each node is judged with the NCCL settings its probe saw, i.e. what reached that node.
+        return [p for node in self._nodes[case.fabric]
+                for p in preflight.judge(fabric, node, node.env or self.cluster.nccl_env(fabric),
+                                         declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)]
+
+    def _inventory(self, case: Case) -> NicInventory | None:
+        """The NICs NCCL should have used: the ini's declaration, else the fewest any node showed."""
+        declared = self.settings.inventory.get(case.fabric)
+        if declared is not None:
+            return declared
+        fabric = self.settings.fabric(case.fabric)
+        found = [inv for node in self._nodes.get(case.fabric, []) if (inv := preflight.inventory(fabric, node))]
+        return min(found, key=lambda inv: inv.nics or 0) if found else None
 
     def _runs_on_gpus(self) -> bool:
         device = self.settings.device

@@ -23,6 +23,7 @@ from .redact import remember
 from .references import ReferenceError, References
 from .results import ResultsError, baseline_for, baseline_nights, baseline_noise, load_baseline, load_results
 from .stats import NoisePrior
+from .transport import parse_inventory
 
 
 @dataclass(frozen=True)
@@ -119,11 +120,16 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
 ]
 _FLAGS = [
     ("activation-checkpointing", "recompute each decoder layer's activations in backward (non-reentrant)"),
+    ("accept-no-gdr", "accept GPU runs on RDMA fabrics (ib, roce, efa) without GPUDirect RDMA (by default the "
+                      "NCCL log must show /GDRDMA channels and pre-flight must find nvidia_peermem or DMA-BUF)"),
 ]
 _LINELISTS = [
     ("fabric_define", "user fabrics, one 'NAME: BASE' per line (e.g. 'roce-dc2: roce')"),
     ("fabric_env", "fabric settings, one 'FABRIC.VARIABLE=VALUE' per line (e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1')"),
     ("fabric_price", "price of a GPU-hour in USD per fabric, one 'FABRIC = USD' per line (e.g. 'ib = 3.50')"),
+    ("fabric_inventory", "NICs each node has per fabric, one 'FABRIC.nics = N' or 'FABRIC.gbit_per_nic = GBIT' per "
+                         "line (e.g. 'ib.nics = 8', 'ib.gbit_per_nic = 400'): the transport proof fails a run that "
+                         "used fewer or slower ones (default: what each node's sysfs shows)"),
 ]
 _CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32"),
             "regression-on": ("scaling", "tokens")}
@@ -339,6 +345,10 @@ def parse(config: pytest.Config) -> FabricOptions:
                             _rates(config))
     except FabricConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
+    try:
+        inventory = parse_inventory(config.getini("fabric_inventory"), table)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     for fabric in table.values():
         remember(fabric.nccl_env)  # a token given as a fabric setting is masked like the environment's
     fabrics = _names(config, "fabrics", table)
@@ -373,6 +383,8 @@ def parse(config: pytest.Config) -> FabricOptions:
         mixed_precision=_choice(config, "mixed-precision"),
         activation_checkpointing=_flag(config, "activation-checkpointing"),
         model_path=str(Path(model_path).resolve()) if model_path else None,
+        require_gdr=not _flag(config, "accept-no-gdr"),
+        inventory=inventory,
     )
     suite = _raw(config, "fabric-suite")
     try:

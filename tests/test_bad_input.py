@@ -94,6 +94,11 @@ BAD = [
     (["--fabric-env", "eth.$(touch x)=1"], ["fabric setting 'eth.$(touch x)=1': write 'FABRIC.VARIABLE=VALUE'"]),
     (["-o", "fabric_define=Bad Name: eth"], ["fabric definition 'Bad Name: eth': write 'NAME: BASE'"]),
     (["-o", "fabric_define=dc2: nvlink"], ["fabric definition 'dc2: nvlink': write 'NAME: BASE'"]),
+    (["-o", "fabric_inventory=ib.nics = eight"], ["fabric inventory 'ib.nics = eight': write 'FABRIC.nics = N'"]),
+    (["-o", "fabric_inventory=nvlink.nics = 8"], ["fabric inventory 'nvlink.nics = 8': write"]),
+    (["-o", "fabric_inventory=ib.gbit_per_nic = -400"], ["fabric inventory 'ib.gbit_per_nic = -400'"]),
+    (["-o", "fabric_inventory=ib.ports = 8"], ["fabric inventory 'ib.ports = 8': write"]),
+    (["-o", "fabric_accept_no_gdr=maybe"], ["ini fabric_accept_no_gdr: 'maybe' is not a boolean"]),
     # choices and thresholds not covered elsewhere
     (["--regression-threshold", "1.5"], ["--regression-threshold must be a fraction in (0, 1)"]),
     (["--regression-threshold", "ten"], ["--regression-threshold must be a fraction in (0, 1)"]),

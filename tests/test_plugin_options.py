@@ -130,6 +130,21 @@ def test_prices_from_ini_and_command_line_per_fabric(pytester):
     result.assert_outcomes(passed=1)
 
 
+def test_transport_proof_settings_from_ini_and_command_line(pytester):
+    pytester.makeini("[pytest]\nfabric_inventory =\n    ib.nics = 8\n    ib.gbit_per_nic = 400\n    efa.nics = 32\n")
+    pytester.makepyfile(test_opts="""
+        from pytest_fabric.transport import NicInventory
+
+        def test_options(fabric_session):
+            settings = fabric_session.options.settings
+            assert settings.inventory == {"ib": NicInventory(8, 400.0), "efa": NicInventory(32)}
+            assert settings.require_gdr is EXPECTED
+    """.replace("EXPECTED", "False"))
+    pytester.runpytest("--accept-no-gdr").assert_outcomes(passed=1)
+    pytester.makepyfile(test_opts=pytester.path.joinpath("test_opts.py").read_text().replace("is False", "is True"))
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
 def test_ini_sets_defaults_and_the_command_line_wins(pytester):
     pytester.makeini("[pytest]\nfabric_fabrics = eth\nfabric_models = llama-wide\nfabric_nodes = 4\n")
     assert ids(pytester) == ["llama-wide-n1-eth", "llama-wide-n2-eth", "llama-wide-n4-eth"]

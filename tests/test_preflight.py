@@ -56,3 +56,113 @@ def test_too_few_gpus_and_single_node_skips_network():
     problems = check(FABRICS["ib"], 8, env={}, sysfs=SYSFS / "plain_node", gpus=4)
     assert len(problems) == 2 and "4 GPU(s) visible, 8 needed" in problems[0]
     assert check(FABRICS["ib"], 4, env={}, sysfs=SYSFS / "plain_node", gpus=4, network=False) == []
+
+
+# -- the same facts the transport proof judges, learned before a launch -------------------------------
+
+from pytest_fabric.preflight import NodeFacts, inventory, judge, read_node  # noqa: E402
+from pytest_fabric.transport import NicInventory  # noqa: E402
+
+
+def test_read_node_knows_ipoib_rates_gids_and_gdr():
+    ib = read_node(SYSFS / "ib_node", host="gpu-a01")
+    assert ib.interfaces == {"eth0": 1, "ib0": 32, "lo": 772}
+    assert ib.ports["mlx5_0:1"].gbit == 400 and ib.ports["mlx5_0:1"].active and not ib.ports["mlx5_1:1"].active
+    assert ib.peermem and not ib.dmabuf
+    roce = read_node(SYSFS / "roce_node")
+    assert roce.ports["mlx5_0:1"].gids[3] == ("0000:0000:0000:0000:0000:ffff:c0a8:3211", "RoCE v2")
+    assert roce.dmabuf and not roce.peermem
+    # The facts travel as JSON from remote nodes unchanged.
+    assert NodeFacts.from_dict(ib.to_dict()) == ib
+
+
+def test_eth_left_to_nccl_on_an_ipoib_node_is_refused():
+    table = build_table(env_overrides=["eth.NCCL_SOCKET_IFNAME="])
+    facts = read_node(SYSFS / "ib8_node", host="gpu-g01")
+    [problem] = judge(table["eth"], facts)
+    assert problem.startswith("fabric eth: NCCL_SOCKET_IFNAME is unset, so NCCL prefers ib0 on gpu-g01, "
+                              "an IPoIB interface (type 32)")
+    table = build_table(env_overrides=["eth.NCCL_SOCKET_IFNAME=ib"])
+    assert "NCCL_SOCKET_IFNAME=ib selects ib0" in judge(table["eth"], facts)[0]
+    table = build_table(env_overrides=["eth.NCCL_SOCKET_IFNAME==eno1"])
+    assert judge(table["eth"], facts) == []
+
+
+def test_missing_and_slow_ports_against_the_declaration():
+    facts = read_node(SYSFS / "ib8_node", host="gpu-g01")
+    problems = judge(FABRICS["ib"], facts, declared=NicInventory(8, 400))
+    assert problems[0] == ("fabric ib: 7 usable InfiniBand port(s) on gpu-g01, ini fabric_inventory declares 8: "
+                           "mlx5_6:1 1: DOWN")
+    assert problems[1].endswith("port(s) slower than the declared 400 Gbit/s on gpu-g01: mlx5_3:1 200 Gb/sec "
+                                "(ports/N/rate)")
+    # From sysfs alone the node's inventory is what the transport proof compares NCCL's ports with.
+    assert inventory(FABRICS["ib"], facts) == NicInventory(8, 400, source="sysfs of gpu-g01")
+    assert inventory(FABRICS["eth"], facts) is None
+
+
+def test_a_fabric_setting_that_never_reached_the_node():
+    facts = read_node(SYSFS / "ib8_node", host="gpu-g01")
+    env = {k: v for k, v in FABRICS["eth"].nccl_env.items() if k != "NCCL_SOCKET_IFNAME"}
+    problems = judge(FABRICS["eth"], facts, env)
+    assert problems[0] == ("fabric eth: NCCL_SOCKET_IFNAME==eth0 did not reach the node on gpu-g01 (does the "
+                           "launcher pass the fabric's environment to every rank?)")
+    assert "NCCL prefers ib0" in problems[1]  # and what NCCL does without it
+
+
+def test_gdr_needs_peer_memory_or_dmabuf():
+    facts = read_node(SYSFS / "ib8_node", host="gpu-g01")
+    [problem] = judge(FABRICS["ib"], facts, require_gdr=True)
+    assert "no GPUDirect RDMA on gpu-g01: nvidia_peermem is not loaded" in problem
+    assert judge(FABRICS["ib"], read_node(SYSFS / "ib_node"), require_gdr=True) == []
+    assert judge(FABRICS["roce"], read_node(SYSFS / "roce_node"), require_gdr=True) == []
+
+
+def test_roce_gid_index_must_be_routable_v2():
+    facts = read_node(SYSFS / "roce_node", host="r760-n07")
+    assert judge(FABRICS["roce"], facts) == []  # the preset's index 3 is RoCE v2, IPv4-mapped
+    for index, why in (("0", "IB/RoCE v1 GID fe80:"), ("1", "RoCE v2 GID fe80:"), ("2", "IB/RoCE v1 GID 0000:")):
+        [problem] = judge(FABRICS["roce"], facts, {**FABRICS["roce"].nccl_env, "NCCL_IB_GID_INDEX": index})
+        assert problem.startswith(f"fabric roce: NCCL_IB_GID_INDEX={index} is {why}"), problem
+
+
+def test_emulated_node_interfaces_are_real_ethernet(tmp_path):
+    """The probe runs on every node through the launcher; on the emulated cluster its nodes' own
+    sysfs shows the veth each node has: Ethernet (type 1), no IPoIB, no RDMA port."""
+    from pytest_fabric.cluster.base import ClusterUnavailable
+    from pytest_fabric.cluster.emulated import IFNAME, EmulatedCluster
+    from pytest_fabric.preflight import probe_nodes
+
+    try:
+        cluster = EmulatedCluster()
+        cluster.prepare()
+    except ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    facts = probe_nodes(cluster, FABRICS["eth"], 2, tmp_path, deadline_s=120)
+    assert sorted(f.host for f in facts) == ["node0", "node1"]
+    for node in facts:
+        assert node.interfaces == {"lo": 772, IFNAME: 1} and node.ports == {}
+        # The probe starts like a rank, so it sees the NCCL settings the ranks get.
+        assert node.env["NCCL_SOCKET_IFNAME"] == f"={IFNAME}" and node.env["NCCL_NET"] == "Socket"
+        assert judge(FABRICS["eth"], node, {**FABRICS["eth"].nccl_env, "NCCL_SOCKET_IFNAME": f"={IFNAME}"}) == []
+        assert "needs an ACTIVE InfiniBand port on node" in judge(FABRICS["ib"], node)[0]
+
+
+def test_measurer_probes_remote_nodes_before_a_gpu_launch(tmp_path):
+    """A cluster whose nodes are elsewhere gets its pre-flight on the nodes, through the launcher:
+    here the emulated nodes, which have no HCA, so an ib GPU job stops before any rank starts."""
+    from pytest_fabric.case import Case
+    from pytest_fabric.cluster.base import ClusterUnavailable
+    from pytest_fabric.cluster.emulated import EmulatedCluster
+    from pytest_fabric.measure import MeasurementError, Measurer, Settings
+    from pytest_fabric.store import ResultStore
+
+    try:
+        cluster = EmulatedCluster()
+        cluster.prepare()
+    except ClusterUnavailable as exc:
+        pytest.skip(str(exc))
+    measurer = Measurer(cluster, Settings(device="cuda"), ResultStore(tmp_path / "store"), tmp_path / "runs")
+    with pytest.raises(MeasurementError) as failed:
+        measurer.measure(Case("qwen2-tiny", 2, "ib"))
+    assert "pre-flight failed: fabric ib needs an ACTIVE InfiniBand port on node0" in str(failed.value)
+    assert "on node1" in str(failed.value) and measurer.launched == []

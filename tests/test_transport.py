@@ -10,6 +10,7 @@ import pytest
 
 from pytest_fabric.fabrics import build_table
 from pytest_fabric.transport import (
+    NicInventory,
     check_transport,
     fabric_kind,
     find_nccl_logs,
@@ -20,6 +21,8 @@ from pytest_fabric.transport import (
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 CASES = ("ib", "roce", "socket_fallback", "eth", "efa", "efa_tcp", "gdr_off")
+BLIND_SPOTS = ("eth_ipoib", "eth_ifname_lost", "ib_missing_port", "ib_slow_port", "ib_slow_graph", "ib_merged",
+               "ib_sharp", "roce_linklocal", "mnnvl", "efa_one_nic")
 
 
 def facts(case: str):
@@ -31,12 +34,14 @@ def facts(case: str):
 
 def test_debug_env_writes_one_file_per_rank(tmp_path):
     env = nccl_debug_env(tmp_path)
-    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    # The subsystem list replaces NCCL's default: ENV (settings arrived) and BOOTSTRAP must be named.
+    assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,BOOTSTRAP,ENV,NET",
                    "NCCL_DEBUG_FILE": f"{tmp_path}/nccl.%h.%p"}
+    assert nccl_debug_env(tmp_path, graph=True)["NCCL_DEBUG_SUBSYS"] == "INIT,BOOTSTRAP,ENV,NET,GRAPH"
 
 
 def test_fixtures_are_named_as_nccl_debug_file_names_them():
-    for case in CASES:
+    for case in CASES + BLIND_SPOTS:
         files = find_nccl_logs(NCCL / case)
         assert len(files) >= 2, case
         assert all(f.name.startswith("nccl.") and f.name.rsplit(".", 1)[1].isdigit() for f in files), files
@@ -51,7 +56,7 @@ def test_fixtures_are_named_as_nccl_debug_file_names_them():
         ("ib", "IB", {"mlx5_0:1": "IB", "mlx5_1:1": "IB"}, True, None, "2.21.5+cuda12.4"),
         ("roce", "IB", {"mlx5_0:1": "RoCE", "mlx5_1:1": "RoCE"}, True, None, "2.23.4+cuda12.6"),
         ("gdr_off", "IB", {"mlx5_0:1": "IB", "mlx5_1:1": "IB"}, False, None, "2.23.4+cuda12.6"),
-        ("socket_fallback", "Socket", {}, False, None, "2.27.7+cuda12.9"),
+        ("socket_fallback", "Socket", {}, False, None, "2.28.3+cuda12.9"),
         ("eth", "Socket", {}, False, None, "2.21.5+cuda12.4"),
         ("efa", "Libfabric", {}, True, "efa", "2.21.5+cuda12.4"),
         ("efa_tcp", "Libfabric", {}, False, "tcp", "2.27.7+cuda12.9"),
@@ -113,7 +118,7 @@ def test_summary_is_json_ready_and_describe_is_one_line():
 
 # -- check_transport: the right fabric passes, every wrong one fails with its evidence ---------------
 
-PASSES = {"ib": "ib", "roce": "roce", "gdr_off": "ib", "eth": "eth", "efa": "efa", "socket_fallback": "eth"}
+PASSES = {"ib": "ib", "roce": "roce", "eth": "eth", "efa": "efa", "socket_fallback": "eth"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -156,25 +161,27 @@ def test_efa_without_the_plugin_quotes_the_plugin_line():
     assert message.startswith("requested efa; NCCL used Socket: `NET/Plugin: No plugin found (libnccl-net.so)`")
 
 
-def test_gdr_off_is_a_fact_and_a_failure_only_when_required():
+def test_gdr_off_fails_by_default_quoting_why():
     f = facts("gdr_off")
-    assert check_transport("ib", f) is None
-    message = check_transport("ib", f, require_gdr=True)
-    assert message.startswith("requested ib with GPUDirect RDMA; none of 8 network channels uses GDRDMA: "
-                              "`Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0`")
+    message = check_transport("ib", f)
+    assert message.startswith("requested ib; GPUDirect RDMA is off: none of 8 network channels uses GDRDMA: "
+                              "`NET/IB : GPU Direct RDMA Disabled for HCA 0 'mlx5_0'`")
+    assert "`Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0`" in message
+    assert check_transport("ib", f, require_gdr=False) is None
     assert check_transport("ib", facts("ib"), require_gdr=True) is None
     assert check_transport("efa", facts("efa"), require_gdr=True) is None
     # Sockets never do GDR: requiring it there is not held against the eth fabric.
     assert check_transport("eth", facts("eth"), require_gdr=True) is None
 
 
-def test_gdr_required_but_no_collective_ran_yet():
+def test_a_multi_node_job_needs_a_channel_via_net():
     init_only = "\n".join(
         line for line in (NCCL / "roce" / "nccl.r760-n07.71402").read_text().splitlines() if "via NET/" not in line)
     f = parse_nccl_logs([init_only])
-    assert f.gdr is None and check_transport("roce", f) is None
-    message = check_transport("roce", f, require_gdr=True)
-    assert "no NCCL network channel line" in message and "warm-up collective" in message
+    assert f.gdr is None and f.nnodes == 2
+    message = check_transport("roce", f, require_gdr=False)
+    assert message.startswith("requested roce; the job crosses nodes (2 nodes) but no channel goes `via NET/`")
+    assert "warm-up collective" in message
 
 
 # -- missing, single-node, user-defined --------------------------------------------------------------
@@ -291,3 +298,111 @@ def test_rdma_claims_need_their_refining_line():
     assert "no `NET/IB : Using` line lists the HCA ports" in check_transport("ib", ib_only)
     ofi_only = parse_nccl_logs(["n1:5:6 [0] NCCL INFO Using network Libfabric\n"])
     assert "no `NET/OFI Selected Provider` line" in check_transport("efa", ofi_only)
+
+
+# -- the blind spots: each fails for its own reason, quoting the line that proves it ----------------
+
+
+def quoted(message: str, line: str) -> bool:
+    return f"`{line}`" in message
+
+
+def test_eth_over_ipoib_fails():
+    message = check_transport("eth", facts("eth_ipoib"))
+    assert message.startswith("requested eth; NCCL's sockets run over IPoIB interface ib0")
+    assert quoted(message, "NET/Socket : Using [0]ib0:10.30.0.11<0> [1]eth0:10.20.0.11<0>")
+    # Even a fabric that lets NCCL choose (no NCCL_SOCKET_IFNAME) never accepts ib*.
+    table = build_table(env_overrides=["eth.NCCL_SOCKET_IFNAME="])
+    assert "IPoIB" in check_transport("eth", facts("eth_ipoib"), table=table)
+
+
+def test_socket_ifname_that_never_arrived_fails():
+    f = facts("eth_ifname_lost")
+    message = check_transport("eth", f, env_logged=True)
+    assert message.startswith("requested eth; NCCL_SOCKET_IFNAME==eth0 did not reach the ranks")
+    assert quoted(message, "NET/Socket : Using [0]eno1:10.21.0.31<0>")
+    # Without ENV logging the interface NCCL chose is still judged against the fabric's setting.
+    assert "which NCCL_SOCKET_IFNAME==eth0 does not select" in check_transport("eth", f)
+    # The healthy eth fixture shows the setting arriving.
+    assert facts("eth").env["NCCL_SOCKET_IFNAME"][0] == "=eth0"
+    assert check_transport("eth", facts("eth"), env_logged=True) is None
+
+
+def test_the_ranks_got_another_socket_ifname():
+    table = build_table(env_overrides=["eth.NCCL_SOCKET_IFNAME==ens5"])
+    message = check_transport("eth", facts("eth"), table=table, env_logged=True)
+    assert message.startswith("requested eth; the ranks got NCCL_SOCKET_IFNAME==eth0, the fabric sets =ens5")
+    assert quoted(message, "NCCL_SOCKET_IFNAME set by environment to =eth0")
+
+
+def test_missing_hca_port_fails_against_the_inventory():
+    f = facts("ib_missing_port")
+    message = check_transport("ib", f, inventory=NicInventory(nics=8))
+    assert message.startswith("requested ib; NCCL used 1 HCA port(s) on gpu-g01, the node has 8 (ini fabric_inventory)")
+    assert quoted(message, "NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB eth0:10.10.1.21<0>")
+    assert check_transport("ib", f, inventory=NicInventory(nics=1, gbit_per_nic=400)) is None
+
+
+def test_slow_port_fails_from_the_speed_line_of_nccl_2_27():
+    f = facts("ib_slow_port")
+    assert f.speeds["gpu-h01/mlx5_3:1"][0] == 200
+    message = check_transport("ib", f, inventory=NicInventory(nics=8, gbit_per_nic=400))
+    assert message.startswith("requested ib; port mlx5_3:1 on gpu-h01 runs at 200 Gbit/s, the node's NICs are 400")
+    assert "speed=200000" in message and quoted(message, f.speeds["gpu-h01/mlx5_3:1"][1].line)
+    assert check_transport("ib", f, inventory=NicInventory(nics=8, gbit_per_nic=200)) is None
+
+
+def test_slow_port_fails_from_the_graph_dump_of_older_nccl():
+    f = facts("ib_slow_graph")
+    message = check_transport("ib", f, inventory=NicInventory(nics=2, gbit_per_nic=400))
+    assert message.startswith("requested ib; port mlx5_1:1 on gpu-j01 runs at 200 Gbit/s")
+    assert quoted(message, "+ NET[25.0] - NET/1 (a088c20300e8d4f8/1/25.000000)")
+    # Speeds declared but not logged (NCCL < 2.27 without GRAPH): the proof is missing, not passed.
+    message = check_transport("ib", facts("ib"), inventory=NicInventory(gbit_per_nic=400))
+    assert "no port speed" in message and "GRAPH" in message
+
+
+def test_merged_dual_port_nic_parses_and_a_genuine_ib_run_passes():
+    f = facts("ib_merged")
+    assert f.link_layers == {"mlx5_0:1": "IB", "mlx5_0:2": "IB"}
+    assert f.host_devices["gpu-k01"] == [["mlx5_0:1", "mlx5_0:2"]]
+    assert check_transport("ib", f) is None
+    assert check_transport("ib", f, inventory=NicInventory(nics=2)) is None
+    assert "NCCL used 2 HCA port(s)" in check_transport("ib", f, inventory=NicInventory(nics=4))
+
+
+def test_gdr_can_be_turned_off_but_is_required_by_default():
+    f = facts("gdr_off")
+    assert "GPU Direct RDMA Disabled for HCA 0" in check_transport("ib", f)
+    assert check_transport("ib", f, require_gdr=False) is None
+
+
+def test_roce_on_a_link_local_gid_fails():
+    message = check_transport("roce", facts("roce_linklocal"))
+    assert message.startswith("requested roce; NCCL's RoCE queue pairs use link-local GID index 0 (fe80::)")
+    assert "GID 0 (80FE/B3FE4A9B6E0248E0)`" in message
+    v1 = parse_nccl_logs([(NCCL / "roce" / "nccl.r760-n07.71402").read_text()
+                          + "r760-n07:71402:71402 [0] NCCL INFO NCCL_IB_ROCE_VERSION_NUM set by environment to 1.\n"])
+    assert check_transport("roce", v1).startswith("requested roce; the ranks run RoCE v1")
+
+
+def test_mnnvl_domain_never_touches_the_network():
+    message = check_transport("ib", facts("mnnvl"))
+    assert message.startswith("requested ib; no byte crossed the network")
+    assert quoted(message, "MNNVL 1 cliqueId 7f00 cliqueSize 2 cliqueRank 0")
+
+
+def test_efa_with_one_of_many_nics_fails():
+    f = facts("efa_one_nic")
+    assert check_transport("efa", f) is None  # without an inventory one NIC cannot be told from one of 32
+    message = check_transport("efa", f, inventory=NicInventory(nics=32, source="sysfs of ip-10-70-0-41"))
+    assert message.startswith("requested efa; aws-ofi-nccl found 1 of the 32 EFA NICs each node has")
+    assert quoted(message, "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)")
+
+
+def test_collnet_sharp_is_recorded_not_judged():
+    f = facts("ib_sharp")
+    assert f.network == "IB" and check_transport("ib", f) is None
+    assert f.summary()["collnet"] == "CollNet 00/0 : 0 [receive] via COLLNET/SHARP/0/GDRDMA"
+    assert "collnet=`CollNet 00/0" in f.describe()
+    assert facts("ib").summary()["collnet"] is None

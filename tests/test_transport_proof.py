@@ -17,6 +17,7 @@ from pytest_fabric.cluster.supervisor import LaunchOutcome
 from pytest_fabric.case import Case
 from pytest_fabric.measure import Measurer, Settings
 from pytest_fabric.store import ResultStore
+from pytest_fabric.transport import NicInventory
 from pytest_fabric.workload.result import TrainResult, write_result
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
@@ -26,15 +27,18 @@ class RecordedGpuCluster(Cluster):
     name = "recorded-gpu"
     realizes_fabrics = True
     checks_here = False  # no local pre-flight: there is no GPU here
+    probes_nodes = False  # and no node to probe
 
     def __init__(self, sample: str) -> None:
         self.sample = sample
+        self.subsystems: list[str] = []
 
     def max_nodes(self) -> int:
         return 8
 
     def launch(self, request, on_tick=None):
         log_dir = Path(request.env["NCCL_DEBUG_FILE"]).parent
+        self.subsystems.append(request.env["NCCL_DEBUG_SUBSYS"])
         for f in (NCCL / self.sample).glob("nccl.*"):
             shutil.copy(f, log_dir / f.name)
         config = json.loads((request.workdir / "config.json").read_text())
@@ -45,8 +49,9 @@ class RecordedGpuCluster(Cluster):
         return LaunchOutcome(procs=[], elapsed_s=0.1)
 
 
-def measure(tmp_path, sample, fabric):
-    measurer = Measurer(RecordedGpuCluster(sample), Settings(), ResultStore(tmp_path / "store"), tmp_path / "runs")
+def measure(tmp_path, sample, fabric, **settings):
+    measurer = Measurer(RecordedGpuCluster(sample), Settings(**settings), ResultStore(tmp_path / "store"),
+                        tmp_path / "runs")
     return measurer.measure(Case("qwen2-tiny", 2, fabric))
 
 
@@ -68,3 +73,21 @@ def test_the_requested_transport_passes(tmp_path, sample, fabric):
 
 def test_roce_is_not_ib(tmp_path):
     assert "RoCE" in measure(tmp_path, "roce", "ib").result.transport_problem
+
+
+def test_gdr_is_required_unless_accepted(tmp_path):
+    assert "GPUDirect RDMA is off" in measure(tmp_path / "a", "gdr_off", "ib").result.transport_problem
+    assert measure(tmp_path / "b", "gdr_off", "ib", require_gdr=False).result.transport_problem is None
+
+
+def test_declared_inventory_reaches_the_proof_and_asks_nccl_for_speeds(tmp_path):
+    cluster = RecordedGpuCluster("ib_missing_port")
+    settings = Settings(inventory={"ib": NicInventory(nics=8, gbit_per_nic=400)})
+    measurer = Measurer(cluster, settings, ResultStore(tmp_path / "store"), tmp_path / "runs")
+    m = measurer.measure(Case("qwen2-tiny", 2, "ib"))
+    assert "NCCL used 1 HCA port(s) on gpu-g01, the node has 8" in m.result.transport_problem
+    assert cluster.subsystems == ["INIT,BOOTSTRAP,ENV,NET,GRAPH"]
+    # Without a known speed NCCL is not asked for its GRAPH dump.
+    plain = RecordedGpuCluster("ib")
+    m = Measurer(plain, Settings(), ResultStore(tmp_path / "s2"), tmp_path / "r2").measure(Case("qwen2-tiny", 2, "ib"))
+    assert m.result.transport_problem is None and plain.subsystems == ["INIT,BOOTSTRAP,ENV,NET"]

@@ -82,6 +82,8 @@ class Cluster(ABC):
     checks_here: bool = True
     # True where the fabric is NCCL's real transport, so its logs must prove which one ran.
     proves_transport: bool = True
+    # True where pre-flight can run on the nodes through this launcher (preflight.probe_nodes).
+    probes_nodes: bool = True
 
     def describe(self) -> str:
         return self.name
