@@ -28,6 +28,7 @@ from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
+from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED
 from .results import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
 from .workload.result import TrainResult
 
@@ -142,14 +143,21 @@ def junit_names(nodeid: str, prefix: str | None) -> tuple[str, str]:
 
 
 def add_to_junit(path: Path, outputs: Mapping[str, str], suite_properties: Mapping[str, str],
-                 prefix: str | None = None) -> int:
+                 prefix: str | None = None, inconclusive: Mapping[str, tuple[str, str]] | None = None) -> int:
     """Add each test's measurement text to its testcase's system-out (appending to any captured
-    output already there) and run-wide properties to the testsuite. Returns testcases updated."""
+    output already there) and run-wide properties to the testsuite. Returns testcases updated.
+
+    ``inconclusive``: nodeid -> (one-line message, verdict text) of each inconclusive gate. pytest writes an xfail
+    as an empty ``<skipped/>`` (Codecov counts it as a pass) and a warned one as a pass; here each
+    becomes ``<skipped type="fabric.inconclusive" message="INCONCLUSIVE: ...">`` with the test's
+    human lines (else the verdict text) as its body, which GitLab and Jenkins show for a skip.
+    """
     from junitparser import JUnitXml, TestSuite
 
     xml = JUnitXml.fromfile(str(path))
     suites = [xml] if isinstance(xml, TestSuite) else list(xml)
     wanted = {junit_names(nodeid, prefix): text for nodeid, text in outputs.items()}
+    undecided = {junit_names(nodeid, prefix): told for nodeid, told in (inconclusive or {}).items()}
     updated = 0
     for suite in suites:
         for name, value in suite_properties.items():
@@ -160,8 +168,27 @@ def add_to_junit(path: Path, outputs: Mapping[str, str], suite_properties: Mappi
                 text = wanted[key]
                 case.system_out = f"{case.system_out}\n{text}" if case.system_out else text
                 updated += 1
+            if key in undecided and not (case.is_failure or case.is_error):
+                message, verdict = undecided[key]
+                _mark_inconclusive(case, message, wanted.get(key, "").partition("\n\n")[0] or verdict or message)
+        _recount(suite)
     xml.write(str(path))
     return updated
+
+
+def _mark_inconclusive(case: Any, message: str, text: str) -> None:
+    from junitparser import Skipped
+
+    skipped = Skipped(f"{INCONCLUSIVE_PREFIX} {message}" if message else f"{INCONCLUSIVE_PREFIX} undecided",
+                      "fabric.inconclusive")
+    skipped.text = text
+    case.result = [skipped]
+
+
+def _recount(suite: Any) -> None:
+    """The testsuite's skipped count after a passing (warned) inconclusive gate became a skip."""
+    cases = list(suite)
+    suite.skipped = sum(1 for c in cases if c.is_skipped)
 
 # --------------------------------------------------------------------------------------------
 # Reading
@@ -299,16 +326,18 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
 
 
 def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
-    """A measured testcase's outcome, with the pass/fail line when there is one."""
+    """A measured testcase's outcome word (``verdicts.OUTCOMES``), with its one-line message."""
     from junitparser import Error, Failure, Skipped
 
-    outcome = "passed"
+    outcome = PASS
     message = next((line for line in out.splitlines() if line.startswith(("pass: ", "inconclusive"))), "")
     for r in case.result:
         if isinstance(r, (Failure, Error)):
-            outcome = "failed" if isinstance(r, Failure) else "error"
-        elif isinstance(r, Skipped):  # pytest writes an xfail as a skip of type pytest.xfail
-            outcome = "xfailed" if r.type == "pytest.xfail" else "skipped"
+            outcome = FAIL if isinstance(r, Failure) else ERROR
+        elif isinstance(r, Skipped):
+            # Files older than the INCONCLUSIVE skip wrote an inconclusive gate as a pytest xfail.
+            undecided = r.type in ("fabric.inconclusive", "pytest.xfail")
+            outcome = INCONCLUSIVE if undecided else SKIPPED
         else:
             continue
         message = r.message or message

@@ -78,6 +78,9 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("repeats", "launches per side before a comparison is first judged (default 2)", "2"),
     ("max-repeats", "launches per side a comparison may take while inconclusive (default 6)", "6"),
     ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
+    ("undecided-night", "exit status of a night that decides no gate (every gate inconclusive, or comparisons "
+                        "skipped because the run fell back to local processes): fail (exit 1, one line says why) "
+                        "or pass (default fail)", "fail"),
     ("fabric-rate", "emulated link rate override NAME=MBIT, comma-separated (e.g. eth=200)", None),
     ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
@@ -108,7 +111,7 @@ _LINELISTS = [
     ("fabric_env", "fabric settings, one 'FABRIC.VARIABLE=VALUE' per line (e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1')"),
     ("fabric_price", "price of a GPU-hour in USD per fabric, one 'FABRIC = USD' per line (e.g. 'ib = 3.50')"),
 ]
-_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32"),
+_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "undecided-night": ("fail", "pass"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32"),
             "regression-on": ("scaling", "tokens")}
 
 
@@ -302,6 +305,7 @@ class FabricOptions:
     repeats: int = 2
     max_repeats: int = 6
     inconclusive: str = "xfail"
+    undecided_night: str = "fail"  # a night that decides no gate: "fail" exits 1, "pass" leaves the status
     # USD per GPU-hour by fabric (ini fabric_price, --fabric-price); empty: no cost figures.
     prices: dict[str, float] = field(default_factory=dict)
     # Per-rank FLOP/s the comparison predictions assume; None: fitted to the faster side's step.
@@ -404,6 +408,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         repeats=repeats,
         max_repeats=max_repeats,
         inconclusive=_choice(config, "inconclusive"),
+        undecided_night=_choice(config, "undecided-night"),
         prices=_prices(config, table),
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),
         regression_on=_choice(config, "regression-on"),

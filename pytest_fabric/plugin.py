@@ -36,6 +36,7 @@ from .results import identity_from_records, identity_mismatch, save_results
 from .stats import (DEFAULT_NOISE, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate, contrast_interval,
                     reference_term, within_gate)
 from .store import ResultStore
+from .verdicts import INCONCLUSIVE, counts, headline, outcome_of, undecided_night
 from .workload import faults
 
 
@@ -108,6 +109,8 @@ SESSION_KEY = pytest.StashKey[FabricSession]()
 MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
 VERDICTS_KEY = pytest.StashKey[list[str]]()
 OUTCOMES_KEY = pytest.StashKey[list[GateOutcome]]()
+ERRORED_KEY = pytest.StashKey[bool]()  # a measurement the test needed failed: its outcome is "error"
+NO_FABRICS_KEY = pytest.StashKey[bool]()  # a comparison skipped because the fabrics share one link
 REPORTER_NAME = "fabric-reporter"
 
 
@@ -154,6 +157,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "fabric_comparison: the test compares fabrics; it is skipped on a cluster where every fabric "
         "runs over the same links (the local cluster)")
+    config.addinivalue_line(
+        "markers",
+        "fabric_regression: the test gates tonight against --fabric-baseline; collected only when one is given")
     opts = fabric_options.parse(config)
     try:
         faults.from_env()  # injected faults (harness self-tests): refuse a typo before any launch
@@ -207,7 +213,20 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     ]
     if session.note:
         lines.append(f"fabric: NOTE {session.note}")
+    if o.baseline is None:
+        lines.append("fabric: regression gates off (no --fabric-baseline given)")
     return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without a baseline the regression gates are not collected (the header says so once), rather
+    than skipped one by one among the comparisons."""
+    if config.stash[SESSION_KEY].options.baseline is not None:
+        return
+    off = [item for item in items if item.get_closest_marker("fabric_regression") is not None]
+    if off:
+        items[:] = [item for item in items if item.get_closest_marker("fabric_regression") is None]
+        config.hook.pytest_deselected(items=off)
 
 
 def _measuring(s: Settings) -> str:
@@ -278,6 +297,7 @@ class MeasureFixture:
             m = measure()
         except MeasurementError as exc:
             message = f"measurement failed: {exc}"
+            self._item.stash[ERRORED_KEY] = True
         else:
             message = None
         if message is not None:  # outside the except: the report shows the launch's failure once, unchained
@@ -514,6 +534,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     cluster = session.prepared_cluster()
     if not cluster.realizes_fabrics:
         reason = session.note or f"the {cluster.name} cluster runs every fabric over the same links"
+        if session.note:  # `auto` fell back for lack of root: the night decides no comparison
+            item.stash[NO_FABRICS_KEY] = True
         pytest.skip(f"fabric comparison needs distinct fabrics: {reason}")
 
 
@@ -528,10 +550,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         for group in groups.values():
             item.user_properties.extend(measurement_lines(group).items())
     report = yield
+    gates = item.stash.get(OUTCOMES_KEY, [])
     if call.when == "call" and measured:
-        report.sections.append((SECTION, testcase_text(measured, item.stash.get(VERDICTS_KEY, []),
-                                                       item.stash.get(OUTCOMES_KEY, []))))
+        report.sections.append((SECTION, testcase_text(measured, item.stash.get(VERDICTS_KEY, []), gates)))
+    # Plain attributes: they travel with the report from an xdist worker to the controller.
+    report.fabric_outcome = outcome_of(report, gates, item.stash.get(ERRORED_KEY, False))
+    report.fabric_gate = bool(gates)
+    report.fabric_headline = headline(gates)
+    report.fabric_no_fabrics = item.stash.get(NO_FABRICS_KEY, False)
     return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
+    """An inconclusive gate is its own outcome on the terminal (not an xfail, not a pass)."""
+    if report.when == "call" and getattr(report, "fabric_outcome", None) == INCONCLUSIVE:
+        return INCONCLUSIVE, "I", "INCONCLUSIVE"
+    return None
 
 
 class FabricReporter:
@@ -541,34 +576,56 @@ class FabricReporter:
     def __init__(self, fabric: FabricSession) -> None:
         self.fabric = fabric
         self.verdicts: list[dict[str, str]] = []
+        # nodeid -> (outcome word, one-line message, whether the test decided gates), every test.
+        self.outcomes: dict[str, tuple[str, str, bool]] = {}
+        self.undecided_text: dict[str, str] = {}  # nodeid -> an inconclusive gate's verdict text
+        self.no_fabrics = 0  # comparisons skipped because `auto` fell back to local processes
+        self.undecided: str | None = None  # why the night decided nothing (--undecided-night)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # Under xdist the controller sees every worker's reports here.
+        word = getattr(report, "fabric_outcome", None)
+        if word is None:
+            return
+        message = getattr(report, "fabric_headline", "")
+        if report.failed:
+            message = report.longreprtext.strip().splitlines()[0] if report.longreprtext.strip() else "failed"
+        elif report.skipped and not message and isinstance(report.longrepr, tuple):
+            message = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if report.when == "call" or report.failed or report.skipped:  # a teardown error overrides the call
+            self.outcomes[report.nodeid] = (word, message, getattr(report, "fabric_gate", False))
+        self.no_fabrics += bool(getattr(report, "fabric_no_fabrics", False) and report.skipped)
+        if word == INCONCLUSIVE:
+            self.undecided_text[report.nodeid] = str(getattr(report, "wasxfail", "") or message)
         if report.when != "call":
             return
         text = next((t for name, t in report.sections if name == SECTION), None)
         if text is None:
             return
-        # Under xdist the controller sees every worker's reports here.
         self.fabric.outputs[report.nodeid] = text
-        outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
-        if report.failed:
-            message = report.longreprtext.strip().splitlines()[0] if report.longreprtext.strip() else "failed"
-        elif hasattr(report, "wasxfail"):
-            message = str(report.wasxfail)
-        else:
-            message = next((line for line in text.splitlines() if line.startswith("pass:")), "passed")
-        self.verdicts.append({"test": report.nodeid, "outcome": outcome, "message": message})
+        if word == "pass" and not message:
+            message = next((line for line in text.splitlines() if line.startswith("pass:")), "")
+        self.verdicts.append({"test": report.nodeid, "outcome": word, "message": message})
 
     @pytest.hookimpl(trylast=True)  # after junitxml has written its file
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         config = session.config
+        if hasattr(config, "workerinput"):
+            return
+        # --undecided-night fail: a night that decided no gate exits 1 (the summary says why).
+        gates = [word for word, _, gate in self.outcomes.values() if gate]
+        self.undecided = undecided_night(gates, self.no_fabrics, self.fabric.note)
+        if self.undecided and self.fabric.options.undecided_night == "fail" and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._save()
         xmlpath = getattr(config.option, "xmlpath", None)
-        if hasattr(config, "workerinput") or not xmlpath or not Path(xmlpath).exists():
+        if not xmlpath or not Path(xmlpath).exists():
             return
         path = Path(xmlpath)
-        if self.fabric.outputs:
-            add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix)
+        if self.fabric.outputs or self.no_fabrics or any(gate for _, _, gate in self.outcomes.values()):
+            add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix,
+                         inconclusive={nodeid: (message, self.undecided_text.get(nodeid, ""))
+                                       for nodeid, (word, message, _) in self.outcomes.items() if word == INCONCLUSIVE})
         redact_file(path)  # failure messages and captured output may quote a rank's environment
 
     def _save(self) -> None:
@@ -586,6 +643,10 @@ class FabricReporter:
         measured = self.fabric.recorded()
         props = {"fabric.cluster": self.fabric.cluster.describe(),
                  "fabric.fabrics": ",".join(self.fabric.options.fabrics)}
+        props.update({f"fabric.outcome.{word}": str(n)
+                      for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
+        if self.undecided:
+            props["fabric.undecided"] = self.undecided
         if measured:
             r = measured[0].result
             props.update({f"fabric.version.{k}": str(v) for k, v in r.versions.items() if v})
@@ -594,6 +655,9 @@ class FabricReporter:
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         fabric = self.fabric
+        if self.undecided and not hasattr(fabric.config, "workerinput"):
+            exit_note = "exit 1" if fabric.options.undecided_night == "fail" else "--undecided-night pass"
+            terminalreporter.write_line(f"fabric: no verdict tonight ({exit_note}): {self.undecided}", yellow=True)
         if hasattr(fabric.config, "workerinput") or not (fabric.directory / "measurements.json").exists():
             return
         measured = fabric.recorded()

@@ -236,7 +236,7 @@ def _verdicts_by_row(run: SavedRun) -> dict[tuple[str, int], list[str]]:
     for v in run.verdicts:
         case = verdict_case(v)
         outcome = v.get("outcome", "?")
-        if case is None or (outcome == "passed" and not v.get("message")):
+        if case is None or (outcome in ("pass", "passed") and not v.get("message")):
             continue
         test = str(v.get("test", "?")).rpartition("::")[2].partition("[")[0]
         out.setdefault(case[:2], []).append(f"{test} ({case[2]}): {outcome}")

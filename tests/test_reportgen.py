@@ -145,7 +145,7 @@ def test_several_inputs_of_one_night_combine_and_warn_on_set_up_differences(tmp_
     assert "### llama-wide" in md and "### qwen2-tiny" in md
     assert "torch version differs: 2.13.0+cpu (first input) vs 2.14.0 (this input)" in md
     # The JUnit verdicts land in their rows; a test that only measured is no verdict.
-    assert "| test_advantage (eth): failed |" in md and "test_parity (eth): passed" in md
+    assert "| test_advantage (eth): fail |" in md and "test_parity (eth): pass" in md
     assert "test_single" not in md.split("## Verdicts")[0]
 
 

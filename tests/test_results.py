@@ -304,10 +304,10 @@ def test_junit_metrics_launches_verdicts_and_identity(tmp_path):
     assert link.payload_bytes == 16 << 20 and link.link_gbit == pytest.approx(0.4)
     outcomes = {v["test"].split("::")[-1]: v for v in run.verdicts}
     assert "test_unrelated" not in outcomes  # nothing measured: not a fabric verdict
-    assert outcomes["test_parity[qwen2-tiny-n2-eth]"]["outcome"] == "passed"
+    assert outcomes["test_parity[qwen2-tiny-n2-eth]"]["outcome"] == "pass"
     assert outcomes["test_parity[qwen2-tiny-n2-eth]"]["message"].startswith("pass: eth/ib = 0.941")
     failed = outcomes["test_advantage[llama-wide-n2-eth]"]
-    assert failed["outcome"] == "failed" and "wholly below" in failed["message"]
+    assert failed["outcome"] == "fail" and "wholly below" in failed["message"]
     assert (failed["model"], failed["nodes"], failed["fabric"]) == ("llama-wide", 2, "eth")
     ident = run.identity
     assert ident["fabrics"] == ["ib", "eth"] and ident["versions"] == {"torch": "2.13.0+cpu"}
@@ -364,7 +364,7 @@ def test_junit_round_trip_keeps_every_launch_and_the_geometric_mean(tmp_path):
     assert run.identity["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]
     assert run.identity["cluster_kind"] == "emulated" and run.identity["nodes"] == 2
     assert run.identity["fabrics"] == ["ib", "eth"]
-    assert [v["outcome"] for v in run.verdicts] == ["passed"]
+    assert [v["outcome"] for v in run.verdicts] == ["pass"]
     assert run.verdicts[0]["message"].startswith("pass: eth/ib = 0.8")
 
 
