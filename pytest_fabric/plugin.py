@@ -29,14 +29,15 @@ from .measure import (BandwidthMeasurement, Measurement, MeasurementError, Measu
 from .models import get_model
 from .redact import redact_file
 from .references import References
-from .junit import SECTION, add_to_junit, measurement_lines, testcase_text
+from . import __version__
+from .junit import SECTION, add_to_junit, gate_lines, measurement_lines, suite_properties, testcase_text
 from .report import bandwidth_table, summary_tables
 from .gates import GateOutcome, judge
 from .results import identity_from_records, identity_mismatch, save_results
 from .stats import (DEFAULT_NOISE, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate, contrast_interval,
                     reference_term, within_gate)
 from .store import ResultStore
-from .verdicts import INCONCLUSIVE, counts, headline, outcome_of, undecided_night
+from .verdicts import INCONCLUSIVE, counts, gate_record, headline, outcome_of, undecided_night
 from .workload import faults
 
 
@@ -549,6 +550,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             groups.setdefault(f"{type(m).__name__} {m.case.id}", []).append(m)
         for group in groups.values():
             item.user_properties.extend(measurement_lines(group).items())
+        for gate in item.stash.get(OUTCOMES_KEY, []):
+            item.user_properties.extend(gate_lines(gate).items())
     report = yield
     gates = item.stash.get(OUTCOMES_KEY, [])
     if call.when == "call" and measured:
@@ -557,6 +560,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report.fabric_outcome = outcome_of(report, gates, item.stash.get(ERRORED_KEY, False))
     report.fabric_gate = bool(gates)
     report.fabric_headline = headline(gates)
+    report.fabric_gates = [gate_record(g) for g in gates]
     report.fabric_no_fabrics = item.stash.get(NO_FABRICS_KEY, False)
     return report
 
@@ -605,7 +609,8 @@ class FabricReporter:
         self.fabric.outputs[report.nodeid] = text
         if word == "pass" and not message:
             message = next((line for line in text.splitlines() if line.startswith("pass:")), "")
-        self.verdicts.append({"test": report.nodeid, "outcome": word, "message": message})
+        self.verdicts.append({"test": report.nodeid, "outcome": word, "message": message,
+                              "gates": list(getattr(report, "fabric_gates", []))})
 
     @pytest.hookimpl(trylast=True)  # after junitxml has written its file
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -640,18 +645,18 @@ class FabricReporter:
         save_results(fabric.options.save, fabric.store.all(), identity, self.verdicts, fabric.options.prices)
 
     def _suite_properties(self) -> dict[str, str]:
-        measured = self.fabric.recorded()
-        props = {"fabric.cluster": self.fabric.cluster.describe(),
-                 "fabric.fabrics": ",".join(self.fabric.options.fabrics)}
-        props.update({f"fabric.outcome.{word}": str(n)
+        fabric, o = self.fabric, self.fabric.options
+        facts = {"fabric.cluster": fabric.cluster.describe(), "fabric.cluster_kind": fabric.cluster.name,
+                 "fabric.fabrics": ",".join(o.fabrics), "fabric.nodes": str(fabric.nodes),
+                 "fabric.gpus_per_node": str(o.settings.gpus_per_node),
+                 "fabric.repeats": f"{o.repeats} to {o.max_repeats} launches per side",
+                 "fabric.inconclusive": o.inconclusive, "fabric.launch_noise": f"{fabric.noise.sigma:.6g}",
+                 "fabric.launch_noise_source": fabric.noise.source, "fabric.project_version": __version__}
+        facts.update({f"fabric.outcome.{word}": str(n)
                       for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
         if self.undecided:
-            props["fabric.undecided"] = self.undecided
-        if measured:
-            r = measured[0].result
-            props.update({f"fabric.version.{k}": str(v) for k, v in r.versions.items() if v})
-            props["fabric.attention"] = r.attention
-        return props
+            facts["fabric.undecided"] = self.undecided
+        return suite_properties([*fabric.recorded(), *fabric.recorded_bandwidth()], facts)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         fabric = self.fabric

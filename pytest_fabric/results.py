@@ -2,8 +2,9 @@
 
 A session's store (``measurements.json`` in its directory) is a cache keyed by launch; it dies with
 the session. What is worth keeping is smaller and stable: per configuration, one tokens/s value
-per launch; per link, the bus bandwidth of each collective at its largest payload; the verdicts;
-and the identity of what ran (cluster, hosts, device, versions), because a comparison between two
+per launch; per link, the bus bandwidth of each collective at its largest payload; the verdicts
+(each test's outcome word, ``verdicts.OUTCOMES``, its one-line message, and per gate its fields:
+ratio, ci_low, ci_high, threshold, outcome, both sides' values, launches); and the identity of what ran (cluster, hosts, device, versions), because a comparison between two
 nights is only as good as the sameness of the two set-ups.
 
 ``load_results`` reads every form a night can come in: a file written by ``save_results``, a

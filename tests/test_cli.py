@@ -75,7 +75,7 @@ def test_report_reads_a_session_store_and_junit_together(capsys, tmp_path):
     junit.write_text(junit_text(session_store()))
     code, _, err = run(capsys, "report", str(store), str(junit), "-o", str(tmp_path / "out"))
     assert code == 0, err
-    assert "test_advantage (eth): failed" in (tmp_path / "out" / "report.md").read_text()
+    assert "test_advantage (eth): fail" in (tmp_path / "out" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("price, expected", [
