@@ -87,6 +87,10 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
      "2"),
     ("mixed-precision", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32 (default auto)", "auto"),
     ("fabric-save", "write this run's results to this JSON file (atomically) for later baselines and reports", None),
+    ("fabric-metrics", "write the night as OpenMetrics text to this file (GitLab metrics report, node_exporter "
+                       "textfile collector)", None),
+    ("fabric-benchmark-json", "write the night in Bencher Metric Format to this file (value with lower and upper "
+                              "bounds per measure, for benchmark trackers)", None),
     ("fabric-baseline", "a previous run (saved JSON, JUnit XML, or a `pytest-fabric baseline` file) to test "
                         "for regressions against", None),
     ("regression-on", "what the regression gate judges: scaling (multi-node tokens/s/GPU over the same night's "
@@ -300,6 +304,8 @@ class FabricOptions:
     settings: Settings
     references: References
     save: str | None = None
+    metrics: str | None = None  # --fabric-metrics: OpenMetrics text of the night
+    benchmark_json: str | None = None  # --fabric-benchmark-json: Bencher Metric Format
     baseline: Baseline | None = None
     regression_threshold: float = 0.10
     repeats: int = 2
@@ -378,11 +384,7 @@ def parse(config: pytest.Config) -> FabricOptions:
     if not 0 < regression_threshold < 1:
         raise pytest.UsageError(f"--regression-threshold must be a fraction in (0, 1) such as 0.10, "
                                 f"got {threshold_value!r}")
-    save = _raw(config, "fabric-save")
-    if save is not None and not Path(save).resolve().parent.is_dir():
-        raise pytest.UsageError(f"--fabric-save {save}: the directory {Path(save).resolve().parent} does not exist")
-    if save is not None and Path(save).is_dir():
-        raise pytest.UsageError(f"--fabric-save {save}: is a directory; give a file path such as {save}/night.json")
+    save = _output_file(config, "fabric-save", "night.json")
     repeats = _int(config, "repeats", 1, default=2)
     max_repeats = _int(config, "max-repeats", 1, default=6)
     if max_repeats < repeats:
@@ -403,6 +405,8 @@ def parse(config: pytest.Config) -> FabricOptions:
         settings=settings,
         references=references,
         save=save,
+        metrics=_output_file(config, "fabric-metrics", "metrics.txt"),
+        benchmark_json=_output_file(config, "fabric-benchmark-json", "benchmark.json"),
         baseline=baseline,
         regression_threshold=regression_threshold,
         repeats=repeats,
@@ -414,6 +418,16 @@ def parse(config: pytest.Config) -> FabricOptions:
         regression_on=_choice(config, "regression-on"),
         launch_noise=_launch_noise(config),
     )
+
+
+def _output_file(config: pytest.Config, name: str, example: str) -> str | None:
+    """A file the run writes at its end: refused now if it could not be written then."""
+    path = _raw(config, name)
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise pytest.UsageError(f"--{name} {path}: the directory {Path(path).resolve().parent} does not exist")
+    if path is not None and Path(path).is_dir():
+        raise pytest.UsageError(f"--{name} {path}: is a directory; give a file path such as {path}/{example}")
+    return path
 
 
 def _launch_noise(config: pytest.Config) -> NoisePrior | None:

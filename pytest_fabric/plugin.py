@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import math
+import os
 import tempfile
 import time
 import uuid
@@ -583,6 +584,7 @@ class FabricReporter:
         # nodeid -> (outcome word, one-line message, whether the test decided gates), every test.
         self.outcomes: dict[str, tuple[str, str, bool]] = {}
         self.undecided_text: dict[str, str] = {}  # nodeid -> an inconclusive gate's verdict text
+        self.gates: dict[str, list[dict[str, Any]]] = {}  # nodeid -> its gates' fields (verdicts.gate_record)
         self.no_fabrics = 0  # comparisons skipped because `auto` fell back to local processes
         self.undecided: str | None = None  # why the night decided nothing (--undecided-night)
 
@@ -599,6 +601,8 @@ class FabricReporter:
         if report.when == "call" or report.failed or report.skipped:  # a teardown error overrides the call
             self.outcomes[report.nodeid] = (word, message, getattr(report, "fabric_gate", False))
         self.no_fabrics += bool(getattr(report, "fabric_no_fabrics", False) and report.skipped)
+        if getattr(report, "fabric_gates", None):
+            self.gates[report.nodeid] = report.fabric_gates
         if word == INCONCLUSIVE:
             self.undecided_text[report.nodeid] = str(getattr(report, "wasxfail", "") or message)
         if report.when != "call":
@@ -623,6 +627,7 @@ class FabricReporter:
         if self.undecided and self.fabric.options.undecided_night == "fail" and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._save()
+        self._dashboards()
         xmlpath = getattr(config.option, "xmlpath", None)
         if not xmlpath or not Path(xmlpath).exists():
             return
@@ -632,6 +637,26 @@ class FabricReporter:
                          inconclusive={nodeid: (message, self.undecided_text.get(nodeid, ""))
                                        for nodeid, (word, message, _) in self.outcomes.items() if word == INCONCLUSIVE})
         redact_file(path)  # failure messages and captured output may quote a rank's environment
+
+    def _dashboards(self) -> None:
+        """--fabric-metrics, --fabric-benchmark-json and, under GitHub Actions, the job summary."""
+        o = self.fabric.options
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if not (o.metrics or o.benchmark_json or (step_summary and self.outcomes)):
+            return
+        from .dashboards import build_tables, write_outputs
+        from .results import SavedRun, run_from_store
+
+        records = self.fabric.store.all() if (self.fabric.directory / "measurements.json").exists() else {}
+        run = run_from_store(records, o.fabrics) if records else SavedRun({})
+        measured = {v["test"]: v for v in self.verdicts}
+        run.verdicts = [measured.get(nodeid, {"test": nodeid, "outcome": word, "message": message,
+                                              "gates": self.gates.get(nodeid, [])})
+                        for nodeid, (word, message, _) in self.outcomes.items()]
+        tables = build_tables(run, records)
+        if self.undecided:
+            tables.notes.append(f"no verdict tonight: {self.undecided}")
+        write_outputs(tables, o.metrics, o.benchmark_json, step_summary if self.outcomes else None)
 
     def _save(self) -> None:
         """--fabric-save: everything measured, also when tests failed or the run was interrupted."""
