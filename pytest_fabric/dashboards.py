@@ -213,7 +213,7 @@ def openmetrics(tables: Tables) -> str:
     families: dict[str, tuple[str, list[str]]] = {}
 
     def add(name: str, help_text: str, labels: dict[str, object], value: float) -> None:
-        families.setdefault(name, (help_text, []))[1].append(f"{name}{_labels(**labels)} {value:.6g}")
+        families.setdefault(name, (help_text, []))[1].append(f"{name}{_labels(**labels)} {value:.10g}")
 
     for c in tables.configs:
         where = {"model": c.model, "nodes": c.nodes, "fabric": c.fabric}

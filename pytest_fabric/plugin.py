@@ -638,6 +638,13 @@ class FabricReporter:
                                        for nodeid, (word, message, _) in self.outcomes.items() if word == INCONCLUSIVE})
         redact_file(path)  # failure messages and captured output may quote a rank's environment
 
+    def _night_verdicts(self) -> list[dict[str, Any]]:
+        """Every test's outcome word and message, with its gates' fields: skipped gates too."""
+        measured = {v["test"]: v for v in self.verdicts}
+        return [measured.get(nodeid, {"test": nodeid, "outcome": word, "message": message,
+                                      "gates": self.gates.get(nodeid, [])})
+                for nodeid, (word, message, _) in self.outcomes.items()]
+
     def _dashboards(self) -> None:
         """--fabric-metrics, --fabric-benchmark-json and, under GitHub Actions, the job summary."""
         o = self.fabric.options
@@ -649,10 +656,7 @@ class FabricReporter:
 
         records = self.fabric.store.all() if (self.fabric.directory / "measurements.json").exists() else {}
         run = run_from_store(records, o.fabrics) if records else SavedRun({})
-        measured = {v["test"]: v for v in self.verdicts}
-        run.verdicts = [measured.get(nodeid, {"test": nodeid, "outcome": word, "message": message,
-                                              "gates": self.gates.get(nodeid, [])})
-                        for nodeid, (word, message, _) in self.outcomes.items()]
+        run.verdicts = self._night_verdicts()
         tables = build_tables(run, records)
         if self.undecided:
             tables.notes.append(f"no verdict tonight: {self.undecided}")
@@ -667,7 +671,7 @@ class FabricReporter:
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
                     "fabrics": list(fabric.options.fabrics)}
-        save_results(fabric.options.save, fabric.store.all(), identity, self.verdicts, fabric.options.prices)
+        save_results(fabric.options.save, fabric.store.all(), identity, self._night_verdicts(), fabric.options.prices)
 
     def _suite_properties(self) -> dict[str, str]:
         fabric, o = self.fabric, self.fabric.options
