@@ -568,8 +568,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
-    """An inconclusive gate is its own outcome on the terminal (not an xfail, not a pass)."""
-    if report.when == "call" and getattr(report, "fabric_outcome", None) == INCONCLUSIVE:
+    """An inconclusive gate is its own outcome on the terminal (not an xfail, not a pass); under
+    --inconclusive fail it stays a failure there, so that it is listed with the failures."""
+    if report.when == "call" and not report.failed and getattr(report, "fabric_outcome", None) == INCONCLUSIVE:
         return INCONCLUSIVE, "I", "INCONCLUSIVE"
     return None
 

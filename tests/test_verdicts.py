@@ -114,6 +114,40 @@ def test_one_decided_gate_makes_a_night_decided(pytester):
     assert "no verdict tonight" not in result.stdout.str()
 
 
+def test_with_inconclusive_fail_the_gate_is_listed_among_the_failures(pytester):
+    result, xml = run_gates(pytester, ["inconclusive"], "-k", "not broken", "--inconclusive", "fail")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*FAILED test_gates.py::test_gate?inconclusive? - Failed: inconclusive after*"])
+    assert suite_properties(xml)["fabric.outcome.inconclusive"] == "1"
+
+
+def test_comparisons_skipped_for_lack_of_root_make_the_night_exit_1(pytester, monkeypatch):
+    """`auto` falls back to local processes when no namespace can be made (here: as without root)."""
+    from pytest_fabric.cluster import ClusterUnavailable
+    from pytest_fabric.cluster.emulated import EmulatedCluster
+
+    def no_root(self):
+        raise ClusterUnavailable("cannot create a network namespace: mount --make-shared /run/netns failed: "
+                                 "Operation not permitted")
+
+    monkeypatch.setattr(EmulatedCluster, "prepare", no_root)
+    pytester.makepyfile(test_cmp="""
+        import pytest
+
+        @pytest.mark.fabric_comparison
+        @pytest.mark.parametrize("fabric", ["eth", "roce"])
+        def test_cmp(fabric):
+            pass
+    """)
+    xml = pytester.path / "night.xml"
+    result = pytester.runpytest("test_cmp.py", f"--junitxml={xml}")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["fabric: no verdict tonight (exit 1): 2 fabric comparison(s) skipped: emulated "
+                                 "cluster unavailable (cannot create a network namespace*); using local processes*; run as root*"])
+    assert suite_properties(xml)["fabric.outcome.skipped"] == "2"
+    assert pytester.runpytest("test_cmp.py", "--undecided-night", "pass").ret == 0
+
+
 def test_regression_gates_are_not_collected_without_a_baseline(pytester):
     result, xml = run_gates(pytester, ["pass"])
     assert "test_regression" not in cases(xml)
