@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .case import BANDWIDTH, Case
+from .measure import BandwidthMeasurement
 from .results import SavedRun, verdict_case
 from .stats import DEFAULT_NOISE, Interval, contrast_interval
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, OUTCOMES, PASS, counts
@@ -131,8 +132,6 @@ def _busbw_rows(run: SavedRun, records: Mapping[str, Any] | None) -> list[BusbwR
     for record in (records or {}).values():
         if not isinstance(record, dict) or "error" in record or record.get("case", {}).get("model") != BANDWIDTH:
             continue
-        from .measure import BandwidthMeasurement
-
         m = BandwidthMeasurement.from_record(record)
         link = links.get(m.case.id)
         for row in m.rows:

@@ -243,7 +243,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fabric_link" in metafunc.fixturenames:
         # Collective bandwidth needs two nodes at least: one node never touches the fabric.
         session = metafunc.config.stash[SESSION_KEY]
-        links = expand([BANDWIDTH], session.nodes, session.options.fabrics, min_nodes=2)
+        marker = metafunc.definition.get_closest_marker("fabric_matrix")
+        excluded = marker.kwargs.get("exclude_fabrics", ()) if marker else ()  # e.g. the reference itself
+        fabrics = [f for f in session.options.fabrics if f not in excluded]
+        links = expand([BANDWIDTH], session.nodes, fabrics, min_nodes=2)
         metafunc.parametrize("fabric_link", links, ids=[c.id for c in links])
     if "fabric_case" not in metafunc.fixturenames:
         return

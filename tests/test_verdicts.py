@@ -155,6 +155,19 @@ def test_regression_gates_are_not_collected_without_a_baseline(pytester):
     assert "1 deselected" in result.stdout.str()
 
 
+def test_a_link_test_can_leave_out_the_reference_instead_of_skipping_it(pytester):
+    pytester.makepyfile(test_links="""
+        import pytest
+
+        @pytest.mark.fabric_matrix(exclude_fabrics=["ib"])
+        def test_link(fabric_link):
+            pass
+    """)
+    ids = [line for line in pytester.runpytest("--collect-only", "-q", "--fabrics", "ib,eth,roce").outlines
+           if "::" in line]
+    assert ids == ["test_links.py::test_link[collectives-n2-eth]", "test_links.py::test_link[collectives-n2-roce]"]
+
+
 def test_bad_undecided_night_value_is_a_usage_error(pytester):
     result = pytester.runpytest("--undecided-night", "maybe")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
