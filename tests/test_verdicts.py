@@ -10,6 +10,7 @@ is the real one, only the launches are left out (tests of those live in test_com
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 from helpers import assert_valid_junit
@@ -85,6 +86,21 @@ def test_an_inconclusive_gate_is_a_skip_with_its_message_and_text_never_a_pass(p
     assert "test_gate[inconclusive] INCONCLUSIVE" in result.stdout.str()
     result.assert_outcomes(passed=1, failed=1, errors=1)
     result.stdout.fnmatch_lines(["*1 inconclusive*"])
+
+
+def test_under_xdist_the_controller_writes_the_same_words(pytester):
+    """The words and gate fields travel with the reports from the workers to the controller."""
+    # The workers import the suite's helper (test_junit) from this directory, as the controller does.
+    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n")
+    metrics = pytester.path / "metrics.txt"
+    result, xml = run_gates(pytester, ["pass", "inconclusive", "fail"], "-n", "2", "-k", "not broken",
+                            f"--fabric-metrics={metrics}")
+    result.stdout.fnmatch_lines(["*1 failed, 1 passed, 1 inconclusive*"])
+    props = suite_properties(xml)
+    assert [props[f"fabric.outcome.{w}"] for w in ("pass", "fail", "inconclusive")] == ["1", "1", "1"]
+    (skipped,) = cases(xml)["test_gate[inconclusive]"].findall("skipped")
+    assert skipped.get("message").startswith("INCONCLUSIVE: eth/ib = 0.981")
+    assert metrics.read_text().count("fabric_gate_ratio{") == 3
 
 
 def test_a_warned_inconclusive_gate_is_still_a_skip_in_junit(pytester, junit_schema):
