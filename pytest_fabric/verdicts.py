@@ -86,6 +86,6 @@ def undecided_night(gate_outcomes: Sequence[str], comparisons_without_fabrics: i
         return (f"{comparisons_without_fabrics} fabric comparison(s) skipped: {why}; run as root (the emulated "
                 f"cluster needs network namespaces) or on a real cluster")
     if gate_outcomes and all(o == INCONCLUSIVE for o in gate_outcomes):
-        return (f"all {len(gate_outcomes)} gate(s) inconclusive: no verdict tonight; raise --max-repeats or "
-                f"lower the launch noise")
+        return (f"all {len(gate_outcomes)} gate(s) inconclusive: raise --max-repeats, or lower the launch noise "
+                f"(a quieter machine, a --fabric-baseline that learned it)")
     return None
