@@ -52,9 +52,9 @@ GATE_SUITE = """
 
 
 def run_gates(pytester, verdicts, *args):
-    pytester.makepyfile(test_gates=textwrap.dedent(GATE_SUITE.format(verdicts=list(verdicts))))
+    pytester.makepyfile(test_night_gates=textwrap.dedent(GATE_SUITE.format(verdicts=list(verdicts))))
     xml = pytester.path / "night.xml"
-    result = pytester.runpytest("test_gates.py", "-v", f"--junitxml={xml}", "-o", "junit_family=xunit2",
+    result = pytester.runpytest("test_night_gates.py", "-v", f"--junitxml={xml}", "-o", "junit_family=xunit2",
                                 "--fabric-save", str(pytester.path / "night.json"), *args)
     return result, xml
 
@@ -133,7 +133,7 @@ def test_one_decided_gate_makes_a_night_decided(pytester):
 def test_with_inconclusive_fail_the_gate_is_listed_among_the_failures(pytester):
     result, xml = run_gates(pytester, ["inconclusive"], "-k", "not broken", "--inconclusive", "fail")
     assert result.ret == 1
-    result.stdout.fnmatch_lines(["*FAILED test_gates.py::test_gate?inconclusive? - Failed: inconclusive after*"])
+    result.stdout.fnmatch_lines(["*FAILED test_night_gates.py::test_gate?inconclusive? - Failed: inconclusive*"])
     assert suite_properties(xml)["fabric.outcome.inconclusive"] == "1"
 
 
