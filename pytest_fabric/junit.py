@@ -36,7 +36,7 @@ from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
-from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED
+from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
 from .results import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
 from .workload.result import TrainResult
 
@@ -109,7 +109,10 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
     and each gate's fields. Everything else about a configuration (each launch, hosts, settings)
     and the run-wide facts are suite properties (``suite_properties``).
     """
-    lines = list(verdicts)
+    # A gate's test: its verdict lines, whatever it decided (a failing or inconclusive gate raises
+    # before the plugin records its line), then the other lines (the prediction).
+    decided = ("pass: ", "inconclusive", "interval wholly")
+    lines = [verdict_line(g) for g in outcomes] + [v for v in verdicts if not (outcomes and v.startswith(decided))]
     groups: dict[tuple[str, str], list[Any]] = {}
     for m in measurements:
         groups.setdefault((type(m).__name__, m.case.id), []).append(m)

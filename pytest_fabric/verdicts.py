@@ -49,6 +49,18 @@ def outcome_of(report: Any, gates: Sequence[GateOutcome] = (), errored: bool = F
     return SKIPPED if report.skipped else PASS  # an xfail that is no gate's is no verdict either
 
 
+def verdict_line(g: GateOutcome) -> str:
+    """A gate's verdict for its testcase's output: word, ratio, interval, launches, threshold and both
+    sides' numbers, short enough for a dashboard (which launches were set aside, and why, and the
+    launch noise are in the failure message and the suite properties)."""
+    iv = g.interval
+    aside = f", {len(g.set_aside)} set aside" if g.set_aside else ""
+    return (f"{g.verdict}: {g.a_name}/{g.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, "
+            f"{iv.high:.3f}] over {'+'.join(map(str, iv.launches))} launches{aside}; required >= {g.threshold:.3f} "
+            f"({g.requirement}); {g.a_name} {g.values[0]:.1f} vs {g.b_name} {g.values[1]:.1f} {g.unit} {g.context}"
+            + (f"; {g.extra}" if g.extra else ""))
+
+
 def headline(gates: Sequence[GateOutcome]) -> str:
     """One short line per test: each gate's ratio, interval and threshold (the JUnit message)."""
     parts = []

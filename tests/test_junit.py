@@ -192,11 +192,13 @@ def split_text(text: str) -> tuple[list[str], list[str]]:
 def test_a_gate_shows_its_verdict_lines_then_figures_and_gate_fields_after_a_blank_line():
     ms = [train_measurement("m", 2, "ib", 1000.0, tokens_per_step=250),
           train_measurement("m", 2, "eth", 800.0, tokens_per_step=250)]
-    verdict = "pass: eth/ib = 0.800 < 1.2, CI [0.75, 0.85] & more"  # characters XML must escape
-    text = text_of(ms, [verdict, "predicted: eth 20% slower than ib"], [outcome()])
+    judged = "pass: eth/ib = 0.981, 98.75% CI [0.962, 1.001] over 3+4 launches; and every set-aside launch's reason"
+    predicted = "predicted: eth < 20% & more slower than ib"  # characters XML must escape
+    text = text_of(ms, [judged, predicted], [outcome()])
     human, machine = split_text(text)
     # The verdict line carries both fabrics' numbers: no per-configuration sentence repeats them.
-    assert human == [verdict, "predicted: eth 20% slower than ib"]
+    assert human == ["pass: eth/ib = 0.981, 98.75% CI [0.962, 1.001] over 3+4 launches; required >= 0.950 (eth at "
+                     "most 5% slower); eth 981.0 vs ib 1000.0 tokens/s [m, 2 node(s)]", predicted]
     assert machine and all(MACHINE_LINE.match(line) for line in machine), machine
     assert machine[:2] == ["fabric.m-n2-ib.tokens_per_s=1000.000", "fabric.m-n2-eth.tokens_per_s=800.000"]
     gate = {line.partition("=")[0].rpartition(".")[2] for line in machine[2:]}
@@ -206,6 +208,14 @@ def test_a_gate_shows_its_verdict_lines_then_figures_and_gate_fields_after_a_bla
     assert props["fabric.m-n2-ib.gpus"] == "2" and props["fabric.version.torch"] == "2.13.0"
     assert props["fabric.attention"] == "sdpa" and props["fabric.nodes"] == "2"
     assert "versions" not in text and "fabric_settings" not in text
+
+
+@pytest.mark.parametrize("verdict", [Verdict.FAIL, Verdict.INCONCLUSIVE])
+def test_a_gate_that_did_not_pass_still_shows_its_verdict_line(verdict):
+    """judge() raises before the plugin records a failing or inconclusive gate's line."""
+    ms = [train_measurement("m", 2, "ib", 1000.0), train_measurement("m", 2, "eth", 981.0)]
+    human, _ = split_text(text_of(ms, ["predicted: eth 2% slower than ib"], [outcome(verdict)]))
+    assert human[0].startswith(f"{verdict}: eth/ib = 0.981, 98.75% CI [0.962, 1.001]") and len(human) == 2
 
 
 def test_a_testcase_output_stays_under_1000_characters_with_six_launches_a_side():
