@@ -2,16 +2,24 @@
 is completed after pytest's junitxml wrote it, how it is read back, and how files are merged.
 
 What a testcase writes (its ``system-out``, also the report section pytest shows with ``-rA``):
-human lines first (the verdict, the prediction, one line per configuration), then machine lines,
-``fabric.<case id>.<name>=<value>`` per configuration and ``fabric.gate.<a>_vs_<b>.<name>=<value>``
-per gate. The figure of a configuration (``tokens_per_s``) is the one the gate judged
-(``stats.configuration_value`` of the launches that counted); ``launch_tokens_per_s`` lists every
-launch and ``launch_set_aside`` flags (1) those the gates did not count, which a reader leaves out. A reader reads the machine lines, never the sentences.
+human lines first (the verdict with ratio, interval, threshold and the two fabrics' numbers, the
+prediction; or one line per configuration of a test that only measured), then machine lines:
+``fabric.<case id>.tokens_per_s=<value>`` per configuration (busbw at the largest payload for
+bandwidth) and ``fabric.gate.<a>_vs_<b>.<name>=<value>`` per gate. Kept well under 1,000
+characters: Jenkins keeps the first and last 500 of a passed test's output, GitLab shows a
+skip's body only.
 
-Why system-out: GitLab and most viewers read a testcase's ``system-out`` but not its properties,
-and the xunit2 schema (pytest's default, Jenkins' junit-10.xsd) allows no per-testcase properties.
-Properties are added where the JUnit family allows them (xunit1/legacy), and run-wide facts
-(versions, cluster) go into the testsuite's properties, which every family allows.
+What the testsuite carries (properties, which every JUnit family allows): run-wide facts (versions,
+cluster, nodes, repeats policy, device, project version, the count of each outcome) and, over
+every launch of the run, each configuration's machine lines ``fabric.<case id>.<name>``: its
+figure (the one the gate judged, ``stats.configuration_value`` of the launches that counted),
+``launch_tokens_per_s`` per launch and ``launch_set_aside`` flagging (1) those the gates did not
+count. A reader reads the machine lines (suite properties first, then testcases), never the
+sentences. Per-testcase properties are added where the family allows them (xunit1/legacy:
+Jenkins ``keepProperties``); the xunit2 schema (pytest's default, junit-10.xsd) has none.
+
+An inconclusive gate is a ``<skipped type="fabric.inconclusive">`` whose message starts
+``INCONCLUSIVE:`` with a body (``add_to_junit``), so no parser counts it as a pass.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
+from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
 from .results import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
 from .workload.result import TrainResult
 
@@ -35,6 +44,8 @@ SECTION = "pytest-fabric measurements"
 
 # "fabric.<case id>.<metric>=<value>", one per line in a measured testcase's system-out.
 # The name is one word, or op.bytes.busbw_gbit for bandwidth: a fabric name may contain dots (roce.v2).
+# "fabric.gate.<a>_vs_<b>.<name>=<value>"; fabric names may contain dots (roce.v2).
+_GATE_LINE = re.compile(r"^fabric\.gate\.(?P<pair>(?P<a>.+?)_vs_(?P<b>.+))\.(?P<name>[a-z_]+)=(?P<value>.*)$")
 _METRIC_LINE = re.compile(r"^fabric\.(?P<id>.+?-n\d+-[a-z][a-z0-9_.-]*?)\."
                           r"(?P<name>[a-z_]+\.\d+\.busbw_gbit|[A-Za-z0-9_]+)=(?P<value>.*)$")
 
@@ -81,47 +92,94 @@ def gate_lines(outcome: GateOutcome) -> dict[str, str]:
     return {f"{p}.{name}": value for name, value in outcome.fields().items()}
 
 
+# What a testcase's system-out carries per configuration; the rest is in the suite properties.
+_TESTCASE_NAMES = ("tokens_per_s",)
+# Run-wide: one setting of the session, not of a gate (in the suite properties).
+_RUN_WIDE_GATE_FIELDS = ("launch_noise",)
+
+
 def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], verdicts: Sequence[str] = (),
                   outcomes: Sequence[GateOutcome] = ()) -> str:
-    """Human lines first (what a person reads on a dashboard), then name=value lines (for scripts).
+    """A testcase's output, short enough that every viewer keeps it whole (Jenkins keeps 1,000
+    characters of a passed test's output): human lines first, then name=value lines.
 
-    A comparison measures each configuration several times: one line per configuration with its
-    value (the one its gate judged) and each launch's figure.
+    A gate's test shows its verdict lines (ratio, interval, threshold, the two fabrics' numbers,
+    the prediction); a test that only measured shows one line per configuration. Machine lines:
+    each configuration's figure (``tokens_per_s``, or busbw per collective at the largest payload)
+    and each gate's fields. Everything else about a configuration (each launch, hosts, settings)
+    and the run-wide facts are suite properties (``suite_properties``).
     """
-    lines = list(verdicts)
+    # A gate's test: its verdict lines, whatever it decided (a failing or inconclusive gate raises
+    # before the plugin records its line), then the other lines (the prediction).
+    decided = ("pass: ", "inconclusive", "interval wholly")
+    lines = [verdict_line(g) for g in outcomes] + [v for v in verdicts if not (outcomes and v.startswith(decided))]
     groups: dict[tuple[str, str], list[Any]] = {}
     for m in measurements:
         groups.setdefault((type(m).__name__, m.case.id), []).append(m)
-    values: dict[tuple[str, int, str], float] = {}
-    for group in groups.values():
-        first = group[0]
-        if isinstance(first, Measurement):
-            value = configuration_tokens_per_s(group)
-            values[(first.case.model, first.case.nodes, first.case.fabric)] = value
-            if len(group) > 1:
-                aside = sum(1 for m in group if m.set_aside)
-                lines.append(f"{first.case.id}: {value:.1f} tokens/s over {len(group)} launches "
-                             f"({', '.join(f'{m.tokens_per_s:.1f}' for m in group)}"
-                             + (f"; {aside} set aside" if aside else "") + f"), {first.gpus} GPU(s)")
-                continue
-        lines.append(first.summary())
-    for (model, nodes, fabric), value in values.items():
-        ref = values.get((model, nodes, REFERENCE_FABRIC))
-        if ref and fabric != REFERENCE_FABRIC:
-            r = value / ref
-            lines.append(f"{fabric}/{REFERENCE_FABRIC} tokens/s ratio ({model}, {nodes} nodes): {r:.3f} "
-                         f"({(r - 1) * 100:+.1f}%)")
-    if measurements:
-        r = measurements[0].result
-        attention = f"; attention {r.attention}" if isinstance(r, TrainResult) else ""
-        lines.append(f"ran with: {r.cluster or measurements[0].cluster}{attention}; "
-                     + ", ".join(f"{k} {v}" for k, v in r.versions.items() if v))
+    if not outcomes:
+        values: dict[tuple[str, int, str], float] = {}
+        for group in groups.values():
+            first = group[0]
+            if isinstance(first, Measurement):
+                value = configuration_tokens_per_s(group)
+                values[(first.case.model, first.case.nodes, first.case.fabric)] = value
+                if len(group) > 1:
+                    aside = sum(1 for m in group if m.set_aside)
+                    lines.append(f"{first.case.id}: {value:.1f} tokens/s over {len(group)} launches "
+                                 f"({', '.join(f'{m.tokens_per_s:.1f}' for m in group)}"
+                                 + (f"; {aside} set aside" if aside else "") + f"), {first.gpus} GPU(s)")
+                    continue
+            lines.append(first.summary())
+        for (model, nodes, fabric), value in values.items():
+            ref = values.get((model, nodes, REFERENCE_FABRIC))
+            if ref and fabric != REFERENCE_FABRIC:
+                r = value / ref
+                lines.append(f"{fabric}/{REFERENCE_FABRIC} tokens/s ratio ({model}, {nodes} nodes): {r:.3f} "
+                             f"({(r - 1) * 100:+.1f}%)")
     lines.append("")
     for group in groups.values():
-        lines.extend(f"{k}={v}" for k, v in measurement_lines(group).items())
+        full = measurement_lines(group)
+        lines.extend(f"{k}={v}" for k, v in full.items()
+                     if k.rpartition(".")[2] in _TESTCASE_NAMES or _largest_payload(k, full))
     for outcome in outcomes:
-        lines.extend(f"{k}={v}" for k, v in gate_lines(outcome).items())
+        lines.extend(f"{k}={v}" for k, v in gate_lines(outcome).items()
+                     if k.rpartition(".")[2] not in _RUN_WIDE_GATE_FIELDS)
     return "\n".join(lines)
+
+
+def _largest_payload(name: str, lines: Mapping[str, str]) -> bool:
+    """``fabric.<id>.<op>.<bytes>.busbw_gbit`` of the largest payload measured for ``op``."""
+    head, _, tail = name.rpartition(".")
+    if tail != "busbw_gbit":
+        return False
+    op_prefix, _, size = head.rpartition(".")
+    sizes = [int(k.rpartition(".")[0].rpartition(".")[2]) for k in lines if k.startswith(op_prefix + ".")
+             and k.endswith(".busbw_gbit")]
+    return int(size) == max(sizes)
+
+
+def suite_properties(measurements: Sequence[Measurement | BandwidthMeasurement],
+                     facts: Mapping[str, str]) -> dict[str, str]:
+    """The testsuite's properties: ``facts`` (cluster, nodes, policies, outcome counts) and, from
+    every launch of the run, each configuration's machine lines (``fabric.<case id>.<name>``, as
+    ``measurement_lines`` writes them) and the run-wide facts those carry (versions, attention,
+    device). Every JUnit family allows suite properties; a reader merges them with the testcases'.
+    """
+    props = dict(facts)
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for m in measurements:
+        groups.setdefault((type(m).__name__, m.case.id), []).append(m)
+    for group in groups.values():
+        props.update(measurement_lines(group))
+    training = [m.result for m in measurements if isinstance(m, Measurement)]
+    results = training or [m.result for m in measurements]
+    if results:
+        r = results[0]
+        props.update({f"fabric.version.{k}": str(v) for k, v in r.versions.items() if v})
+        if isinstance(r, TrainResult):
+            props["fabric.attention"] = r.attention
+            props["fabric.device"] = f"{r.device}/{r.dtype}"
+    return props
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,14 +200,21 @@ def junit_names(nodeid: str, prefix: str | None) -> tuple[str, str]:
 
 
 def add_to_junit(path: Path, outputs: Mapping[str, str], suite_properties: Mapping[str, str],
-                 prefix: str | None = None) -> int:
+                 prefix: str | None = None, inconclusive: Mapping[str, tuple[str, str]] | None = None) -> int:
     """Add each test's measurement text to its testcase's system-out (appending to any captured
-    output already there) and run-wide properties to the testsuite. Returns testcases updated."""
+    output already there) and run-wide properties to the testsuite. Returns testcases updated.
+
+    ``inconclusive``: nodeid -> (one-line message, verdict text) of each inconclusive gate. pytest writes an xfail
+    as an empty ``<skipped/>`` (Codecov counts it as a pass) and a warned one as a pass; here each
+    becomes ``<skipped type="fabric.inconclusive" message="INCONCLUSIVE: ...">`` with the test's
+    human lines (else the verdict text) as its body, which GitLab and Jenkins show for a skip.
+    """
     from junitparser import JUnitXml, TestSuite
 
     xml = JUnitXml.fromfile(str(path))
     suites = [xml] if isinstance(xml, TestSuite) else list(xml)
     wanted = {junit_names(nodeid, prefix): text for nodeid, text in outputs.items()}
+    undecided = {junit_names(nodeid, prefix): told for nodeid, told in (inconclusive or {}).items()}
     updated = 0
     for suite in suites:
         for name, value in suite_properties.items():
@@ -160,8 +225,27 @@ def add_to_junit(path: Path, outputs: Mapping[str, str], suite_properties: Mappi
                 text = wanted[key]
                 case.system_out = f"{case.system_out}\n{text}" if case.system_out else text
                 updated += 1
+            if key in undecided and not (case.is_failure or case.is_error):
+                message, verdict = undecided[key]
+                _mark_inconclusive(case, message, wanted.get(key, "").partition("\n\n")[0] or verdict or message)
+        _recount(suite)
     xml.write(str(path))
     return updated
+
+
+def _mark_inconclusive(case: Any, message: str, text: str) -> None:
+    from junitparser import Skipped
+
+    skipped = Skipped(f"{INCONCLUSIVE_PREFIX} {message}" if message else f"{INCONCLUSIVE_PREFIX} undecided",
+                      "fabric.inconclusive")
+    skipped.text = text
+    case.result = [skipped]
+
+
+def _recount(suite: Any) -> None:
+    """The testsuite's skipped count after a passing (warned) inconclusive gate became a skip."""
+    cases = list(suite)
+    suite.skipped = sum(1 for c in cases if c.is_skipped)
 
 # --------------------------------------------------------------------------------------------
 # Reading
@@ -201,6 +285,9 @@ def load_junit(path: Path) -> SavedRun:
         if suite.hostname and "harness_host" not in identity:
             identity["harness_host"] = suite.hostname
         for prop in suite.properties():
+            match = _METRIC_LINE.match(f"{prop.name}={prop.value or ''}")
+            if match:  # a configuration's lines over every launch of the run: they win over a testcase's
+                metrics.setdefault(match["id"], {})[match["name"]] = match["value"]
             if prop.name == "fabric.cluster":
                 identity.setdefault("cluster", prop.value)
             elif prop.name == "fabric.fabrics":
@@ -209,6 +296,10 @@ def load_junit(path: Path) -> SavedRun:
                 identity.setdefault("attention", prop.value)
             elif prop.name.startswith("fabric.version."):
                 versions.setdefault(prop.name.removeprefix("fabric.version."), prop.value)
+        for cid, lines in metrics.items():
+            values = _launch_values(lines, path)
+            if values is not None and len(values[0]) > len(launches.get(cid, ([], []))[0]):
+                launches[cid] = values
         for case in suite:
             out = case.system_out or ""
             mine: dict[str, dict[str, str]] = {}
@@ -299,22 +390,45 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
 
 
 def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
-    """A measured testcase's outcome, with the pass/fail line when there is one."""
+    """A measured testcase's outcome word (``verdicts.OUTCOMES``), with its one-line message."""
     from junitparser import Error, Failure, Skipped
 
-    outcome = "passed"
+    outcome = PASS
     message = next((line for line in out.splitlines() if line.startswith(("pass: ", "inconclusive"))), "")
     for r in case.result:
         if isinstance(r, (Failure, Error)):
-            outcome = "failed" if isinstance(r, Failure) else "error"
-        elif isinstance(r, Skipped):  # pytest writes an xfail as a skip of type pytest.xfail
-            outcome = "xfailed" if r.type == "pytest.xfail" else "skipped"
+            outcome = FAIL if isinstance(r, Failure) else ERROR
+        elif isinstance(r, Skipped):
+            # Files older than the INCONCLUSIVE skip wrote an inconclusive gate as a pytest xfail.
+            undecided = r.type in ("fabric.inconclusive", "pytest.xfail")
+            outcome = INCONCLUSIVE if undecided else SKIPPED
         else:
             continue
         message = r.message or message
     verdict: dict[str, Any] = {"test": f"{case.classname}::{case.name}" if case.classname else case.name,
-                               "outcome": outcome, "message": message.splitlines()[0] if message else ""}
+                               "outcome": outcome, "message": message.splitlines()[0] if message else "",
+                               "gates": _gate_fields(out)}
     return {**verdict, **case_of_test(case.name or "")}
+
+
+def _gate_fields(out: str) -> list[dict[str, Any]]:
+    """Each gate's ``fabric.gate.<a>_vs_<b>.<name>=`` lines as the saved night's fields."""
+    gates: dict[str, dict[str, Any]] = {}
+    for line in out.splitlines():
+        match = _GATE_LINE.match(line.strip())
+        if not match:
+            continue
+        gate = gates.setdefault(match["pair"], {"a": match["a"], "b": match["b"]})
+        name, value = match["name"], match["value"]
+        try:
+            gate[name] = (value if name == "verdict" else [int(n) for n in value.split("+")] if name == "launches"
+                          else float(value))
+        except ValueError:
+            gate[name] = value
+    for gate in gates.values():
+        if "verdict" in gate:
+            gate["outcome"] = gate.pop("verdict")
+    return list(gates.values())
 
 # --------------------------------------------------------------------------------------------
 # Merging: several files of one nightly as one

@@ -96,12 +96,19 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
                             "`pytest-fabric baseline` learns each configuration's launch noise from the saved "
                             "night)", "1"),
     ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
+    ("undecided-night", "exit status of a night that decides no gate (every gate inconclusive, or comparisons "
+                        "skipped because the run fell back to local processes): fail (exit 1, one line says why) "
+                        "or pass (default fail)", "fail"),
     ("fabric-rate", "emulated link rate override NAME=MBIT, comma-separated (e.g. eth=200)", None),
     ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
      "2"),
     ("mixed-precision", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32 (default auto)", "auto"),
     ("fabric-save", "write this run's results to this JSON file (atomically) for later baselines and reports", None),
+    ("fabric-metrics", "write the night as OpenMetrics text to this file (GitLab metrics report, node_exporter "
+                       "textfile collector)", None),
+    ("fabric-benchmark-json", "write the night in Bencher Metric Format to this file (value with lower and upper "
+                              "bounds per measure, for benchmark trackers)", None),
     ("fabric-baseline", "a previous run (saved JSON, JUnit XML, or a `pytest-fabric baseline` file) to test "
                         "for regressions against", None),
     ("regression-on", "what the regression gate judges: scaling (multi-node tokens/s/GPU over the same night's "
@@ -131,7 +138,7 @@ _LINELISTS = [
                          "line (e.g. 'ib.nics = 8', 'ib.gbit_per_nic = 400'): the transport proof fails a run that "
                          "used fewer or slower ones (default: what each node's sysfs shows)"),
 ]
-_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32"),
+_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "undecided-night": ("fail", "pass"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32"),
             "regression-on": ("scaling", "tokens")}
 
 
@@ -320,12 +327,15 @@ class FabricOptions:
     settings: Settings
     references: References
     save: str | None = None
+    metrics: str | None = None  # --fabric-metrics: OpenMetrics text of the night
+    benchmark_json: str | None = None  # --fabric-benchmark-json: Bencher Metric Format
     baseline: Baseline | None = None
     regression_threshold: float = 0.10
     repeats: int = 2
     max_repeats: int = 6
     throughput_launches: int = 1
     inconclusive: str = "xfail"
+    undecided_night: str = "fail"  # a night that decides no gate: "fail" exits 1, "pass" leaves the status
     # USD per GPU-hour by fabric (ini fabric_price, --fabric-price); empty: no cost figures.
     prices: dict[str, float] = field(default_factory=dict)
     # Per-rank FLOP/s the comparison predictions assume; None: fitted to the faster side's step.
@@ -404,11 +414,7 @@ def parse(config: pytest.Config) -> FabricOptions:
     if not 0 < regression_threshold < 1:
         raise pytest.UsageError(f"--regression-threshold must be a fraction in (0, 1) such as 0.10, "
                                 f"got {threshold_value!r}")
-    save = _raw(config, "fabric-save")
-    if save is not None and not Path(save).resolve().parent.is_dir():
-        raise pytest.UsageError(f"--fabric-save {save}: the directory {Path(save).resolve().parent} does not exist")
-    if save is not None and Path(save).is_dir():
-        raise pytest.UsageError(f"--fabric-save {save}: is a directory; give a file path such as {save}/night.json")
+    save = _output_file(config, "fabric-save", "night.json")
     repeats = _int(config, "repeats", 1, default=2)
     max_repeats = _int(config, "max-repeats", 1, default=6)
     if max_repeats < repeats:
@@ -429,17 +435,30 @@ def parse(config: pytest.Config) -> FabricOptions:
         settings=settings,
         references=references,
         save=save,
+        metrics=_output_file(config, "fabric-metrics", "metrics.txt"),
+        benchmark_json=_output_file(config, "fabric-benchmark-json", "benchmark.json"),
         baseline=baseline,
         regression_threshold=regression_threshold,
         repeats=repeats,
         max_repeats=max_repeats,
         throughput_launches=_int(config, "throughput-launches", 1, default=1),
         inconclusive=_choice(config, "inconclusive"),
+        undecided_night=_choice(config, "undecided-night"),
         prices=_prices(config, table),
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),
         regression_on=_choice(config, "regression-on"),
         launch_noise=_launch_noise(config),
     )
+
+
+def _output_file(config: pytest.Config, name: str, example: str) -> str | None:
+    """A file the run writes at its end: refused now if it could not be written then."""
+    path = _raw(config, name)
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise pytest.UsageError(f"--{name} {path}: the directory {Path(path).resolve().parent} does not exist")
+    if path is not None and Path(path).is_dir():
+        raise pytest.UsageError(f"--{name} {path}: is a directory; give a file path such as {path}/{example}")
+    return path
 
 
 def _launch_noise(config: pytest.Config) -> NoisePrior | None:

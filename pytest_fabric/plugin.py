@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import math
+import os
 import tempfile
 import time
 import uuid
@@ -29,13 +30,15 @@ from .measure import (BandwidthMeasurement, Measurement, MeasurementError, Measu
 from .models import get_model
 from .redact import redact_file
 from .references import References
-from .junit import SECTION, add_to_junit, measurement_lines, testcase_text
+from . import __version__
+from .junit import SECTION, add_to_junit, gate_lines, measurement_lines, suite_properties, testcase_text
 from .report import bandwidth_table, summary_tables
 from .gates import GateOutcome, judge
 from .results import identity_from_records, identity_mismatch, save_results
 from .stats import (DEFAULT_NOISE, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate, contrast_interval,
                     reference_term, within_gate)
 from .store import ResultStore
+from .verdicts import INCONCLUSIVE, counts, gate_record, headline, outcome_of, undecided_night
 from .workload import faults
 
 
@@ -107,6 +110,8 @@ SESSION_KEY = pytest.StashKey[FabricSession]()
 MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
 VERDICTS_KEY = pytest.StashKey[list[str]]()
 OUTCOMES_KEY = pytest.StashKey[list[GateOutcome]]()
+ERRORED_KEY = pytest.StashKey[bool]()  # a measurement the test needed failed: its outcome is "error"
+NO_FABRICS_KEY = pytest.StashKey[bool]()  # a comparison skipped because the fabrics share one link
 REPORTER_NAME = "fabric-reporter"
 
 
@@ -153,6 +158,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "fabric_comparison: the test compares fabrics; it is skipped on a cluster where every fabric "
         "runs over the same links (the local cluster)")
+    config.addinivalue_line(
+        "markers",
+        "fabric_regression: the test gates tonight against --fabric-baseline; collected only when one is given")
     opts = fabric_options.parse(config)
     try:
         faults.from_env()  # injected faults (harness self-tests): refuse a typo before any launch
@@ -206,7 +214,20 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     ]
     if session.note:
         lines.append(f"fabric: NOTE {session.note}")
+    if o.baseline is None:
+        lines.append("fabric: regression gates off (no --fabric-baseline given)")
     return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without a baseline the regression gates are not collected (the header says so once), rather
+    than skipped one by one among the comparisons."""
+    if config.stash[SESSION_KEY].options.baseline is not None:
+        return
+    off = [item for item in items if item.get_closest_marker("fabric_regression") is not None]
+    if off:
+        items[:] = [item for item in items if item.get_closest_marker("fabric_regression") is None]
+        config.hook.pytest_deselected(items=off)
 
 
 def _measuring(s: Settings) -> str:
@@ -221,7 +242,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "fabric_link" in metafunc.fixturenames:
         # Collective bandwidth needs two nodes at least: one node never touches the fabric.
         session = metafunc.config.stash[SESSION_KEY]
-        links = expand([BANDWIDTH], session.nodes, session.options.fabrics, min_nodes=2)
+        marker = metafunc.definition.get_closest_marker("fabric_matrix")
+        excluded = marker.kwargs.get("exclude_fabrics", ()) if marker else ()  # e.g. the reference itself
+        fabrics = [f for f in session.options.fabrics if f not in excluded]
+        links = expand([BANDWIDTH], session.nodes, fabrics, min_nodes=2)
         metafunc.parametrize("fabric_link", links, ids=[c.id for c in links])
     if "fabric_case" not in metafunc.fixturenames:
         return
@@ -277,6 +301,7 @@ class MeasureFixture:
             m = measure()
         except MeasurementError as exc:
             message = f"measurement failed: {exc}"
+            self._item.stash[ERRORED_KEY] = True
         else:
             message = None
         if message is not None:  # outside the except: the report shows the launch's failure once, unchained
@@ -521,6 +546,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     cluster = session.prepared_cluster()
     if not cluster.realizes_fabrics:
         reason = session.note or f"the {cluster.name} cluster runs every fabric over the same links"
+        if session.note:  # `auto` fell back for lack of root: the night decides no comparison
+            item.stash[NO_FABRICS_KEY] = True
         pytest.skip(f"fabric comparison needs distinct fabrics: {reason}")
 
 
@@ -534,11 +561,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             groups.setdefault(f"{type(m).__name__} {m.case.id}", []).append(m)
         for group in groups.values():
             item.user_properties.extend(measurement_lines(group).items())
+        for gate in item.stash.get(OUTCOMES_KEY, []):
+            item.user_properties.extend(gate_lines(gate).items())
     report = yield
+    gates = item.stash.get(OUTCOMES_KEY, [])
     if call.when == "call" and measured:
-        report.sections.append((SECTION, testcase_text(measured, item.stash.get(VERDICTS_KEY, []),
-                                                       item.stash.get(OUTCOMES_KEY, []))))
+        report.sections.append((SECTION, testcase_text(measured, item.stash.get(VERDICTS_KEY, []), gates)))
+    # Plain attributes: they travel with the report from an xdist worker to the controller.
+    report.fabric_outcome = outcome_of(report, gates, item.stash.get(ERRORED_KEY, False))
+    report.fabric_gate = bool(gates)
+    report.fabric_headline = headline(gates)
+    report.fabric_gates = [gate_record(g) for g in gates]
+    report.fabric_no_fabrics = item.stash.get(NO_FABRICS_KEY, False)
     return report
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
+    """An inconclusive gate is its own outcome on the terminal (not an xfail, not a pass); under
+    --inconclusive fail it stays a failure there, so that it is listed with the failures."""
+    if report.when == "call" and not report.failed and getattr(report, "fabric_outcome", None) == INCONCLUSIVE:
+        return INCONCLUSIVE, "I", "INCONCLUSIVE"
+    return None
 
 
 class FabricReporter:
@@ -548,35 +592,86 @@ class FabricReporter:
     def __init__(self, fabric: FabricSession) -> None:
         self.fabric = fabric
         self.verdicts: list[dict[str, str]] = []
+        # nodeid -> (outcome word, one-line message, whether the test decided gates), every test.
+        self.outcomes: dict[str, tuple[str, str, bool]] = {}
+        self.undecided_text: dict[str, str] = {}  # nodeid -> an inconclusive gate's verdict text
+        self.gates: dict[str, list[dict[str, Any]]] = {}  # nodeid -> its gates' fields (verdicts.gate_record)
+        self.no_fabrics = 0  # comparisons skipped because `auto` fell back to local processes
+        self.undecided: str | None = None  # why the night decided nothing (--undecided-night)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # Under xdist the controller sees every worker's reports here.
+        word = getattr(report, "fabric_outcome", None)
+        if word is None:
+            return
+        message = getattr(report, "fabric_headline", "")
+        if report.failed:
+            message = report.longreprtext.strip().splitlines()[0] if report.longreprtext.strip() else "failed"
+        elif report.skipped and not message and isinstance(report.longrepr, tuple):
+            message = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if report.when == "call" or report.failed or report.skipped:  # a teardown error overrides the call
+            self.outcomes[report.nodeid] = (word, message, getattr(report, "fabric_gate", False))
+        self.no_fabrics += bool(getattr(report, "fabric_no_fabrics", False) and report.skipped)
+        if getattr(report, "fabric_gates", None):
+            self.gates[report.nodeid] = report.fabric_gates
+        if word == INCONCLUSIVE:
+            self.undecided_text[report.nodeid] = str(getattr(report, "wasxfail", "") or message)
         if report.when != "call":
             return
         text = next((t for name, t in report.sections if name == SECTION), None)
         if text is None:
             return
-        # Under xdist the controller sees every worker's reports here.
         self.fabric.outputs[report.nodeid] = text
-        outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
-        if report.failed:
-            message = report.longreprtext.strip().splitlines()[0] if report.longreprtext.strip() else "failed"
-        elif hasattr(report, "wasxfail"):
-            message = str(report.wasxfail)
-        else:
-            message = next((line for line in text.splitlines() if line.startswith("pass:")), "passed")
-        self.verdicts.append({"test": report.nodeid, "outcome": outcome, "message": message})
+        if word == "pass" and not message:
+            message = next((line for line in text.splitlines() if line.startswith("pass:")), "")
+        self.verdicts.append({"test": report.nodeid, "outcome": word, "message": message,
+                              "gates": list(getattr(report, "fabric_gates", []))})
 
     @pytest.hookimpl(trylast=True)  # after junitxml has written its file
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         config = session.config
+        if hasattr(config, "workerinput"):
+            return
+        # --undecided-night fail: a night that decided no gate exits 1 (the summary says why).
+        gates = [word for word, _, gate in self.outcomes.values() if gate]
+        self.undecided = undecided_night(gates, self.no_fabrics, self.fabric.note)
+        if self.undecided and self.fabric.options.undecided_night == "fail" and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self._save()
+        self._dashboards()
         xmlpath = getattr(config.option, "xmlpath", None)
-        if hasattr(config, "workerinput") or not xmlpath or not Path(xmlpath).exists():
+        if not xmlpath or not Path(xmlpath).exists():
             return
         path = Path(xmlpath)
-        if self.fabric.outputs:
-            add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix)
+        if self.fabric.outputs or self.no_fabrics or any(gate for _, _, gate in self.outcomes.values()):
+            add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix,
+                         inconclusive={nodeid: (message, self.undecided_text.get(nodeid, ""))
+                                       for nodeid, (word, message, _) in self.outcomes.items() if word == INCONCLUSIVE})
         redact_file(path)  # failure messages and captured output may quote a rank's environment
+
+    def _night_verdicts(self) -> list[dict[str, Any]]:
+        """Every test's outcome word and message, with its gates' fields: skipped gates too."""
+        measured = {v["test"]: v for v in self.verdicts}
+        return [measured.get(nodeid, {"test": nodeid, "outcome": word, "message": message,
+                                      "gates": self.gates.get(nodeid, [])})
+                for nodeid, (word, message, _) in self.outcomes.items()]
+
+    def _dashboards(self) -> None:
+        """--fabric-metrics, --fabric-benchmark-json and, under GitHub Actions, the job summary."""
+        o = self.fabric.options
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if not (o.metrics or o.benchmark_json or (step_summary and self.outcomes)):
+            return
+        from .dashboards import build_tables, write_outputs
+        from .results import SavedRun, run_from_store
+
+        records = self.fabric.store.all() if (self.fabric.directory / "measurements.json").exists() else {}
+        run = run_from_store(records, o.fabrics) if records else SavedRun({})
+        run.verdicts = self._night_verdicts()
+        tables = build_tables(run, records)
+        if self.undecided:
+            tables.notes.append(f"no verdict tonight: {self.undecided}")
+        write_outputs(tables, o.metrics, o.benchmark_json, step_summary if self.outcomes else None)
 
     def _save(self) -> None:
         """--fabric-save: everything measured, also when tests failed or the run was interrupted."""
@@ -587,20 +682,27 @@ class FabricReporter:
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
                     "fabrics": list(fabric.options.fabrics)}
-        save_results(fabric.options.save, fabric.store.all(), identity, self.verdicts, fabric.options.prices)
+        save_results(fabric.options.save, fabric.store.all(), identity, self._night_verdicts(), fabric.options.prices)
 
     def _suite_properties(self) -> dict[str, str]:
-        measured = self.fabric.recorded()
-        props = {"fabric.cluster": self.fabric.cluster.describe(),
-                 "fabric.fabrics": ",".join(self.fabric.options.fabrics)}
-        if measured:
-            r = measured[0].result
-            props.update({f"fabric.version.{k}": str(v) for k, v in r.versions.items() if v})
-            props["fabric.attention"] = r.attention
-        return props
+        fabric, o = self.fabric, self.fabric.options
+        facts = {"fabric.cluster": fabric.cluster.describe(), "fabric.cluster_kind": fabric.cluster.name,
+                 "fabric.fabrics": ",".join(o.fabrics), "fabric.nodes": str(fabric.nodes),
+                 "fabric.gpus_per_node": str(o.settings.gpus_per_node),
+                 "fabric.repeats": f"{o.repeats} to {o.max_repeats} launches per side",
+                 "fabric.inconclusive": o.inconclusive, "fabric.launch_noise": f"{fabric.noise.sigma:.6g}",
+                 "fabric.launch_noise_source": fabric.noise.source, "fabric.project_version": __version__}
+        facts.update({f"fabric.outcome.{word}": str(n)
+                      for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
+        if self.undecided:
+            facts["fabric.undecided"] = self.undecided
+        return suite_properties([*fabric.recorded(), *fabric.recorded_bandwidth()], facts)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         fabric = self.fabric
+        if self.undecided and not hasattr(fabric.config, "workerinput"):
+            exit_note = "exit 1" if fabric.options.undecided_night == "fail" else "--undecided-night pass"
+            terminalreporter.write_line(f"fabric: no verdict tonight ({exit_note}): {self.undecided}", yellow=True)
         if hasattr(fabric.config, "workerinput") or not (fabric.directory / "measurements.json").exists():
             return
         measured = fabric.recorded()

@@ -1,10 +1,15 @@
 """Reports a person reads after the night: Markdown and HTML from saved runs, plots, cost, trends.
 
 ``write_report`` turns one night (or the parts of one night: several JUnit files, a results file)
-into ``report.md`` and ``report.html``: per model, tokens/s per fabric and node count with the
-delta against the reference fabric, tokens/s per GPU and the tests' verdicts; collective bandwidth;
-and, given prices per GPU-hour, dollars per million tokens per fabric and the premium at which the
-faster fabric stops paying for itself. ``write_trend`` puts several nights side by side.
+into ``report.md`` and ``report.html``: per model, tokens/s per fabric and node count with its 95%
+interval and the delta against the reference fabric (with the gate's interval), tokens/s per GPU
+and the tests' outcome words; each gate's ratio, interval and threshold; collective bandwidth;
+and, given prices per GPU-hour, dollars per million tokens per fabric, the premium at which the
+faster fabric stops paying for itself, and which is cheaper ("undecided" when the intervals
+overlap). Pictures: per model each launch as a point with the value and its interval (the y-axis
+fits the data), the gates against their thresholds, busbw versus payload with the link rate.
+``write_trend`` puts several nights side by side, with the baseline band and failing nights marked.
+The rows come from ``dashboards.build_tables``, as the CI outputs' do.
 
 Both documents are built once as a list of blocks and rendered twice, so the Markdown and the HTML
 never disagree. The HTML is self-contained (inline CSS); plots are PNG files next to it, referenced
@@ -22,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .dashboards import GateRow, Tables, build_tables, configuration_interval, md_cell
 from .fabrics import REFERENCE_FABRIC
 from .predict import break_even_premium, cost_per_million_tokens
 from .redact import redact
-from .results import CaseResult, SavedRun, identity_mismatch, night_labels, verdict_case
+from .results import CaseResult, ResultsError, SavedRun, identity_mismatch, load_records, night_labels, verdict_case
 
 __all__ = ["Written", "combine", "cost_lines", "write_report", "write_trend"]
 
@@ -120,7 +126,7 @@ class _Document:
 
 
 def _markdown_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    return "| " + " | ".join(md_cell(c) for c in cells) + " |"
 
 
 _NUMBER = re.compile(r"^[-+$]?[0-9.,]+(e[-+]?\d+)?%?$|^-$|^n/a$")
@@ -220,6 +226,20 @@ def _identity_lines(identity: Mapping[str, Any]) -> list[str]:
     return [f"{name}: {value}" for name, value in facts if value not in (None, "")]
 
 
+def _gate_of(tables: Tables, model: str, nodes: int, fabric: str, ref: str | None) -> GateRow | None:
+    """The gate that compared ``fabric`` with ``ref`` on (model, nodes), either way round."""
+    return next((g for g in tables.gates if (g.model, g.nodes) == (model, nodes) and {g.a, g.b} == {fabric, ref}),
+                None)
+
+
+def _delta_interval(gate: GateRow | None, fabric: str) -> str:
+    """The gate's interval as a change of ``fabric`` against the other side, e.g. ``[-19.0%, +29.0%]``."""
+    if gate is None:
+        return ""
+    low, high = (gate.low, gate.high) if gate.a == fabric else (1 / gate.high, 1 / gate.low)
+    return f" [{(low - 1) * 100:+.1f}%, {(high - 1) * 100:+.1f}%]"
+
+
 def _delta(row: Mapping[str, CaseResult], fabric: str, ref: str | None, nodes: int) -> str:
     if fabric not in row:
         return "-"
@@ -230,13 +250,54 @@ def _delta(row: Mapping[str, CaseResult], fabric: str, ref: str | None, nodes: i
     return f"{(row[fabric].mean / row[ref].mean - 1) * 100:+.1f}%"
 
 
+def _with_interval(c: CaseResult) -> str:
+    iv = configuration_interval(c.tokens_per_s)
+    return f"{c.mean:.1f} [{iv.low:.1f}, {iv.high:.1f}]"
+
+
+def _verdict_cells(v: Mapping[str, Any], tables: Tables) -> list[str]:
+    gates = [g for g in tables.gates if g.test == v.get("test")]
+    outcome = {"passed": "pass", "failed": "fail", "xfailed": "inconclusive"}.get(str(v.get("outcome")),
+                                                                               str(v.get("outcome", "?")))
+    return [str(v.get("test", "?")), outcome, "; ".join(g.name for g in gates) or "-",
+            "; ".join(f"{g.ratio:.3f}" for g in gates) or "-",
+            "; ".join(f"[{g.low:.3f}, {g.high:.3f}]" for g in gates) or "-",
+            "; ".join(f"{g.threshold:.3f}" for g in gates) or "-", str(v.get("message", ""))]
+
+
+def _records(runs: Sequence[SavedRun]) -> dict[str, Any]:
+    """The launch records behind the nights that keep them (saved nights, stores): busbw per payload."""
+    records: dict[str, Any] = {}
+    for run in runs:
+        if run.source is not None and run.kind in ("results", "store"):
+            try:
+                records.update(load_records(run.source))
+            except ResultsError:
+                continue
+    return records
+
+
+def _cheapest(row: Mapping[str, CaseResult], cost: Mapping[str, float], prices: Mapping[str, float]) -> str:
+    """The fabric cheapest per token, or "undecided" when its cost interval overlaps another's."""
+    best = min(cost, key=cost.__getitem__)
+
+    def bounds(f: str) -> tuple[float, float]:
+        iv = configuration_interval(row[f].tokens_per_s)
+        return (cost_per_million_tokens(iv.high, row[f].gpus, prices[f]),
+                cost_per_million_tokens(iv.low, row[f].gpus, prices[f]))
+
+    tied = [f for f in cost if f != best and bounds(f)[0] <= bounds(best)[1]]
+    return f"undecided: {best} or {', '.join(tied)} (intervals overlap)" if tied else best
+
+
 def _verdicts_by_row(run: SavedRun) -> dict[tuple[str, int], list[str]]:
     """Per (model, nodes), the gates' outcomes: tests that passed without a verdict line only measured."""
     out: dict[tuple[str, int], list[str]] = {}
     for v in run.verdicts:
         case = verdict_case(v)
         outcome = v.get("outcome", "?")
-        if case is None or (outcome == "passed" and not v.get("message")):
+        outcome = {"passed": "pass", "failed": "fail", "xfailed": "inconclusive"}.get(outcome, outcome)
+        if case is None or (outcome == "pass" and not v.get("message")):
             continue
         test = str(v.get("test", "?")).rpartition("::")[2].partition("[")[0]
         out.setdefault(case[:2], []).append(f"{test} ({case[2]}): {outcome}")
@@ -270,6 +331,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
 
     Figure = _matplotlib_figure()
     by_model = _by_model(run)
+    tables = build_tables(run, _records(runs))
     doc.heading("Throughput")
     if not by_model:
         doc.para("No training measurements.")
@@ -289,8 +351,9 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
             row = rows[nodes]
             body.append([
                 str(nodes), str(next(iter(row.values())).gpus),
-                *(f"{row[f].mean:.1f}" if f in row else "-" for f in fabrics),
-                *(_delta(row, f, ref, nodes) for f in fabrics if f != ref),
+                *(_with_interval(row[f]) if f in row else "-" for f in fabrics),
+                *(_delta(row, f, ref, nodes) + (_delta_interval(_gate_of(tables, model, nodes, f, ref), f)
+                                                if nodes > 1 else "") for f in fabrics if f != ref),
                 *(f"{row[f].mean_per_gpu:.1f}" if f in row else "-" for f in fabrics),
                 ", ".join(f"{f} {len(row[f].tokens_per_s)}" for f in fabrics if f in row),
                 "; ".join(verdict_rows.get((model, nodes), [])) or "-",
@@ -300,12 +363,23 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
             png = directory / PLOTS_DIR / f"{_slug(model)}-per-gpu.png"
             _plot_per_gpu(Figure, png, model, rows, fabrics)
             plots.append(png)
-            doc.image(f"{PLOTS_DIR}/{png.name}", f"{model}: tokens/s per GPU versus nodes, per fabric")
+            doc.image(f"{PLOTS_DIR}/{png.name}", f"{model}: tokens/s per GPU versus nodes, each launch a point, "
+                                                 "the value with its 95% interval")
+    if by_model:
+        doc.para("tok/s: the value with its 95% interval [low, high]; vs: the change against the reference, with "
+                 "the gate's interval where a gate compared the two.")
 
     if run.verdicts:
         doc.heading("Verdicts")
-        doc.table(["test", "outcome", "detail"],
-                  [[v.get("test", "?"), v.get("outcome", "?"), v.get("message", "")] for v in run.verdicts])
+        doc.para("One outcome per test: pass, fail, inconclusive (the interval still straddles the threshold after "
+                 "the launch budget), error (could not be measured) or skipped.")
+        doc.table(["test", "outcome", "gate", "ratio", "interval", "threshold", "detail"],
+                  [_verdict_cells(v, tables) for v in run.verdicts])
+        if tables.gates and Figure is not None:
+            png = directory / PLOTS_DIR / "gates.png"
+            _plot_gates(Figure, png, tables.gates)
+            plots.append(png)
+            doc.image(f"{PLOTS_DIR}/{png.name}", "each gate's ratio with its interval against its threshold")
 
     if run.bandwidth:
         doc.heading("Collective bandwidth")
@@ -316,6 +390,12 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
                   [[str(b.nodes), b.fabric, f"{b.link_gbit:g}" if b.link_gbit else "-",
                     *(f"{b.busbw_gbit[op]:.3f}" if op in b.busbw_gbit else "-" for op in ops),
                     f"{b.payload_bytes / 2**20:g}"] for b in links])
+        if Figure is not None and tables.busbw:
+            for op in sorted({r.op for r in tables.busbw}):
+                png = directory / PLOTS_DIR / f"busbw-{_slug(op)}.png"
+                _plot_busbw(Figure, png, op, [r for r in tables.busbw if r.op == op])
+                plots.append(png)
+                doc.image(f"{PLOTS_DIR}/{png.name}", f"{op}: busbw versus payload per fabric, the link rate dashed")
 
     # Prices saved with the night (ini fabric_price, --fabric-price) unless given here.
     saved = {f for f in run.prices if f not in (prices or {})}
@@ -376,7 +456,7 @@ def _cost_tables(by_model: dict[str, dict[int, dict[str, CaseResult]]], fabrics:
                     cells.append("-")
             if ref in prices:
                 cells += [f"{(prices[ref] / prices[f] - 1) * 100:+.1f}%" for f in others if f in prices]
-            cells.append(min(cost, key=cost.__getitem__) if cost else "-")
+            cells.append(_cheapest(row, cost, prices) if cost else "-")
             body.append(cells)
         tables.append((model, header, body))
     return tables
@@ -397,19 +477,70 @@ def cost_lines(run: SavedRun, prices: Mapping[str, float]) -> list[str]:
 
 def _plot_per_gpu(Figure, png: Path, model: str, rows: dict[int, dict[str, CaseResult]],
                   fabrics: Sequence[str]) -> None:
+    """Each launch a point, the value with its 95% interval; the y-axis fits the data (from 0 it
+    would flatten the gap the gates judge)."""
     fig = Figure(figsize=(6.4, 4.0), dpi=100)
     ax = fig.add_subplot()
-    for fabric in fabrics:
-        points = [(nodes, row[fabric].mean_per_gpu) for nodes, row in sorted(rows.items()) if fabric in row]
-        if points:
-            ax.plot([n for n, _ in points], [v for _, v in points], marker="o", label=fabric)
+    shift = {f: (i - (len(fabrics) - 1) / 2) * 0.06 for i, f in enumerate(fabrics)}
+    for i, fabric in enumerate(fabrics):
+        cases = [(nodes, row[fabric]) for nodes, row in sorted(rows.items()) if fabric in row]
+        if not cases:
+            continue
+        color = f"C{i}"
+        xs = [nodes * (1 + shift[fabric]) for nodes, _ in cases]
+        for x, (_, c) in zip(xs, cases):
+            ax.scatter([x] * len(c.tokens_per_s_per_gpu), c.tokens_per_s_per_gpu, s=12, alpha=0.45, color=color)
+        ivs = [configuration_interval(c.tokens_per_s_per_gpu) for _, c in cases]
+        ax.errorbar(xs, [iv.point for iv in ivs], yerr=[[iv.point - iv.low for iv in ivs], [iv.high - iv.point for iv in ivs]],
+                    marker="o", capsize=4, color=color, label=fabric)
     ax.set_title(f"{model}: tokens/s per GPU")
-    ax.set_xlabel("nodes")
+    ax.set_xlabel("nodes (points: launches; bars: 95% interval)")
     ax.set_ylabel("tokens/s per GPU")
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(min(rows) / 1.5, max(rows) * 1.5)
     ax.set_xticks(sorted(rows))
-    ax.set_ylim(bottom=0)
+    ax.set_xticklabels([str(n) for n in sorted(rows)])
     ax.grid(True, alpha=0.3)
     ax.legend()
+    _save_png(fig, png)
+
+
+def _plot_gates(Figure, png: Path, gates: Sequence[GateRow]) -> None:
+    """One row per gate: its ratio with the interval, and its threshold as a red tick."""
+    colors = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange", "error": "tab:gray"}
+    fig = Figure(figsize=(7.2, 1.2 + 0.45 * len(gates)), dpi=100)
+    ax = fig.add_subplot()
+    for y, g in enumerate(gates):
+        ax.errorbar([g.ratio], [y], xerr=[[g.ratio - g.low], [g.high - g.ratio]], marker="o", capsize=4,
+                    color=colors.get(g.outcome, "black"))
+        ax.plot([g.threshold, g.threshold], [y - 0.35, y + 0.35], color="red", linewidth=2)
+    ax.set_yticks(range(len(gates)))
+    ax.set_yticklabels([f"{g.name} {g.where} ({g.outcome})" for g in gates], fontsize=8)
+    ax.set_ylim(-0.6, len(gates) - 0.4)
+    ax.set_xlabel("ratio a/b with its interval; red: the threshold it must clear")
+    ax.grid(True, axis="x", alpha=0.3)
+    _save_png(fig, png)
+
+
+def _plot_busbw(Figure, png: Path, op: str, rows: Sequence[Any]) -> None:
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
+    ax = fig.add_subplot()
+    for i, key in enumerate(sorted({(r.nodes, r.fabric) for r in rows})):
+        mine = sorted((r for r in rows if (r.nodes, r.fabric) == key), key=lambda r: r.bytes)
+        label = f"{key[1]}, {key[0]} nodes"
+        ax.plot([r.bytes for r in mine], [r.busbw_gbit for r in mine], marker="o", color=f"C{i}", label=label)
+        if mine[0].link_gbit:
+            ax.axhline(mine[0].link_gbit, color=f"C{i}", linestyle="--", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"{op}: busbw versus payload (dashed: the link rate)")
+    ax.set_xlabel("payload (bytes)")
+    ax.set_ylabel("busbw (Gbit/s)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    _save_png(fig, png)
+
+
+def _save_png(fig, png: Path) -> None:
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, format="png")
@@ -474,21 +605,38 @@ def _sort_key(c: CaseResult) -> tuple[str, int, str]:
 
 def _plot_trend(Figure, png: Path, title: str, labels: Sequence[str], runs: Sequence[SavedRun],
                 case_ids: Sequence[str]) -> None:
+    """tokens/s per night per node count: the baseline band (robust center of the nights, +-10%, the
+    default regression threshold) shaded, nights whose gates failed for the case marked with a red x."""
+    from .stats import robust_baseline
+
     fig = Figure(figsize=(max(6.4, 0.9 * len(labels)), 4.0), dpi=100)
     ax = fig.add_subplot()
     xs = list(range(len(labels)))
-    for cid in case_ids:
+    for i, cid in enumerate(case_ids):
         points = [(x, r.cases[cid].mean) for x, r in zip(xs, runs) if cid in r.cases]
         nodes = next(r.cases[cid].nodes for r in runs if cid in r.cases)
-        ax.plot([x for x, _ in points], [v for _, v in points], marker="o",
+        color = f"C{i}"
+        ax.plot([x for x, _ in points], [v for _, v in points], marker="o", color=color,
                 label=f"{nodes} node{'s' * (nodes > 1)}")
-    ax.set_title(f"{title}: tokens/s")
+        center = robust_baseline([v for _, v in points]).center
+        ax.axhspan(center * 0.9, center * 1.1, color=color, alpha=0.12)
+        failed = [(x, r.cases[cid].mean) for x, r in zip(xs, runs) if cid in r.cases and _failed(r, cid)]
+        if failed:
+            ax.scatter([x for x, _ in failed], [v for _, v in failed], marker="x", s=90, color="red", zorder=3,
+                       label="gate failed" if i == 0 else None)
+    ax.set_title(f"{title}: tokens/s (band: baseline +-10%)")
     ax.set_xticks(xs)
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("tokens/s")
-    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, format="png")
+    _save_png(fig, png)
+
+
+def _failed(run: SavedRun, case_id: str) -> bool:
+    """A gate of the night about ``case_id`` failed."""
+    for v in run.verdicts:
+        if str(v.get("outcome")) in ("fail", "failed") and (where := verdict_case(v)) is not None:
+            if "-".join([where[0], f"n{where[1]}", where[2]]) == case_id:
+                return True
+    return False

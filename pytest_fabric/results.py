@@ -2,13 +2,15 @@
 
 A session's store (``measurements.json`` in its directory) is a cache keyed by launch; it dies with
 the session. What is worth keeping is smaller and stable: per configuration, one tokens/s value
-per launch; per link, the bus bandwidth of each collective at its largest payload; the verdicts;
-and the identity of what ran (cluster, hosts, device, versions), because a comparison between two
+per launch; per link, the bus bandwidth of each collective at its largest payload; the verdicts
+(each test's outcome word, ``verdicts.OUTCOMES``, its one-line message, and per gate its fields:
+ratio, ci_low, ci_high, threshold, outcome, both sides' values, launches); and the identity
+of what ran (cluster, hosts, device, versions), because a comparison between two
 nights is only as good as the sameness of the two set-ups.
 
 ``load_results`` reads every form a night can come in: a file written by ``save_results``, a
-baseline, a session's store as it is, or the JUnit XML the plugin wrote (metrics parsed from each
-testcase's ``system-out``). Files are JSON or XML only: a results file is data, and loading a
+baseline, a session's store as it is, or the JUnit XML the plugin wrote (machine lines from the
+testsuite properties and each testcase's ``system-out``). Files are JSON or XML only: a results file is data, and loading a
 pickle could run code. Whatever cannot be read raises ``ResultsError`` naming the file and what
 was expected, never a bare ``KeyError`` from deep inside.
 """
@@ -120,7 +122,8 @@ class SavedRun:
     identity: dict[str, Any]
     cases: dict[str, CaseResult] = field(default_factory=dict)
     bandwidth: dict[str, LinkResult] = field(default_factory=dict)
-    # {"test", "outcome", "message"} and, where known, {"model", "nodes", "fabric"}.
+    # {"test", "outcome" (a verdicts.OUTCOMES word; older nights: pytest's), "message", "gates"} and,
+    # where known, {"model", "nodes", "fabric"}.
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # first line of each failed launch
     source: Path | None = None

@@ -8,8 +8,7 @@ than --regression-threshold (default 10%) below the baseline's.
 import pytest
 
 
+@pytest.mark.fabric_regression  # collected only with --fabric-baseline
 @pytest.mark.fabric_matrix()
-def test_no_regression_against_baseline(fabric_case, fabric_compare, fabric_session):
-    if fabric_session.options.baseline is None:
-        pytest.skip("no --fabric-baseline given")
+def test_no_regression_against_baseline(fabric_case, fabric_compare):
     fabric_compare.no_regression(fabric_case)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -48,8 +49,9 @@ def test_report_writes_the_documents(capsys, tmp_path):
     assert "matplotlib is not installed" in err  # said once, on stderr, not as a failure
     md = (tmp_path / "out" / "report.md").read_text()
     ib, eth = geomean(IB_LAUNCHES), geomean(ETH_LAUNCHES)  # a configuration's value
-    assert f"| 2 | 2 | {ib:.1f} | {eth:.1f} | {(eth / ib - 1) * 100:+.1f}% |" in md
-    assert "| 2 | 2 | 1803.3 | 1700.0 | -5.7% |" in md and "ib break-even premium over eth" in md
+    assert re.search(rf"\| 2 \| 2 \| {ib:.1f} \[[\d.]+, [\d.]+\] \| {eth:.1f} \[[\d.]+, [\d.]+\] \| "
+                     rf"{(eth / ib - 1) * 100:+.1f}% \|", md)
+    assert "| 2 | 2 | 1803.3 [" in md and "ib break-even premium over eth" in md
 
 
 def test_report_prices_the_night_with_its_saved_prices_unless_given(capsys, tmp_path):
@@ -75,7 +77,7 @@ def test_report_reads_a_session_store_and_junit_together(capsys, tmp_path):
     junit.write_text(junit_text(session_store()))
     code, _, err = run(capsys, "report", str(store), str(junit), "-o", str(tmp_path / "out"))
     assert code == 0, err
-    assert "test_advantage (eth): failed" in (tmp_path / "out" / "report.md").read_text()
+    assert "test_advantage (eth): fail" in (tmp_path / "out" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("price, expected", [

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pytest_fabric import Case, Measurement
+from pytest_fabric.junit import suite_properties
 from pytest_fabric.junit import testcase_text as text_of
 from pytest_fabric.measure import BandwidthMeasurement
 from pytest_fabric.results import (
@@ -269,6 +270,11 @@ def junit_text(store: dict, failing: str | None = None) -> str:
          text_of([BandwidthMeasurement.from_record(store["collectives-n2-eth#gggg"])]), None),
         ("test_unrelated", "", None),
     ]
+    # The suite properties over every launch of the run, as the plugin writes them.
+    everything = [*parity, measured("qwen2-tiny-n1-any#aaaa", "eth"), measured("llama-wide-n2-ib#dddd"),
+                  measured("llama-wide-n2-eth#eeee"), BandwidthMeasurement.from_record(store["collectives-n2-eth#gggg"])]
+    props = {k: v for k, v in suite_properties(everything, {}).items()
+             if not k.startswith(("fabric.version.", "fabric.attention", "fabric.device"))}
     body = []
     for name, out, failure in cases:
         fail = f"<failure message={quoteattr(failure)}>details</failure>" if failure else ""
@@ -281,7 +287,8 @@ def junit_text(store: dict, failing: str | None = None) -> str:
         '<property name="fabric.cluster" value="emulated (network namespaces on this machine)"/>'
         '<property name="fabric.fabrics" value="ib,eth"/>'
         '<property name="fabric.version.torch" value="2.13.0+cpu"/>'
-        '<property name="fabric.attention" value="sdpa"/></properties>'
+        '<property name="fabric.attention" value="sdpa"/>'
+        + "".join(f"<property name={quoteattr(k)} value={quoteattr(v)}/>" for k, v in props.items()) + "</properties>"
         + "".join(body) + "</testsuite></testsuites>")
 
 
@@ -304,10 +311,10 @@ def test_junit_metrics_launches_verdicts_and_identity(tmp_path):
     assert link.payload_bytes == 16 << 20 and link.link_gbit == pytest.approx(0.4)
     outcomes = {v["test"].split("::")[-1]: v for v in run.verdicts}
     assert "test_unrelated" not in outcomes  # nothing measured: not a fabric verdict
-    assert outcomes["test_parity[qwen2-tiny-n2-eth]"]["outcome"] == "passed"
+    assert outcomes["test_parity[qwen2-tiny-n2-eth]"]["outcome"] == "pass"
     assert outcomes["test_parity[qwen2-tiny-n2-eth]"]["message"].startswith("pass: eth/ib = 0.941")
     failed = outcomes["test_advantage[llama-wide-n2-eth]"]
-    assert failed["outcome"] == "failed" and "wholly below" in failed["message"]
+    assert failed["outcome"] == "fail" and "wholly below" in failed["message"]
     assert (failed["model"], failed["nodes"], failed["fabric"]) == ("llama-wide", 2, "eth")
     ident = run.identity
     assert ident["fabrics"] == ["ib", "eth"] and ident["versions"] == {"torch": "2.13.0+cpu"}
@@ -341,16 +348,16 @@ def test_junit_round_trip_keeps_every_launch_and_the_geometric_mean(tmp_path):
     ms = launches("qwen2-tiny", 2, "ib", ib, gpus_per_node=2) + launches("qwen2-tiny", 2, "eth", eth, gpus_per_node=2)
     assert [m.tokens_per_s for m in ms] == pytest.approx([*ib, *eth], rel=1e-12)
     text = text_of(ms, ["pass: eth/ib = 0.8, 95% CI [0.7, 0.9]"])
+    props = suite_properties(ms, {"fabric.cluster": "emulated (network namespaces on this machine)",
+                                  "fabric.fabrics": "ib,eth"})
     # The machine line holds the geometric mean, not the arithmetic one.
     assert f"fabric.qwen2-tiny-n2-ib.tokens_per_s={geomean(ib):.3f}" in text.splitlines()
-    assert f"fabric.qwen2-tiny-n2-eth.tokens_per_s_per_gpu={geomean(eth) / 4:.3f}" in text.splitlines()
+    assert props["fabric.qwen2-tiny-n2-eth.tokens_per_s_per_gpu"] == f"{geomean(eth) / 4:.3f}"
     assert f"{statistics.fmean(ib):.3f}" not in text
 
     path = tmp_path / "junit.xml"
     path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-eth]", "test_other"))
-    assert add_to_junit(path, {"suites/test_x.py::test_parity[qwen2-tiny-n2-eth]": text},
-                        {"fabric.cluster": "emulated (network namespaces on this machine)",
-                         "fabric.fabrics": "ib,eth"}) == 1
+    assert add_to_junit(path, {"suites/test_x.py::test_parity[qwen2-tiny-n2-eth]": text}, props) == 1
     run = load_results(path)
     assert run.kind == "junit" and set(run.cases) == {"qwen2-tiny-n2-ib", "qwen2-tiny-n2-eth"}
     for cid, values in (("qwen2-tiny-n2-ib", ib), ("qwen2-tiny-n2-eth", eth)):
@@ -364,7 +371,7 @@ def test_junit_round_trip_keeps_every_launch_and_the_geometric_mean(tmp_path):
     assert run.identity["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]
     assert run.identity["cluster_kind"] == "emulated" and run.identity["nodes"] == 2
     assert run.identity["fabrics"] == ["ib", "eth"]
-    assert [v["outcome"] for v in run.verdicts] == ["passed"]
+    assert [v["outcome"] for v in run.verdicts] == ["pass"]
     assert run.verdicts[0]["message"].startswith("pass: eth/ib = 0.8")
 
 
@@ -380,18 +387,19 @@ def test_the_junit_reader_ignores_the_human_sentences(tmp_path):
     launches (...)") change nothing, and a configuration only a sentence mentions is not read."""
     ib = (1800.0, 1820.0, 1790.0)
     text = text_of(launches("qwen2-tiny", 2, "ib", ib))
+    props = suite_properties(launches("qwen2-tiny", 2, "ib", ib), {})
     human = next(line for line in text.splitlines() if line.startswith("qwen2-tiny-n2-ib: "))
     lied = text.replace(human, "\n".join([
         "qwen2-tiny-n2-ib: 999.0 tokens/s over 2 launches (998.0, 1000.0), 2 GPU(s)",
         "qwen2-tiny-n2-ib: mean 555.0 tokens/s over 4 launches (500.0, 550.0, 600.0, 570.0), 2 GPU(s)",
         "llama-wide-n2-eth: mean 43.0 tokens/s over 2 launches (40.0, 46.0), 2 GPU(s)",
     ]))
-    assert lied != text and "fabric.qwen2-tiny-n2-ib.launch_tokens_per_s=1800.000,1820.000,1790.000" in lied
+    assert lied != text and props["fabric.qwen2-tiny-n2-ib.launch_tokens_per_s"] == "1800.000,1820.000,1790.000"
     path = tmp_path / "junit.xml"
     path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-ib]"))
     from pytest_fabric.junit import add_to_junit
 
-    add_to_junit(path, {"suites/test_x.py::test_parity[qwen2-tiny-n2-ib]": lied}, {})
+    add_to_junit(path, {"suites/test_x.py::test_parity[qwen2-tiny-n2-ib]": lied}, props)
     run = load_results(path)
     assert set(run.cases) == {"qwen2-tiny-n2-ib"}  # llama-wide had a sentence, no machine lines
     assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx(list(ib), abs=5e-4)
@@ -438,7 +446,7 @@ def test_junit_reads_a_fabric_whose_name_has_a_dot(tmp_path):
     ms = launches("qwen2-tiny", 2, "roce.v2", (1000.0, 1010.0))
     path = tmp_path / "junit.xml"
     path.write_text(junit_skeleton("test_x[qwen2-tiny-n2-roce.v2]"))
-    add_to_junit(path, {"suites/test_x.py::test_x[qwen2-tiny-n2-roce.v2]": text_of(ms)}, {})
+    add_to_junit(path, {"suites/test_x.py::test_x[qwen2-tiny-n2-roce.v2]": text_of(ms)}, suite_properties(ms, {}))
     assert load_results(path).measurements["qwen2-tiny-n2-roce.v2"] == pytest.approx([1000.0, 1010.0], abs=5e-4)
 
 

@@ -1,0 +1,284 @@
+"""What CI systems and dashboards read, built from one set of tables.
+
+Teams look at a night in GitHub's job summary, GitLab's metrics report, a Prometheus textfile
+collector, and benchmark trackers (Bencher, github-action-benchmark) - not in a JUnit viewer,
+which shows few of the numbers (README, "What each CI system shows"). ``build_tables`` turns a
+night (``results.SavedRun``, with the launch records where there are any) into rows once: each
+gate's ratio, interval, threshold and outcome word; each configuration's tokens/s with its 95%
+interval; each collective's busbw per payload. Every renderer here, and the report
+(``reportgen``), reads those rows, so a number is the same wherever it is shown.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .case import BANDWIDTH, Case
+from .measure import BandwidthMeasurement
+from .results import SavedRun, verdict_case
+from .stats import DEFAULT_NOISE, Interval, contrast_interval
+from .verdicts import ERROR, FAIL, INCONCLUSIVE, OUTCOMES, PASS, counts
+
+CONFIDENCE = 0.95  # of a configuration's interval (a gate's interval has its own, from its spending)
+
+
+@dataclass(frozen=True)
+class GateRow:
+    """One gate of one test: ``a``/``b`` with its interval, against its threshold."""
+
+    test: str
+    outcome: str
+    a: str
+    b: str
+    ratio: float
+    low: float
+    high: float
+    confidence: float
+    threshold: float
+    model: str = ""
+    nodes: int = 0
+    launches: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.a}/{self.b}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.model} n{self.nodes}" if self.model else ""
+
+
+@dataclass(frozen=True)
+class ConfigRow:
+    """One (model, nodes, fabric): its value (the one the gates judged) and a 95% interval of it."""
+
+    model: str
+    nodes: int
+    fabric: str
+    gpus: int
+    tokens_per_s: float
+    low: float
+    high: float
+    launches: int
+
+
+@dataclass(frozen=True)
+class BusbwRow:
+    nodes: int
+    fabric: str
+    op: str
+    bytes: int
+    busbw_gbit: float
+    link_gbit: float | None
+
+
+@dataclass
+class Tables:
+    """A night as rows: every renderer of a night reads these."""
+
+    tests: list[tuple[str, str, str]]  # (test, outcome word, one-line message), every test with a verdict
+    gates: list[GateRow]
+    configs: list[ConfigRow]
+    busbw: list[BusbwRow]  # every payload where the launch records are known, else the largest
+    identity: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # e.g. why the night decided nothing
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return counts(outcome for _, outcome, _ in self.tests)
+
+
+def configuration_interval(values: Sequence[float]) -> Interval:
+    """95% interval of a configuration's value (the geometric mean of its launches), with the
+    declared launch noise as prior: one launch is known no better than launches differ."""
+    return contrast_interval([(+1.0, [(math.log(v), 0.0) for v in values])], DEFAULT_NOISE, CONFIDENCE)
+
+
+def _word(outcome: str) -> str:
+    """Saved nights written before the outcome words used pytest's."""
+    return {"passed": PASS, "failed": FAIL, "xfailed": INCONCLUSIVE}.get(outcome, outcome)
+
+
+def build_tables(run: SavedRun, records: Mapping[str, Any] | None = None) -> Tables:
+    """The rows of ``run``; ``records`` (a session's store, or a saved night's ``records``) add the
+    busbw of every payload."""
+    tests, gates = [], []
+    for v in run.verdicts:
+        test, outcome = str(v.get("test", "?")), _word(str(v.get("outcome", "?")))
+        tests.append((test, outcome, str(v.get("message", ""))))
+        where = verdict_case(v)
+        for g in v.get("gates") or []:
+            launches = g.get("launches", "")
+            gates.append(GateRow(test, _word(str(g.get("outcome", outcome))), str(g["a"]), str(g["b"]),
+                                 float(g["ratio"]), float(g["ci_low"]), float(g["ci_high"]),
+                                 float(g.get("confidence", CONFIDENCE)), float(g["threshold"]),
+                                 where[0] if where else "", where[1] if where else 0,
+                                 "+".join(map(str, launches)) if isinstance(launches, list) else str(launches)))
+    configs = []
+    for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
+        iv = configuration_interval(c.tokens_per_s)
+        configs.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, len(c.tokens_per_s)))
+    return Tables(tests, gates, configs, _busbw_rows(run, records), dict(run.identity))
+
+
+def _busbw_rows(run: SavedRun, records: Mapping[str, Any] | None) -> list[BusbwRow]:
+    rows: dict[tuple[int, str, str, int], BusbwRow] = {}
+    links = {link.id: link for link in run.bandwidth.values()}
+    for record in (records or {}).values():
+        if not isinstance(record, dict) or "error" in record or record.get("case", {}).get("model") != BANDWIDTH:
+            continue
+        m = BandwidthMeasurement.from_record(record)
+        link = links.get(m.case.id)
+        for row in m.rows:
+            rows[(m.case.nodes, m.case.fabric, row.op, row.bytes)] = BusbwRow(
+                m.case.nodes, m.case.fabric, row.op, row.bytes, row.busbw_gbit, link.link_gbit if link else None)
+    if not rows:
+        for link in run.bandwidth.values():
+            for op, gbit in link.busbw_gbit.items():
+                rows[(link.nodes, link.fabric, op, link.payload_bytes)] = BusbwRow(
+                    link.nodes, link.fabric, op, link.payload_bytes, gbit, link.link_gbit)
+    return [rows[k] for k in sorted(rows)]
+
+
+# -- Markdown: GitHub's job summary ------------------------------------------------------------------
+
+
+def md_cell(text: object) -> str:
+    """A GitHub-flavoured Markdown table cell: a ``|`` or a line break would end the cell or the row."""
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[object]], align: str = "") -> list[str]:
+    """``align``: one character per column, ``r`` right-aligned (numbers), anything else left."""
+    marks = ["---:" if (align[i:i + 1] == "r") else "---" for i in range(len(header))]
+    return ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "|".join(marks) + "|",
+            *("| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows)]
+
+
+def _interval(low: float, high: float, digits: int = 3) -> str:
+    return f"[{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def job_summary(tables: Tables) -> str:
+    """GitHub Actions' job summary: outcome counts, failures first, then each gate's ratio and
+    interval against its threshold, then throughput and bandwidth with their intervals."""
+    n = tables.counts
+    lines = ["## pytest-fabric: " + (", ".join(f"{n[w]} {w}" for w in OUTCOMES if n[w]) or "no tests"), ""]
+    lines += [f"> {md_cell(note)}" for note in tables.notes] + ([""] if tables.notes else [])
+    bad = [(t, o, m) for t, o, m in tables.tests if o in (FAIL, ERROR)]
+    if bad:
+        lines += ["### Failures", "", *md_table(["test", "outcome", "message"], bad), ""]
+    if tables.gates:
+        order = {FAIL: 0, ERROR: 1, INCONCLUSIVE: 2, PASS: 3}
+        gates = sorted(tables.gates, key=lambda g: (order.get(g.outcome, 4), g.test))
+        lines += ["### Verdicts", "", *md_table(
+            ["outcome", "gate", "where", "ratio", "interval", "threshold", "launches"],
+            [[g.outcome.upper(), g.name, g.where, f"{g.ratio:.3f}",
+              f"{_interval(g.low, g.high)} ({g.confidence:.4g})", f"{g.threshold:.3f}", g.launches] for g in gates],
+            "lllrrrr"), ""]
+    if tables.configs:
+        lines += [f"### Throughput (tokens/s, {CONFIDENCE:.0%} interval)", "", *md_table(
+            ["model", "nodes", "fabric", "GPUs", "tokens/s", "interval", "tokens/s/GPU", "launches"],
+            [[c.model, c.nodes, c.fabric, c.gpus, f"{c.tokens_per_s:.1f}", _interval(c.low, c.high, 1),
+              f"{c.tokens_per_s / c.gpus:.1f}", c.launches] for c in tables.configs], "lrlrrrrr"), ""]
+    largest: dict[tuple[int, str, str], BusbwRow] = {}
+    for r in tables.busbw:
+        if (r.nodes, r.fabric, r.op) not in largest or r.bytes > largest[(r.nodes, r.fabric, r.op)].bytes:
+            largest[(r.nodes, r.fabric, r.op)] = r
+    if largest:
+        lines += ["### Collective bandwidth (busbw, Gbit/s, largest payload)", "", *md_table(
+            ["nodes", "fabric", "collective", "busbw", "link", "MiB"],
+            [[r.nodes, r.fabric, r.op, f"{r.busbw_gbit:.3f}", f"{r.link_gbit:g}" if r.link_gbit else "-",
+              f"{r.bytes / 2**20:g}"] for r in largest.values()], "rllrrr"), ""]
+    return "\n".join(lines)
+
+
+# -- OpenMetrics: GitLab's metrics report, a node_exporter textfile collector ------------------------
+
+
+def _labels(**labels: object) -> str:
+    def esc(v: object) -> str:
+        return str(v).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+    return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
+
+
+def openmetrics(tables: Tables) -> str:
+    """OpenMetrics text: gauges only (a night is a snapshot), every family with HELP and TYPE."""
+    families: dict[str, tuple[str, list[str]]] = {}
+
+    def add(name: str, help_text: str, labels: dict[str, object], value: float) -> None:
+        families.setdefault(name, (help_text, []))[1].append(f"{name}{_labels(**labels)} {value:.10g}")
+
+    for c in tables.configs:
+        where = {"model": c.model, "nodes": c.nodes, "fabric": c.fabric}
+        add("fabric_tokens_per_second", "tokens/s of the whole job (geometric mean of the launches)", where,
+            c.tokens_per_s)
+        add("fabric_tokens_per_second_low", f"lower bound of the {CONFIDENCE:.0%} interval of tokens/s", where, c.low)
+        add("fabric_tokens_per_second_high", f"upper bound of the {CONFIDENCE:.0%} interval of tokens/s", where,
+            c.high)
+    for g in tables.gates:
+        where = {"gate": g.name, "model": g.model, "nodes": g.nodes, "fabric": g.a, "test": g.test}
+        add("fabric_gate_ratio", "the gate's ratio a/b", where, g.ratio)
+        add("fabric_gate_ratio_low", "lower bound of the gate's interval", where, g.low)
+        add("fabric_gate_ratio_high", "upper bound of the gate's interval", where, g.high)
+        add("fabric_gate_threshold", "the ratio the gate requires (at least)", where, g.threshold)
+        for word in (PASS, FAIL, INCONCLUSIVE, ERROR):
+            add("fabric_gate_outcome", "1 for the gate's outcome, 0 for the others", {**where, "outcome": word},
+                1.0 if g.outcome == word else 0.0)
+    for r in tables.busbw:
+        add("fabric_busbw_gbit", "bus bandwidth (nccl-tests semantics) in Gbit/s",
+            {"op": r.op, "bytes": r.bytes, "nodes": r.nodes, "fabric": r.fabric}, r.busbw_gbit)
+    for (nodes, fabric), link in sorted({(r.nodes, r.fabric): r.link_gbit for r in tables.busbw}.items()):
+        if link:
+            add("fabric_link_gbit", "the emulated link rate in Gbit/s", {"nodes": nodes, "fabric": fabric}, link)
+    for word, n in tables.counts.items():
+        add("fabric_tests", "tests of the night by outcome", {"outcome": word}, n)
+    out = []
+    for name, (help_text, samples) in families.items():
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", *samples]
+    return "\n".join([*out, "# EOF"]) + "\n"
+
+
+# -- Bencher Metric Format: benchmark trackers -------------------------------------------------------
+
+
+def benchmark_json(tables: Tables) -> dict[str, dict[str, dict[str, float]]]:
+    """Bencher Metric Format: benchmark -> measure -> value with lower and upper bounds (the intervals),
+    so a tracker trends each ratio and its interval without reading prose."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for c in tables.configs:
+        out.setdefault(Case(c.model, c.nodes, c.fabric).id, {})["tokens-per-second"] = {
+            "value": c.tokens_per_s, "lower_value": c.low, "upper_value": c.high}
+    for g in tables.gates:
+        name = f"gate {g.name} {g.where}".strip()
+        out.setdefault(name, {})["ratio"] = {"value": g.ratio, "lower_value": g.low, "upper_value": g.high}
+    largest: dict[str, BusbwRow] = {}
+    for r in tables.busbw:
+        key = f"{Case(BANDWIDTH, r.nodes, r.fabric).id} {r.op}"
+        if key not in largest or r.bytes > largest[key].bytes:
+            largest[key] = r
+    for key, r in largest.items():
+        out.setdefault(key, {})["busbw-gbit"] = {"value": r.busbw_gbit}
+    return out
+
+
+def write_outputs(tables: Tables, metrics: Path | str | None, benchmark: Path | str | None,
+                  step_summary: Path | str | None) -> list[Path]:
+    """Write each output that has a path (the job summary is appended: other steps write there too)."""
+    written = []
+    if metrics:
+        Path(metrics).write_text(openmetrics(tables))
+        written.append(Path(metrics))
+    if benchmark:
+        Path(benchmark).write_text(json.dumps(benchmark_json(tables), indent=1, sort_keys=True) + "\n")
+        written.append(Path(benchmark))
+    if step_summary:
+        with open(step_summary, "a") as f:
+            f.write(job_summary(tables) + "\n")
+        written.append(Path(step_summary))
+    return written

@@ -1,0 +1,103 @@
+"""One outcome word per test, the same in every place a team looks: terminal, JUnit, saved night,
+report, job summary and metrics.
+
+pytest has six outcomes (passed, failed, error, skipped, xfailed, xpassed) and dashboards map
+them differently: Codecov counts an xfail as a pass, GitLab shows it among ordinary skips. A gate
+has four: ``pass``, ``fail``, ``inconclusive`` (its interval still straddles the threshold after
+the launch budget) and ``error`` (it could not be measured: a launch failed, setup broke). A test
+that never ran a gate is ``skipped``. This module decides the word from a test's report and the
+gates it decided; every renderer reads the word instead of pytest's outcome.
+
+Plain Python on duck-typed reports: no pytest import, so scripts can use it too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .gates import GateOutcome
+from .stats import Verdict
+
+PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED = "pass", "fail", "inconclusive", "error", "skipped"
+OUTCOMES = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED)
+# How an inconclusive comparison's JUnit <skipped> message starts: no parser counts it as a pass.
+INCONCLUSIVE_PREFIX = "INCONCLUSIVE:"
+
+
+def outcome_of(report: Any, gates: Sequence[GateOutcome] = (), errored: bool = False) -> str:
+    """The word for one phase's report (setup, call or teardown) of a test.
+
+    ``gates``: the comparisons the test decided; ``errored``: a measurement it needed failed.
+    A failure in setup or teardown, or of a measurement, is an ``error``; a failure of the test
+    body is ``fail`` unless its only gates were inconclusive (``--inconclusive fail``).
+    """
+    verdicts = {g.verdict for g in gates}
+    if report.when != "call":
+        if report.failed:
+            return ERROR
+        return SKIPPED if report.skipped else PASS
+    if report.failed:
+        if Verdict.FAIL in verdicts:
+            return FAIL
+        if errored:
+            return ERROR
+        return INCONCLUSIVE if Verdict.INCONCLUSIVE in verdicts else FAIL
+    if Verdict.INCONCLUSIVE in verdicts:  # an xfail (--inconclusive xfail) or a warning (warn)
+        return INCONCLUSIVE
+    return SKIPPED if report.skipped else PASS  # an xfail that is no gate's is no verdict either
+
+
+def verdict_line(g: GateOutcome) -> str:
+    """A gate's verdict for its testcase's output: word, ratio, interval, launches, threshold and both
+    sides' numbers, short enough for a dashboard (which launches were set aside, and why, and the
+    launch noise are in the failure message and the suite properties)."""
+    iv = g.interval
+    aside = f", {len(g.set_aside)} set aside" if g.set_aside else ""
+    return (f"{g.verdict}: {g.a_name}/{g.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, "
+            f"{iv.high:.3f}] over {'+'.join(map(str, iv.launches))} launches{aside}; required >= {g.threshold:.3f} "
+            f"({g.requirement}); {g.a_name} {g.values[0]:.1f} vs {g.b_name} {g.values[1]:.1f} {g.unit} {g.context}"
+            + (f"; {g.extra}" if g.extra else ""))
+
+
+def headline(gates: Sequence[GateOutcome]) -> str:
+    """One short line per test: each gate's ratio, interval and threshold (the JUnit message)."""
+    parts = []
+    for g in gates:
+        iv = g.interval
+        launches = "+".join(map(str, iv.launches))
+        parts.append(f"{g.a_name}/{g.b_name} = {iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}] vs threshold "
+                     f"{g.threshold:.3f} {g.context}: {g.verdict} after {launches} launches")
+    return "; ".join(parts)
+
+
+def gate_record(g: GateOutcome) -> dict[str, Any]:
+    """A gate as fields (the saved night's, the job summary's and the metrics'): numbers, not prose."""
+    iv = g.interval
+    return {"a": g.a_name, "b": g.b_name, "context": g.context, "outcome": str(g.verdict), "ratio": iv.point,
+            "ci_low": iv.low, "ci_high": iv.high, "confidence": iv.confidence, "threshold": g.threshold,
+            "requirement": g.requirement, "a_value": g.values[0], "b_value": g.values[1], "unit": g.unit,
+            "launches": list(iv.launches), "set_aside": len(g.set_aside), "launch_noise": g.noise.sigma}
+
+
+def counts(words: Iterable[str]) -> dict[str, int]:
+    """Every outcome word with its count (zeros included, so a dashboard's series never vanish)."""
+    found = Counter(words)
+    return {word: found.get(word, 0) for word in OUTCOMES}
+
+
+def undecided_night(gate_outcomes: Sequence[str], comparisons_without_fabrics: int, note: str | None) -> str | None:
+    """Why a night decided nothing, or None when it did.
+
+    A night decides nothing when every gate it ran was inconclusive, or when comparisons were
+    skipped because the run had no distinct fabrics (``auto`` fell back to local processes).
+    """
+    if comparisons_without_fabrics:
+        why = note or "the cluster runs every fabric over the same links"
+        return (f"{comparisons_without_fabrics} fabric comparison(s) skipped: {why}; run as root (the emulated "
+                f"cluster needs network namespaces) or on a real cluster")
+    if gate_outcomes and all(o == INCONCLUSIVE for o in gate_outcomes):
+        return (f"all {len(gate_outcomes)} gate(s) inconclusive: raise --max-repeats, or lower the launch noise "
+                f"(a quieter machine, a --fabric-baseline that learned it)")
+    return None

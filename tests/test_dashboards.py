@@ -1,0 +1,194 @@
+"""What CI systems read (pytest_fabric/dashboards.py): GitHub's job summary, OpenMetrics for GitLab's
+metrics report and node_exporter, Bencher Metric Format; all from one table builder.
+
+The night is a real one (fixtures/dashboards: a 2-node run of the parity, advantage and bandwidth
+suites on the emulated cluster); variants with a failing or inconclusive gate change its verdicts.
+The plugin's end-of-run writing is driven through pytester with gates decided as in test_verdicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+from test_verdicts import run_gates
+
+from pytest_fabric.dashboards import (build_tables, benchmark_json, job_summary, md_cell, md_table, openmetrics)
+from pytest_fabric.junit import load_junit
+from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
+from pytest_fabric.measure import Measurement
+from pytest_fabric.case import Case
+from pytest_fabric.results import load_records, load_results
+
+FIXTURES = REPO / "fixtures" / "dashboards"
+PARITY = "suites/test_parity.py::test_within_5_percent_of_ib[qwen2-tiny-n2-eth]"
+ADVANTAGE = "suites/test_advantage.py::test_ib_at_least_20_percent_ahead[llama-wide-n2-eth]"
+
+
+def night(**outcomes):
+    """The recorded night; ``outcomes``: test name part -> (outcome, ratio interval) to plant."""
+    run = load_results(FIXTURES / "night.json")
+    run.verdicts = copy.deepcopy(run.verdicts)
+    for v in run.verdicts:
+        for part, (word, low, high) in outcomes.items():
+            if part in v["test"]:
+                v["outcome"] = word
+                v["message"] = f"{word}: planted\nsecond line | with a bar"
+                for g in v["gates"]:
+                    g.update(outcome=word, ci_low=low, ci_high=high)
+    return run
+
+
+def tables(run=None):
+    return build_tables(run or night(), load_records(FIXTURES / "night.json"))
+
+
+def test_the_tables_carry_every_configuration_gate_and_payload_of_the_night():
+    t = tables()
+    assert {(c.model, c.nodes, c.fabric) for c in t.configs} == {
+        ("llama-wide", 2, "ib"), ("llama-wide", 2, "eth"), ("qwen2-tiny", 2, "ib"), ("qwen2-tiny", 2, "eth")}
+    for c in t.configs:
+        assert c.low < c.tokens_per_s < c.high
+    parity = next(g for g in t.gates if g.test == PARITY)
+    assert (parity.name, parity.where, parity.outcome) == ("eth/ib", "qwen2-tiny n2", "pass")
+    assert parity.low == pytest.approx(0.951305) and parity.high == pytest.approx(1.09184)
+    # Every payload of each collective (from the launch records), with the emulated link rate.
+    payloads = {r.bytes for r in t.busbw if (r.fabric, r.op) == ("eth", "all_reduce")}
+    assert len(payloads) > 3 and max(payloads) == 16 << 20
+    assert {r.link_gbit for r in t.busbw if r.fabric == "eth"} == {0.4}
+
+
+def test_openmetrics_parses_and_holds_every_configuration_and_gate():
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    t = tables(night(parity=("inconclusive", 0.93, 1.04)))
+    families = {f.name: f for f in text_string_to_metric_families(openmetrics(t))}
+    assert all(f.type == "gauge" for f in families.values())
+    tokens = {(s.labels["model"], s.labels["nodes"], s.labels["fabric"]): s.value
+              for s in families["fabric_tokens_per_second"].samples}
+    assert tokens == {(c.model, str(c.nodes), c.fabric): pytest.approx(c.tokens_per_s, rel=1e-5) for c in t.configs}
+    ratio = {s.labels["test"]: s.value for s in families["fabric_gate_ratio"].samples}
+    low = {s.labels["test"]: s.value for s in families["fabric_gate_ratio_low"].samples}
+    high = {s.labels["test"]: s.value for s in families["fabric_gate_ratio_high"].samples}
+    assert set(ratio) == {PARITY, ADVANTAGE}
+    assert low[PARITY] == 0.93 and high[PARITY] == 1.04 and low[ADVANTAGE] < ratio[ADVANTAGE] < high[ADVANTAGE]
+    outcome = {(s.labels["test"], s.labels["outcome"]): s.value for s in families["fabric_gate_outcome"].samples}
+    assert outcome[(PARITY, "inconclusive")] == 1 and outcome[(PARITY, "pass")] == 0
+    assert outcome[(ADVANTAGE, "pass")] == 1
+    busbw = families["fabric_busbw_gbit"].samples
+    assert len(busbw) == len(t.busbw) and {s.labels["op"] for s in busbw} >= {"all_reduce", "all_gather"}
+    tests = {s.labels["outcome"]: s.value for s in families["fabric_tests"].samples}
+    assert tests["inconclusive"] == 1 and tests["pass"] == 4
+
+
+def test_openmetrics_is_also_prometheus_text_for_a_textfile_collector():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {f.name for f in text_string_to_metric_families(openmetrics(tables()))}
+    assert {"fabric_tokens_per_second", "fabric_gate_ratio", "fabric_busbw_gbit"} <= names
+
+
+def test_label_values_are_escaped():
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    run = night()
+    run.verdicts[0]["test"] = 'suites/t.py::test_x["quoted"\\path]'
+    (sample,) = next(f for f in text_string_to_metric_families(openmetrics(tables(run)))
+                     if f.name == "fabric_gate_ratio").samples[:1]
+    assert sample.labels["test"] == 'suites/t.py::test_x["quoted"\\path]'
+
+
+def md_rows(text: str, heading: str) -> list[list[str]]:
+    """The rows of the table under ``heading`` (cells split on unescaped bars)."""
+    block = text.split(f"### {heading}", 1)[1].split("\n\n", 2)[1]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in block.splitlines()]
+
+
+def test_job_summary_puts_failures_first_then_verdicts_with_intervals_then_throughput():
+    text = job_summary(tables(night(advantage=("fail", 1.05, 1.15), parity=("inconclusive", 0.93, 1.04))))
+    assert text.startswith("## pytest-fabric: 3 pass, 1 fail, 1 inconclusive\n")
+    assert text.index("### Failures") < text.index("### Verdicts") < text.index("### Throughput")
+    failures = md_rows(text, "Failures")
+    assert failures[2][:2] == [ADVANTAGE, "fail"]
+    assert failures[2][2] == "fail: planted<br>second line \\| with a bar"  # one row, whatever the message
+    verdicts = md_rows(text, "Verdicts")
+    assert [row[0] for row in verdicts[2:]] == ["FAIL", "INCONCLUSIVE"]
+    assert verdicts[3][1:6] == ["eth/ib", "qwen2-tiny n2", "1.019", "[0.930, 1.040] (0.9951)", "0.950"]
+    assert all(len(row) == len(verdicts[0]) for row in verdicts)
+    throughput = md_rows(text, "Throughput (tokens/s, 95% interval)")
+    assert len(throughput) == 2 + 4 and all(re.fullmatch(r"\[[\d.]+, [\d.]+\]", row[5]) for row in throughput[2:])
+    assert "### Collective bandwidth" in text
+
+
+def test_markdown_cells_escape_bars_and_line_breaks():
+    assert md_cell("a|b\nc\r\nd") == "a\\|b<br>c<br>d"
+    assert md_table(["x", "n"], [["one\ntwo", 3]], "lr") == ["| x | n |", "|---|---:|", "| one<br>two | 3 |"]
+
+
+def test_benchmark_json_is_bencher_metric_format_with_bounds():
+    bmf = benchmark_json(tables())
+    measure = bmf["qwen2-tiny-n2-eth"]["tokens-per-second"]
+    assert measure["lower_value"] < measure["value"] < measure["upper_value"]
+    gate = bmf["gate eth/ib qwen2-tiny n2"]["ratio"]
+    assert gate == {"value": pytest.approx(1.01915), "lower_value": pytest.approx(0.951305),
+                    "upper_value": pytest.approx(1.09184)}
+    assert set(bmf["collectives-n2-eth all_reduce"]) == {"busbw-gbit"}
+    json.dumps(bmf)  # plain JSON
+
+
+def test_the_default_runs_testcases_stay_under_1000_characters():
+    """The real night's verdict and prediction lines with its real launches, in today's format."""
+    records = json.loads((FIXTURES / "measurements.json").read_text())
+    old = {v["test"].split("::")[-1]: v for v in load_junit(FIXTURES / "night-before-issue12.xml").verdicts}
+    from lxml import etree
+
+    for case in etree.parse(str(FIXTURES / "night-before-issue12.xml")).iter("testcase"):
+        out = case.find("system-out")
+        if out is None or "fabric.gate." not in out.text:
+            continue
+        human = out.text.split("\n\n")[0].splitlines()
+        verdict_lines = [line for line in human if line.startswith(("pass:", "predicted:"))]
+        assert len(verdict_lines) == 2
+        ms = [Measurement.from_record(Case(**r["case"]), r) for r in records.values()
+              if "error" not in r and r["case"]["model"] in case.get("name")]
+        gates = old[case.get("name")]["gates"]
+        assert gates and ms
+        from test_junit import outcome
+
+        text = text_of(ms, verdict_lines, [outcome()])
+        assert len(out.text) > 2500 and len(text) < 1000, (case.get("name"), len(text))
+
+
+def test_the_plugin_writes_metrics_benchmark_json_and_the_job_summary(pytester, monkeypatch):
+    summary = pytester.path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    metrics, bench = pytester.path / "metrics.txt", pytester.path / "bench.json"
+    result, _ = run_gates(pytester, ["pass", "inconclusive"], "-k", "not broken", f"--fabric-metrics={metrics}",
+                          f"--fabric-benchmark-json={bench}")
+    assert result.ret == 0
+    text = summary.read_text()
+    assert text.startswith("earlier step\n## pytest-fabric: 1 pass, 1 inconclusive")  # appended
+    assert "| INCONCLUSIVE | eth/ib |" in text
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(metrics.read_text())}
+    assert len(families["fabric_gate_ratio"].samples) == 2
+    assert set(json.loads(bench.read_text())) == {"gate eth/ib"}
+
+
+def test_no_summary_outside_github_actions(pytester, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    result, _ = run_gates(pytester, ["pass"], "-k", "not broken")
+    assert result.ret == 0 and not list(Path(pytester.path).glob("*.md"))
+
+
+@pytest.mark.parametrize("option", ["--fabric-metrics", "--fabric-benchmark-json"])
+def test_an_output_in_a_missing_directory_is_a_usage_error(pytester, option):
+    result = pytester.runpytest(f"{option}=/nonexistent/dir/out")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{option} /nonexistent/dir/out: the directory /nonexistent/dir does not exist*"])
