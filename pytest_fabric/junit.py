@@ -94,8 +94,6 @@ def gate_lines(outcome: GateOutcome) -> dict[str, str]:
 
 # What a testcase's system-out carries per configuration; the rest is in the suite properties.
 _TESTCASE_NAMES = ("tokens_per_s",)
-# Run-wide: one setting of the session, not of a gate (in the suite properties).
-_RUN_WIDE_GATE_FIELDS = ("launch_noise",)
 
 
 def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], verdicts: Sequence[str] = (),
@@ -142,8 +140,8 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
         lines.extend(f"{k}={v}" for k, v in full.items()
                      if k.rpartition(".")[2] in _TESTCASE_NAMES or _largest_payload(k, full))
     for outcome in outcomes:
-        lines.extend(f"{k}={v}" for k, v in gate_lines(outcome).items()
-                     if k.rpartition(".")[2] not in _RUN_WIDE_GATE_FIELDS)
+        # Every field, the launch noise included: a gate's own prior (learned noise differs by configuration).
+        lines.extend(f"{k}={v}" for k, v in gate_lines(outcome).items())
     return "\n".join(lines)
 
 

@@ -690,8 +690,10 @@ class FabricReporter:
                  "fabric.fabrics": ",".join(o.fabrics), "fabric.nodes": str(fabric.nodes),
                  "fabric.gpus_per_node": str(o.settings.gpus_per_node),
                  "fabric.repeats": f"{o.repeats} to {o.max_repeats} launches per side",
-                 "fabric.inconclusive": o.inconclusive, "fabric.launch_noise": f"{fabric.noise.sigma:.6g}",
-                 "fabric.launch_noise_source": fabric.noise.source, "fabric.project_version": __version__}
+                 "fabric.inconclusive": o.inconclusive,
+                 # The session's prior; a gate whose configurations the baseline learned uses theirs (its fields say).
+                 "fabric.launch_noise": f"{fabric.noise().sigma:.6g}",
+                 "fabric.launch_noise_source": fabric.noise().source, "fabric.project_version": __version__}
         facts.update({f"fabric.outcome.{word}": str(n)
                       for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
         if self.undecided:
