@@ -9,17 +9,10 @@ measurement and the prediction, in the terminal and in JUnit.
 from __future__ import annotations
 
 import pytest
-from helpers import session_directory
+from helpers import emulated_unavailable, session_directory
 from lxml import etree
 
-from pytest_fabric.cluster import ClusterUnavailable
-from pytest_fabric.cluster.emulated import check_available
-
-try:
-    check_available()
-    UNAVAILABLE = None
-except ClusterUnavailable as exc:
-    UNAVAILABLE = str(exc)
+UNAVAILABLE = emulated_unavailable()
 
 pytestmark = [
     pytest.mark.slow,
