@@ -22,18 +22,23 @@ bytes (the node's GPUs first combine over NVLink, so the node, not each GPU, is 
   contribution is needed elsewhere, so in >= G and out >= G (in-network reduction reaches it;
   a ring moves 2 (n-1)/n G).
 
-The link is full duplex, so the floor is the larger direction over the rate. Plain standard
-library: the plugin and ``pytest-fabric audit`` both use it without torch.
+The link is full duplex, so the floor is the larger direction over the rate. The bandwidth suite
+obeys the same physics: a collective payload whose bytes need more than the link's rate is flagged
+(``impossible_payloads``). Plain standard library: the plugin and ``pytest-fabric audit`` both use
+it without torch.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .models import ModelSpec
 
-__all__ = ["DEFAULT_RATE_TOLERANCE", "SHARDINGS", "Floor", "floor_for", "node_bytes"]
+__all__ = ["DEFAULT_RATE_TOLERANCE", "SHARDINGS", "Floor", "collective_node_gbit", "floor_for", "impossible_payloads",
+           "node_bytes", "run_floor", "transport_hint"]
 
 SHARDINGS = {
     "full": "FSDP full shard",
@@ -169,3 +174,30 @@ def transport_hint(nccl_env: dict, declared: bool) -> str:
     if declared:
         hint += "; or the link is faster than its declared fabric_link_gbit"
     return hint
+
+
+def collective_node_gbit(op: str, nbytes: float, time_s: float, nodes: int) -> float:
+    """The per-node rate a collective of ``nbytes`` (nccl-tests' bytes) in ``time_s`` needs across
+    ``nodes`` nodes, whatever the algorithm: all_reduce and broadcast at least the whole buffer into
+    each node (in-network reduction included), all_gather the (n-1)/n of it the node lacks,
+    reduce_scatter the (n-1)/n of its contribution the other nodes own. With one rank per node and
+    two nodes this is nccl-tests' busbw."""
+    if not time_s > 0:
+        raise ValueError(f"a collective's time must be positive, got {time_s}")
+    share = 1.0 if op in ("all_reduce", "broadcast") else (nodes - 1) / nodes
+    return share * nbytes * 8 / time_s / 1e9
+
+
+def impossible_payloads(rows: Iterable[Any], nodes: int, link_gbit: float,
+                        tolerance: float = DEFAULT_RATE_TOLERANCE) -> list[str]:
+    """One description per collective row (``op``, ``bytes``, ``time_s``, ``busbw_gbit``) that needs
+    more than the link (plus the tolerance) can carry."""
+    if nodes < 2:
+        return []
+    out = []
+    for r in rows:
+        needed = collective_node_gbit(r.op, r.bytes, r.time_s, nodes)
+        if needed > link_gbit * (1 + tolerance):
+            out.append(f"{r.op} at {_size(r.bytes)} needs >= {_gbit(needed)} Gbit/s per node "
+                       f"(busbw {_gbit(r.busbw_gbit)} Gbit/s)")
+    return out

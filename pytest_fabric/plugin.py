@@ -286,10 +286,10 @@ class MeasureFixture:
         if m.result.transport_problem:
             # The numbers are real, but not of the fabric that was asked for.
             pytest.fail(f"wrong transport: {m.result.transport_problem}", pytrace=False)
-        if isinstance(m, Measurement):
-            impossible = _impossible(self._session, m)
-            if impossible:
-                pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
+        impossible = _impossible(self._session, m) if isinstance(m, Measurement) else _impossible_payloads(
+            self._session, m)
+        if impossible:
+            pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
         return m
 
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
@@ -505,6 +505,22 @@ def _impossible(session: FabricSession, m: Measurement) -> str | None:
         return None
     fabric = session.options.settings.fabric(m.case.fabric)
     return floor.problem(m.step_s, m.case.fabric, transport_hint(dict(fabric.nccl_env), bool(fabric.declared_gbit)))
+
+
+def _impossible_payloads(session: FabricSession, bw: BandwidthMeasurement) -> str | None:
+    """The collective payloads of ``bw`` that needed more than its fabric's link can carry, or None."""
+    from .floor import impossible_payloads, transport_hint
+
+    fabric = session.options.settings.fabric(bw.case.fabric)
+    link = fabric.link_gbit(session.cluster.name == "emulated")
+    if not link:
+        return None
+    flagged = impossible_payloads(bw.rows, bw.case.nodes, link, session.options.floor_tolerance)
+    if not flagged:
+        return None
+    return (f"{bw.case.fabric}: {'; '.join(flagged)}; {bw.case.fabric}'s link is {link:g} Gbit/s per node "
+            f"(+{session.options.floor_tolerance:.0%} tolerance): these bytes did not cross {bw.case.fabric} at its rate "
+            f"({transport_hint(dict(fabric.nccl_env), bool(fabric.declared_gbit))})")
 
 
 def _floor_line(session: FabricSession, launches: Sequence[Measurement]) -> str:

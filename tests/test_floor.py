@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pytest_fabric.fabrics import FABRICS, FabricConfigError, build_table
-from pytest_fabric.floor import Floor, floor_for, node_bytes, transport_hint
+from pytest_fabric.floor import (Floor, collective_node_gbit, floor_for, impossible_payloads, node_bytes,
+                                 transport_hint)
 from pytest_fabric.models import get_model
+from pytest_fabric.workload.result import CollectiveRow
 
 # 1e9 parameters, bf16 parameters and gradients: 2e9 bytes of each.
 N = 1e9
@@ -92,3 +94,21 @@ def test_declared_link_rate_wins_over_emulated_and_nominal():
     assert table["ib"].link_gbit(emulated=False) == FABRICS["ib"].nominal_gbit
     with pytest.raises(FabricConfigError, match="unknown fabric"):
         build_table(link_gbit={"nope": 1})
+
+
+def test_a_collective_needs_its_bytes_into_each_node_whatever_the_algorithm():
+    # all_reduce of 1e9 bytes in 1 s: each node must take in the whole buffer (8 Gbit/s), in-network
+    # reduction included; all_gather on 4 nodes: the 3/4 of it the node lacks.
+    assert collective_node_gbit("all_reduce", 1e9, 1.0, 4) == pytest.approx(8.0)
+    assert collective_node_gbit("all_gather", 1e9, 1.0, 4) == pytest.approx(6.0)
+    assert collective_node_gbit("reduce_scatter", 1e9, 1.0, 2) == pytest.approx(4.0)
+
+
+def test_payloads_faster_than_the_link_are_flagged_each():
+    # The 16 KiB all_reduce the token bucket let through at 1.5 Gbit/s on the 0.4 Gbit/s eth link.
+    rows = [CollectiveRow("all_reduce", 16384, 16384 * 8 / 1.524e9, 0.19, 0.19),
+            CollectiveRow("all_reduce", 16 << 20, (16 << 20) * 8 / 0.382e9, 0.048, 0.048)]
+    (flagged,) = impossible_payloads(rows, 2, 0.4)
+    assert flagged.startswith("all_reduce at 16.4 kB needs >= 1.52 Gbit/s per node")
+    assert impossible_payloads(rows, 2, 2.0) == []
+    assert impossible_payloads(rows, 1, 0.4) == []  # one node: nothing crossed a link
