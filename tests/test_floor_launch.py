@@ -1,8 +1,8 @@
 """The physical floor on real launches of the emulated 2-node cluster.
 
 A fabric declared slower than its link really is (``slowib``: ib's 2000 Mbit/s emulated link,
-declared 0.2 Gbit/s) makes a real measured step beat the declared floor: the test must fail with
-the floor's message, never pass. A comparison of plausible launches shows the floor next to the
+declared 0.2 Gbit/s) makes a real measured step, and real collective payloads, beat the declared
+floor: the tests must fail with the floor's message, never pass. A comparison of plausible launches shows the floor next to the
 measurement and the prediction, in the terminal and in JUnit.
 """
 
@@ -22,6 +22,8 @@ pytestmark = [
 SUITE = """
 import pytest
 
+from pytest_fabric.case import BANDWIDTH, Case
+
 
 @pytest.mark.fabric_comparison
 @pytest.mark.fabric_matrix(models=["qwen2-tiny"], fabrics=["eth"], min_nodes=2)
@@ -32,6 +34,10 @@ def test_compare(fabric_case, fabric_compare):
 @pytest.mark.fabric_matrix(models=["llama-wide"], fabrics=["slowib"], min_nodes=2)
 def test_declared_too_slow(fabric_case, fabric_measure):
     fabric_measure(fabric_case)
+
+
+def test_bandwidth_declared_too_slow(fabric_measure):
+    fabric_measure.bandwidth(Case(BANDWIDTH, 2, "slowib"))
 """
 
 
@@ -67,7 +73,7 @@ def test_a_step_faster_than_the_declared_link_fails_with_the_floor(run):
     result = run["result"]
     output = result.stdout.str()
     session_directory(output)  # the run got as far as its summary
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     case = _testcase(run["junit"], "test_declared_too_slow")
     failure = case.find("failure")
     assert failure is not None, "a step faster than the declared link passed"
@@ -77,6 +83,13 @@ def test_a_step_faster_than_the_declared_link_fails_with_the_floor(run):
     # The rate the step needed is above the declared 0.2 (x1.1 tolerance) and below the real 2 Gbit/s link.
     needed = float(message.split("needs >= ")[1].split(" Gbit/s")[0])
     assert 0.22 < needed < 2.0
+
+
+def test_a_collective_faster_than_the_declared_link_fails_naming_the_payloads(run):
+    message = _testcase(run["junit"], "test_bandwidth_declared_too_slow").find("failure").get("message")
+    assert "faster than physically possible: slowib: " in message
+    assert "all_reduce at 16.8 MB needs >= " in message  # the largest payload, among others
+    assert "slowib's link is 0.2 Gbit/s per node (+10% tolerance): these bytes did not cross slowib" in message
 
 
 def test_a_comparison_shows_floor_next_to_measurement_and_prediction(run):
