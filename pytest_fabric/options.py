@@ -192,12 +192,12 @@ def _rates(config: pytest.Config, name: str = "fabric-rate", unit: str = "MBIT",
     for item in (value or "").split(","):
         if not item.strip():
             continue
-        name, sep, mbit = item.strip().partition("=")
+        fabric, sep, number = item.strip().partition("=")
         try:
-            rates[name.strip()] = float(mbit) if sep else -1.0
+            rates[fabric.strip()] = float(number) if sep else -1.0
         except ValueError:
-            rates[name.strip()] = -1.0
-        if not 0 < rates[name.strip()] < math.inf:
+            rates[fabric.strip()] = -1.0
+        if not 0 < rates[fabric.strip()] < math.inf:
             raise pytest.UsageError(f"--{name}: {item.strip()!r} is not NAME={unit} with {unit} a positive "
                                     f"number (e.g. --{name} {example})")
     return rates
