@@ -165,14 +165,17 @@ def run_floor(spec: ModelSpec, nodes: int, link_gbit: float, result: object,
     return floor_for(spec, nodes, link_gbit, param_bytes=param_bytes, grad_bytes=grad_bytes, tolerance=tolerance)
 
 
-def transport_hint(nccl_env: dict, declared: bool) -> str:
-    """Where the bytes may have gone instead, for a fabric with these NCCL settings."""
+def transport_hint(nccl_env: dict, rate_source: str) -> str:
+    """Where the bytes may have gone instead, for a fabric with these NCCL settings whose rate is
+    ``rate_source``: "declared" (fabric_link_gbit), "nominal" (the preset's) or "emulated"."""
     if nccl_env.get("NCCL_NET") == "Socket":
         hint = "check NCCL's socket interface: NCCL prefers ib* interfaces"
     else:
         hint = "check which transport and NICs NCCL used"
-    if declared:
+    if rate_source == "declared":
         hint += "; or the link is faster than its declared fabric_link_gbit"
+    elif rate_source == "nominal":
+        hint += "; or the link is faster than the fabric's nominal rate: declare it with fabric_link_gbit"
     return hint
 
 

@@ -482,16 +482,21 @@ def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Me
         return f"predicted: unavailable ({type(exc).__name__}: {exc})"
 
 
+def _link(session: FabricSession, name: str):
+    """(fabric, its link rate in Gbit/s or None, where the rate comes from) for the floor."""
+    fabric = session.options.settings.fabric(name)
+    emulated = session.cluster.name == "emulated"
+    source = "declared" if fabric.declared_gbit else "emulated" if emulated else "nominal"
+    return fabric, fabric.link_gbit(emulated), source
+
+
 def _run_floor(session: FabricSession, m: Measurement):
     """The physical floor of ``m``'s configuration on its fabric's link; None on one node or where
     no link rate is known (a fabric without a nominal rate on a real cluster, nothing declared)."""
     from .floor import run_floor
 
-    if m.case.nodes < 2:
-        return None
-    fabric = session.options.settings.fabric(m.case.fabric)
-    link = fabric.link_gbit(session.cluster.name == "emulated")
-    if not link:
+    _, link, _ = _link(session, m.case.fabric)
+    if m.case.nodes < 2 or not link:
         return None
     return run_floor(get_model(m.case.model), m.case.nodes, link, m.result, session.options.floor_tolerance)
 
@@ -503,16 +508,15 @@ def _impossible(session: FabricSession, m: Measurement) -> str | None:
     floor = _run_floor(session, m)
     if floor is None:
         return None
-    fabric = session.options.settings.fabric(m.case.fabric)
-    return floor.problem(m.step_s, m.case.fabric, transport_hint(dict(fabric.nccl_env), bool(fabric.declared_gbit)))
+    fabric, _, source = _link(session, m.case.fabric)
+    return floor.problem(m.step_s, m.case.fabric, transport_hint(dict(fabric.nccl_env), source))
 
 
 def _impossible_payloads(session: FabricSession, bw: BandwidthMeasurement) -> str | None:
     """The collective payloads of ``bw`` that needed more than its fabric's link can carry, or None."""
     from .floor import impossible_payloads, transport_hint
 
-    fabric = session.options.settings.fabric(bw.case.fabric)
-    link = fabric.link_gbit(session.cluster.name == "emulated")
+    fabric, link, source = _link(session, bw.case.fabric)
     if not link:
         return None
     flagged = impossible_payloads(bw.rows, bw.case.nodes, link, session.options.floor_tolerance)
@@ -520,7 +524,7 @@ def _impossible_payloads(session: FabricSession, bw: BandwidthMeasurement) -> st
         return None
     return (f"{bw.case.fabric}: {'; '.join(flagged)}; {bw.case.fabric}'s link is {link:g} Gbit/s per node "
             f"(+{session.options.floor_tolerance:.0%} tolerance): these bytes did not cross {bw.case.fabric} at its rate "
-            f"({transport_hint(dict(fabric.nccl_env), bool(fabric.declared_gbit))})")
+            f"({transport_hint(dict(fabric.nccl_env), source)})")
 
 
 def _floor_line(session: FabricSession, launches: Sequence[Measurement]) -> str:

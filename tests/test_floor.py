@@ -78,10 +78,12 @@ def test_a_step_beyond_the_tolerance_is_impossible_and_the_message_has_the_numbe
     assert not floor.impossible(0.3 / 1.09)  # 87 Gbit/s: inside the 10% tolerance
     assert floor.impossible(0.3 / 1.11)  # 89 Gbit/s
     assert floor.problem(0.3, "eth") is None
-    message = floor.problem(0.075, "eth", transport_hint({"NCCL_NET": "Socket"}, declared=False))
+    message = floor.problem(0.075, "eth", transport_hint({"NCCL_NET": "Socket"}, "emulated"))
     assert message == ("eth: 0.075 s/step needs >= 320 Gbit/s per node across the fabric; eth's link is 80 "
                        "Gbit/s: this traffic did not cross eth (check NCCL's socket interface: NCCL prefers "
                        "ib* interfaces)")
+    assert transport_hint({"NCCL_NET": "IB"}, "nominal").endswith(
+        "or the link is faster than the fabric's nominal rate: declare it with fabric_link_gbit")
     line = floor.line(0.075, "eth")
     assert "floor 300.0 ms/step" in line and "measured 75.0 ms/step" in line and line.endswith("IMPOSSIBLE")
 
