@@ -1,5 +1,6 @@
 """The ``pytest-fabric`` command: the catalogs, cleanup after a killed run, and what comes after a
-night: reports, merged JUnit, trends, baselines, and predictions before anything is measured.
+night: reports, merged JUnit, trends, baselines, predictions before anything is measured, and
+audits of results measured elsewhere.
 
 Bad input ends in one line on stderr and exit status 2, never a traceback: these commands run in
 CI jobs whose logs a person skims.
@@ -216,6 +217,23 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _audit(args: argparse.Namespace) -> int:
+    import json
+
+    from .audit import audit, read_rows, table_lines
+
+    if not 0 <= args.tolerance < 1:
+        raise _UserError(f"--tolerance must be a fraction in [0, 1), got {args.tolerance:g}")
+    rows = audit(read_rows(args.file), Path(args.file).resolve().parent, args.tolerance)
+    if args.json:
+        print(json.dumps([r.to_json() for r in rows], indent=2))
+    else:
+        print(f"pytest-fabric audit: {args.file}")
+        for line in table_lines(rows):
+            print(line)
+    return 0 if all(r.plausible for r in rows) else 1
+
+
 def _number(text: str) -> float:
     try:
         return float(text)
@@ -281,6 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     calibrate.add_argument("--gbit", action="append", default=[], metavar="FABRIC=GBIT",
                            help="link rate per node of a fabric on a real cluster (default: its nominal rate)")
     calibrate.set_defaults(func=_calibrate)
+
+    audit = sub.add_parser(
+        "audit", help="the physical floor and the prediction applied to a table of results measured elsewhere",
+        description="FILE: a CSV with columns model,nodes,gpus_per_node,batch,seq,fabric,link_gbit,tokens_per_s "
+                    "(optional: sharding full|no-reshard|hybrid, activation_checkpointing, dtype bf16|fp16|fp32). "
+                    "model: a catalog name or the path of a Hugging Face config.json. Exit status 1 when a row is "
+                    "impossible (its step needs more than its link can carry), 2 on bad input.")
+    audit.add_argument("file", metavar="FILE.csv")
+    audit.add_argument("--json", action="store_true", help="a JSON list of rows (input columns, plausible, figures)")
+    audit.add_argument("--tolerance", type=_number, default=0.10,
+                       help="how far a step may appear to beat the link rate before it is impossible (default 0.10)")
+    audit.set_defaults(func=_audit)
 
     args = parser.parse_args(argv)
     from .results import ResultsError

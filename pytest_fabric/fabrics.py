@@ -25,6 +25,16 @@ class Fabric:
     # One node's aggregate NIC rate on a typical real cluster, Gbit/s: what the analytical model
     # (predict.py) assumes for this fabric off the emulated cluster. None: unknown.
     nominal_gbit: float | None = None
+    # The per-node rate the user declared for this fabric (``fabric_link_gbit``): what the physical
+    # floor (floor.py) and the prediction assume, on any cluster. None: not declared.
+    declared_gbit: float | None = None
+
+    def link_gbit(self, emulated: bool) -> float | None:
+        """The node's link rate in Gbit/s the floor and the prediction assume: the declared one,
+        else on the emulated cluster the exact shaped rate, else the nominal rate (None: unknown)."""
+        if self.declared_gbit:
+            return self.declared_gbit
+        return self.emulated_mbit / 1000 if emulated else self.nominal_gbit
 
     def with_rate(self, mbit: float) -> Fabric:
         return replace(self, emulated_mbit=mbit)
@@ -101,6 +111,7 @@ def build_table(
     defines: Iterable[str] = (),
     env_overrides: Iterable[str] = (),
     rates: Mapping[str, float] | None = None,
+    link_gbit: Mapping[str, float] | None = None,
 ) -> dict[str, Fabric]:
     """The session's fabrics: the presets, plus user-defined ones, with the user's overrides.
 
@@ -108,6 +119,7 @@ def build_table(
     ``roce-dc2: roce``. ``env_overrides``: ``FABRIC.VAR=VALUE`` lines, e.g.
     ``ib.NCCL_IB_HCA==mlx5_0,mlx5_1`` (the value may itself start with ``=``, NCCL's exact match;
     an empty value removes the variable). ``rates``: emulated link rates in Mbit/s by name.
+    ``link_gbit``: declared per-node link rates in Gbit/s by name (``Fabric.declared_gbit``).
     """
     table = dict(FABRICS)
     for line in (d.strip() for d in defines):
@@ -140,6 +152,12 @@ def build_table(
         if not 0 < mbit < float("inf"):
             raise FabricConfigError(f"fabric rate for {name!r} must be positive Mbit/s, got {mbit}")
         table[name] = table[name].with_rate(mbit)
+    for name, gbit in (link_gbit or {}).items():
+        if name not in table:
+            raise FabricConfigError(f"declared link rate for unknown fabric {name!r}; known fabrics: {', '.join(table)}")
+        if not 0 < gbit < float("inf"):
+            raise FabricConfigError(f"declared link rate for {name!r} must be positive Gbit/s, got {gbit}")
+        table[name] = replace(table[name], declared_gbit=gbit)
     return table
 
 

@@ -100,6 +100,11 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
                         "skipped because the run fell back to local processes): fail (exit 1, one line says why) "
                         "or pass (default fail)", "fail"),
     ("fabric-rate", "emulated link rate override NAME=MBIT, comma-separated (e.g. eth=200)", None),
+    ("fabric-link-gbit", "declared per-node link rate NAME=GBIT, comma-separated (e.g. eth=80,ib=3200): what the "
+                         "physical floor and the prediction assume for that fabric (default: the emulated rate on "
+                         "the emulated cluster, else the fabric's nominal rate)", None),
+    ("floor-tolerance", "how far a measured step may appear to beat the physical floor, as a fraction of the link "
+                        "rate, before it is an error (default 0.10)", "0.10"),
     ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
      "2"),
@@ -209,20 +214,22 @@ def _names(config: pytest.Config, name: str, known: dict) -> tuple[str, ...] | N
     return names
 
 
-def _rates(config: pytest.Config) -> dict[str, float]:
-    value = _raw(config, "fabric-rate")
+def _rates(config: pytest.Config, name: str = "fabric-rate", unit: str = "MBIT", example: str = "eth=200",
+           ) -> dict[str, float]:
+    """``NAME=NUMBER,...`` per fabric (--fabric-rate in Mbit/s, --fabric-link-gbit in Gbit/s)."""
+    value = _raw(config, name)
     rates: dict[str, float] = {}
     for item in (value or "").split(","):
         if not item.strip():
             continue
-        name, sep, mbit = item.strip().partition("=")
+        fabric, sep, number = item.strip().partition("=")
         try:
-            rates[name.strip()] = float(mbit) if sep else -1.0
+            rates[fabric.strip()] = float(number) if sep else -1.0
         except ValueError:
-            rates[name.strip()] = -1.0
-        if not 0 < rates[name.strip()] < math.inf:
-            raise pytest.UsageError(f"--fabric-rate: {item.strip()!r} is not NAME=MBIT with MBIT a positive "
-                                    f"number (e.g. --fabric-rate eth=200)")
+            rates[fabric.strip()] = -1.0
+        if not 0 < rates[fabric.strip()] < math.inf:
+            raise pytest.UsageError(f"--{name}: {item.strip()!r} is not NAME={unit} with {unit} a positive "
+                                    f"number (e.g. --{name} {example})")
     return rates
 
 
@@ -343,6 +350,8 @@ class FabricOptions:
     regression_on: str = "scaling"
     # Declared launch-to-launch noise; None: the baseline's learned one, else stats.DEFAULT_NOISE.
     launch_noise: NoisePrior | None = None
+    # How far a step may appear to beat the physical floor before it is an error (floor.py).
+    floor_tolerance: float = 0.10
 
 
 def parse(config: pytest.Config) -> FabricOptions:
@@ -352,7 +361,7 @@ def parse(config: pytest.Config) -> FabricOptions:
     try:
         table = build_table(config.getini("fabric_define"),
                             [*config.getini("fabric_env"), *config.getoption("fabric_env_cli")],
-                            _rates(config))
+                            _rates(config), _rates(config, "fabric-link-gbit", "GBIT", "eth=80"))
     except FabricConfigError as exc:
         raise pytest.UsageError(str(exc)) from None
     try:
@@ -448,6 +457,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),
         regression_on=_choice(config, "regression-on"),
         launch_noise=_launch_noise(config),
+        floor_tolerance=_fraction_or_seconds(config, "floor-tolerance", 0.10, upper=1.0),
     )
 
 

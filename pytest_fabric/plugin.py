@@ -310,6 +310,10 @@ class MeasureFixture:
         if m.result.transport_problem:
             # The numbers are real, but not of the fabric that was asked for.
             pytest.fail(f"wrong transport: {m.result.transport_problem}", pytrace=False)
+        impossible = _impossible(self._session, m) if isinstance(m, Measurement) else _impossible_payloads(
+            self._session, m)
+        if impossible:
+            pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
         return m
 
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
@@ -386,6 +390,8 @@ class CompareFixture:
             (configuration_tokens_per_s(runs_a), configuration_tokens_per_s(runs_b)), "tokens/s",
             f"[{a.model}, {a.nodes} node(s)]", gate.prior, _set_aside(runs_a + runs_b))
         predicted = _predicted(self._session, a, b, {"a": counted(runs_a), "b": counted(runs_b)}, outcome.interval)
+        # Measured, floor and predicted side by side.
+        predicted = "\n".join([predicted, *(_floor_line(self._session, runs) for runs in (runs_a, runs_b))])
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
         lines = self._item.stash.setdefault(VERDICTS_KEY, [])
         # In the output (JUnit system-out) whatever the verdict, and in a failure's message.
@@ -475,8 +481,8 @@ def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Me
                interval: Interval) -> str:
     """The analytical model's prediction for comparing ``a`` with ``b``, next to the measurement.
 
-    Link rates: on the emulated cluster the exact emulated rate (--fabric-rate included), on a real
-    one the fabric's nominal rate. Compute throughput: --fabric-flops when given, else fitted to
+    Link rates: the declared one (--fabric-link-gbit) where given, else on the emulated cluster the
+    exact emulated rate (--fabric-rate included), on a real one the fabric's nominal rate. Compute throughput: --fabric-flops when given, else fitted to
     the faster fabric's measured step (so the penalty is predicted from the fast side alone).
     Never raises: a prediction that cannot be made says why.
     """
@@ -488,8 +494,7 @@ def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Me
         emulated = session.cluster.name == "emulated"
         rates = {}
         for f in (a.fabric, b.fabric):
-            fabric = settings.fabric(f)
-            rates[f] = fabric.emulated_mbit / 1000 if emulated else fabric.nominal_gbit
+            rates[f] = settings.fabric(f).link_gbit(emulated)
             if not rates[f]:
                 return f"predicted: unavailable (no nominal link rate known for fabric {f!r})"
         fast = a.fabric if rates[a.fabric] >= rates[b.fabric] else b.fabric
@@ -507,6 +512,65 @@ def _predicted(session: FabricSession, a: Case, b: Case, runs: dict[str, list[Me
         return prediction.line(measured)
     except Exception as exc:  # noqa: BLE001 - a prediction must never turn a test into an error
         return f"predicted: unavailable ({type(exc).__name__}: {exc})"
+
+
+def _link(session: FabricSession, name: str):
+    """(fabric, its link rate in Gbit/s or None, where the rate comes from) for the floor."""
+    fabric = session.options.settings.fabric(name)
+    emulated = session.cluster.name == "emulated"
+    source = "declared" if fabric.declared_gbit else "emulated" if emulated else "nominal"
+    return fabric, fabric.link_gbit(emulated), source
+
+
+def _run_floor(session: FabricSession, m: Measurement):
+    """The physical floor of ``m``'s configuration on its fabric's link; None on one node or where
+    no link rate is known (a fabric without a nominal rate on a real cluster, nothing declared)."""
+    from .floor import run_floor
+
+    _, link, _ = _link(session, m.case.fabric)
+    if m.case.nodes < 2 or not link:
+        return None
+    return run_floor(get_model(m.case.model), m.case.nodes, link, m.result, session.options.floor_tolerance)
+
+
+def _impossible(session: FabricSession, m: Measurement) -> str | None:
+    """Why ``m``'s step is shorter than its fabric's link can carry the job's traffic, or None."""
+    from .floor import transport_hint
+
+    floor = _run_floor(session, m)
+    if floor is None:
+        return None
+    fabric, _, source = _link(session, m.case.fabric)
+    return floor.problem(m.step_s, m.case.fabric, transport_hint(dict(fabric.nccl_env), source))
+
+
+def _impossible_payloads(session: FabricSession, bw: BandwidthMeasurement) -> str | None:
+    """The collective payloads of ``bw`` that needed more than its fabric's link can carry, or None."""
+    from .floor import impossible_payloads, transport_hint
+
+    fabric, link, source = _link(session, bw.case.fabric)
+    if not link:
+        return None
+    flagged = impossible_payloads(bw.rows, bw.case.nodes, link, session.options.floor_tolerance)
+    if not flagged:
+        return None
+    return (f"{bw.case.fabric}: {'; '.join(flagged)}; {bw.case.fabric}'s link is {link:g} Gbit/s per node "
+            f"(+{session.options.floor_tolerance:.0%} tolerance): these bytes did not cross {bw.case.fabric} at its rate "
+            f"({transport_hint(dict(fabric.nccl_env), source)})")
+
+
+def _floor_line(session: FabricSession, launches: Sequence[Measurement]) -> str:
+    """``floor: ...`` for one side of a comparison: its configuration's step next to the floor. Never
+    raises, like the prediction: each launch's floor was already enforced when it was measured."""
+    m = launches[0]
+    try:
+        floor = _run_floor(session, m)
+        if floor is None:
+            reason = "one node" if m.case.nodes < 2 else f"no link rate known for fabric {m.case.fabric!r}"
+            return f"floor: {m.case.fabric} none ({reason})"
+        return floor.line(m.result.tokens_per_step / configuration_tokens_per_s(launches), m.case.fabric)
+    except Exception as exc:  # noqa: BLE001 - an output line must never turn a test into an error
+        return f"floor: {m.case.fabric} unavailable ({type(exc).__name__}: {exc})"
 
 
 class FabricIdentityWarning(UserWarning):

@@ -4,6 +4,8 @@ On the emulated cluster each link's rate is known exactly, so busbw must reach 8
 the harness, not the link, is the bottleneck (or the link is not shaped as configured). On a real
 cluster give the nominal per-node rate in the --fabric-suite file or skip that gate. The ratio gate
 is the bandwidth counterpart of the advantage suite: the fast fabric must really be faster.
+Whatever the test asserts, a payload that needed more than its link can carry (busbw above the rate,
+with one rank per node on 2 nodes) fails it when measured: those bytes did not cross that link.
 """
 
 import pytest

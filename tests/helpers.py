@@ -57,3 +57,15 @@ def assert_valid_junit(schema, path: Path) -> None:
 
     doc = etree.parse(str(path))
     assert schema.validate(doc), f"{path} does not validate against junit-10.xsd:\n{schema.error_log}"
+
+
+def emulated_unavailable() -> str | None:
+    """Why the emulated cluster cannot run on this machine; None where it can."""
+    from pytest_fabric.cluster import ClusterUnavailable
+    from pytest_fabric.cluster.emulated import check_available
+
+    try:
+        check_available()
+    except ClusterUnavailable as exc:
+        return str(exc)
+    return None

@@ -55,7 +55,8 @@ class StandInSession(SimpleNamespace):
 
 def options(**kw):
     defaults = dict(repeats=3, max_repeats=6, inconclusive="xfail", launch_noise=None, baseline=None,
-                    regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=Settings())
+                    regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=Settings(),
+                    floor_tolerance=0.10)
     return SimpleNamespace(**{**defaults, **kw})
 
 
@@ -419,10 +420,13 @@ def test_failure_message_carries_the_prediction():
     fixture, item = predicting("llama-wide", {})
     with pytest.raises(pytest.fail.Exception) as info:
         fixture.within(Case("llama-wide", 2, "eth"), Case("llama-wide", 2, "ib"), rel=0.05)
-    first, second = str(info.value).splitlines()
+    first, second, *floors = str(info.value).splitlines()
     assert first.startswith("interval wholly below the threshold: eth/ib")
     assert second.startswith("predicted: eth ") and "measured: eth " in second
-    assert item.stash[VERDICTS_KEY] == [second]  # in system-out as well
+    # Each side's step next to its physical floor, under the prediction.
+    assert [f.split(" measured ")[0] for f in floors] == ["floor: eth", "floor: ib"]
+    assert "over eth's 0.4 Gbit/s link" in floors[0] and floors[0].endswith(": plausible")
+    assert item.stash[VERDICTS_KEY] == ["\n".join([second, *floors])]  # in system-out as well
 
 
 def test_deeply_compute_bound_comparison_is_labelled():

@@ -137,6 +137,15 @@ def test_tbf_limits_a_tcp_transfer_to_the_fabric_rate(mbit):
     assert 0.5 * mbit < measured < 1.1 * mbit, f"shaped to {mbit} Mbit/s, measured {measured:.1f} Mbit/s"
 
 
+def test_a_transfer_timed_over_25_buckets_cannot_beat_the_link():
+    # A full bucket passes at the veth's speed; over 25 buckets' worth of the rate (what the bandwidth
+    # workload times at least) that is at most 4% above the rate, inside the floor's 10% tolerance.
+    assert emulated.burst_bytes(400) == 200_000  # 4 ms at 400 Mbit/s
+    with EmulatedNetwork(2, 400) as net:
+        measured = tcp_mbit(net, 25 * emulated.burst_bytes(400))
+    assert measured < 1.1 * 400, f"shaped to 400 Mbit/s, 5 MB measured {measured:.1f} Mbit/s"
+
+
 def test_tbf_shapes_both_directions():
     with EmulatedNetwork(2, 100) as net:
         measured = tcp_mbit(net, int(100e6 / 8 * 2), sender=1, receiver=0)

@@ -22,18 +22,13 @@ from pathlib import Path
 
 import pytest
 from cluster_env import leftover_processes
-from helpers import FAST_LAUNCH, namespaces, owner_alive, session_directory
+from helpers import FAST_LAUNCH, emulated_unavailable, namespaces, owner_alive, session_directory
 from lxml import etree
 
-from pytest_fabric.cluster import ClusterUnavailable
-from pytest_fabric.cluster.emulated import check_available, sweep_stale_namespaces
+from pytest_fabric.cluster.emulated import sweep_stale_namespaces
 from pytest_fabric.workload import faults
 
-try:
-    check_available()
-    UNAVAILABLE = None
-except ClusterUnavailable as exc:
-    UNAVAILABLE = str(exc)
+UNAVAILABLE = emulated_unavailable()
 
 DEADLINE_S = 75  # per launch; a healthy FAST_LAUNCH takes 15-25 s here
 FAULTS = "crash:fabric=eth,rank=1,step=1; abort:fabric=eth-b,rank=0,step=1; hang:fabric=roce,rank=1,step=1; " \

@@ -71,6 +71,11 @@ BAD_INPUT = [
     (["--fabric-price", "ib=3.5,eth=0"], "--fabric-price: 'eth=0' is not FABRIC = USD_PER_GPU_HOUR*"),
     (["--fabric-price", "ib=3.5,myrinet=1"], "--fabric-price: 'myrinet=1' prices an unknown fabric 'myrinet'; "
                                              "known fabrics: ib, roce, efa, eth"),
+    (["--fabric-link-gbit", "eth"], "--fabric-link-gbit: 'eth' is not NAME=GBIT*(e.g. --fabric-link-gbit eth=80)"),
+    (["--fabric-link-gbit", "eth=0"], "--fabric-link-gbit: 'eth=0' is not NAME=GBIT*"),
+    (["--fabric-link-gbit", "myrinet=10"], "*declared link rate for unknown fabric 'myrinet'; known fabrics: *"),
+    (["--floor-tolerance", "1"], "--floor-tolerance must be a fraction in (0, 1), got '1'"),
+    (["--floor-tolerance", "ten"], "--floor-tolerance must be a fraction in (0, 1), got 'ten'"),
     (["--fabric-flops", "fast"], "--fabric-flops must be a positive number such as 4e14, got 'fast'"),
     (["--fabric-flops", "0"], "--fabric-flops must be a positive number such as 4e14, got '0'"),
     (["--nodes", "251"], "--nodes 251: the emulated cluster has 250 nodes; use --nodes 250 or fewer"),

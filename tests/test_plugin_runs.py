@@ -15,19 +15,13 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from helpers import FAST_LAUNCH, assert_valid_junit, session_directory
+from helpers import FAST_LAUNCH, assert_valid_junit, emulated_unavailable, session_directory
 from lxml import etree
 
 from pytest_fabric import FABRICS, Case, Measurement
-from pytest_fabric.cluster import ClusterUnavailable
-from pytest_fabric.cluster.emulated import check_available
 from pytest_fabric.results import build_baseline, load_results
 
-try:
-    check_available()
-    UNAVAILABLE = None
-except ClusterUnavailable as exc:
-    UNAVAILABLE = str(exc)
+UNAVAILABLE = emulated_unavailable()
 
 pytestmark = [
     pytest.mark.slow,

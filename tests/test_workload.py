@@ -638,3 +638,14 @@ def test_slow_fault_stretches_every_measured_step(tmp_path, monkeypatch):
     medians = f"medians {statistics.median(plain) * 1e3:.1f} vs {statistics.median(slow) * 1e3:.1f} ms"
     # No upper bound: with the cores busy, the fault's sleep wakes late (seen: 2.3 for 1.3).
     assert ratio > 1.05, f"fastest steps {min(plain) * 1e3:.1f} vs {min(slow) * 1e3:.1f} ms, {medians}"
+
+
+def test_short_payloads_are_timed_for_at_least_min_timed_s():
+    from pytest_fabric.workload.collectives import MAX_TIMED_ITERS, timed_iterations
+    from pytest_fabric.workload.config import CollectivesConfig
+
+    cfg = CollectivesConfig(result_path="unused", iters=5, min_timed_s=0.1)
+    assert timed_iterations(cfg, 0.5) == 5  # long payloads: the configured count
+    assert timed_iterations(cfg, 0.002) == 50  # 2 ms each: 0.1 s in all
+    assert timed_iterations(cfg, 1e-9) == MAX_TIMED_ITERS
+    assert timed_iterations(cfg, 0.0) == MAX_TIMED_ITERS

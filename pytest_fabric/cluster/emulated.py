@@ -43,11 +43,26 @@ def _ip(*args: str) -> None:
         raise ClusterUnavailable(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
 
 
+# How long the token bucket lets traffic through at the veth's own speed. A full bucket passes at
+# once, so a transfer short against it beats the link: with a bucket of two 4 ms timer ticks
+# (390 KB at 400 Mbit/s) all_reduce at 16 KiB measured 1.5 Gbit/s busbw on the 0.4 Gbit/s link.
+# Too small a bucket loses the rate instead whenever the sender waits for a CPU (300 us: ib all_reduce
+# busbw 83-93% of its 2 Gbit/s on this loaded machine; 8 ms: 95%). 4 ms keeps the rate, and the
+# bandwidth workload times every payload over at least 0.1 s (25 buckets), so that no payload can
+# appear more than 4% faster than the link (a bucket's worth of bytes over the time).
+BURST_S = 4e-3
+# tbf drops a packet larger than its bucket: two full-size Ethernet frames at least.
+MIN_BURST_BYTES = 3200
+
+
+def burst_bytes(mbit: float) -> int:
+    """The token bucket of a link shaped to ``mbit``."""
+    return max(MIN_BURST_BYTES, int(mbit * 1e6 / 8 * BURST_S))
+
+
 def _tbf(netns: str, dev: str, mbit: float) -> None:
-    # tbf needs a bucket of at least one timer tick's worth of bytes at the rate, or it caps low.
-    burst_kb = max(256, int(mbit * 1e6 / 8 / 250 / 1024) * 2)
     _ip("netns", "exec", netns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-        "rate", f"{mbit}mbit", "burst", f"{burst_kb}kb", "latency", "50ms")
+        "rate", f"{mbit}mbit", "burst", str(burst_bytes(mbit)), "latency", "50ms")
 
 
 def _namespaces() -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import sys
 import time
@@ -38,6 +39,18 @@ def bus_factor(op: str, ranks: int) -> float:
     if op == "broadcast":
         return 1.0
     raise ValueError(f"unknown collective {op!r}; known: {', '.join(OPS)}, broadcast")
+
+
+# A payload whose probe took next to nothing is not timed forever.
+MAX_TIMED_ITERS = 5000
+
+
+def timed_iterations(cfg: CollectivesConfig, probe_s: float) -> int:
+    """``cfg.iters``, or more where one iteration (``probe_s``, the slowest rank's) is short: enough
+    for ``cfg.min_timed_s`` in all. A probe sped up by a full token bucket only adds iterations."""
+    if probe_s <= 0:
+        return MAX_TIMED_ITERS
+    return min(MAX_TIMED_ITERS, max(cfg.iters, math.ceil(cfg.min_timed_s / probe_s)))
 
 
 def _run_op(op: str, buf: torch.Tensor, out: torch.Tensor | None) -> None:
@@ -79,11 +92,18 @@ def run(cfg: CollectivesConfig) -> CollectivesResult | None:
                 _run_op(op, buf, out)
             sync()
             dist.barrier()
+            probe = time.perf_counter()
+            _run_op(op, buf, out)
+            sync()
+            probe_s = torch.tensor([time.perf_counter() - probe], dtype=torch.float64, device=device)
+            dist.all_reduce(probe_s, op=dist.ReduceOp.MAX)  # every rank runs the same number of iterations
+            iters = timed_iterations(cfg, float(probe_s.item()))
+            dist.barrier()
             start = time.perf_counter()
-            for _ in range(cfg.iters):
+            for _ in range(iters):
                 _run_op(op, buf, out)
             sync()
-            elapsed = torch.tensor([(time.perf_counter() - start) / cfg.iters], dtype=torch.float64, device=device)
+            elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             seconds = float(elapsed.item())
             nbytes = total * 4

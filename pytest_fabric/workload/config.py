@@ -89,6 +89,10 @@ class CollectivesConfig:
     sizes: list[int] = field(default_factory=lambda: [1 << k for k in range(12, 25, 2)])  # 4 KiB .. 16 MiB
     iters: int = 5
     warmup_iters: int = 2
+    # Each payload is timed for at least this many seconds (more iterations for fast ones), so that
+    # a link's token bucket, which lets its first bytes through at full speed, is a small part of
+    # what is timed and no payload can appear faster than the link.
+    min_timed_s: float = 0.1
     device: str = "auto"
     collective_timeout_s: float = 300.0
     fabric: dict[str, Any] = field(default_factory=dict)
