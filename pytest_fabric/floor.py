@@ -112,9 +112,9 @@ class Floor:
         if self.nodes == 1:
             return f"floor: {fabric} one node: nothing has to cross the fabric"
         verdict = "IMPOSSIBLE" if self.impossible(step_s) else "plausible"
-        return (f"floor: {fabric} measured {_ms(step_s)}/step >= floor {_ms(self.step_s)}/step "
-                f"({_size(self.bytes)} per node per step for {SHARDINGS[self.sharding]} on {self.nodes} nodes "
-                f"over {fabric}'s {_gbit(self.link_gbit)} Gbit/s link; the step needs {_gbit(self.implied_gbit(step_s))} "
+        return (f"floor: {fabric} measured {_ms(step_s)}/step >= floor {_ms(self.step_s)}/step over {fabric}'s "
+                f"{_gbit(self.link_gbit)} Gbit/s link ({_size(self.bytes)} per node per step for "
+                f"{SHARDINGS[self.sharding]} on {self.nodes} nodes; the step needs {_gbit(self.implied_gbit(step_s))} "
                 f"Gbit/s per node, {self.implied_gbit(step_s) / self.link_gbit:.0%} of the link; tolerance "
                 f"{self.tolerance:.0%}): {verdict}")
 

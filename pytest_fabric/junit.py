@@ -94,6 +94,21 @@ def gate_lines(outcome: GateOutcome) -> dict[str, str]:
 
 # What a testcase's system-out carries per configuration; the rest is in the suite properties.
 _TESTCASE_NAMES = ("tokens_per_s",)
+# A gate's fields left out of its testcase's output for its length: its launch noise, which the
+# verdict's saved night and xunit1 properties keep (the suite properties give the session's prior).
+_LEFT_OUT_GATE_FIELDS = ("launch_noise",)
+
+
+# Lines whose parenthesised details (how a prediction was made, the floor's bytes and tolerance)
+# stay in the terminal and the failure message; a testcase's output keeps the rest, to stay whole.
+_COMPACTED = ("predicted:", "floor:")
+_DETAILS = re.compile(r" \((?:[^()]|\([^()]*\))*\)")
+
+
+def _compact(text: str) -> str:
+    """``text`` with the first parenthesised details of each prediction or floor line left out."""
+    return "\n".join(_DETAILS.sub("", line, count=1) if line.startswith(_COMPACTED) else line
+                     for line in text.splitlines())
 
 
 def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], verdicts: Sequence[str] = (),
@@ -110,7 +125,8 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
     # A gate's test: its verdict lines, whatever it decided (a failing or inconclusive gate raises
     # before the plugin records its line), then the other lines (the prediction).
     decided = ("pass: ", "inconclusive", "interval wholly")
-    lines = [verdict_line(g) for g in outcomes] + [v for v in verdicts if not (outcomes and v.startswith(decided))]
+    lines = [verdict_line(g) for g in outcomes] + [_compact(v) for v in verdicts
+                                                   if not (outcomes and v.startswith(decided))]
     groups: dict[tuple[str, str], list[Any]] = {}
     for m in measurements:
         groups.setdefault((type(m).__name__, m.case.id), []).append(m)
@@ -140,8 +156,8 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
         lines.extend(f"{k}={v}" for k, v in full.items()
                      if k.rpartition(".")[2] in _TESTCASE_NAMES or _largest_payload(k, full))
     for outcome in outcomes:
-        # Every field, the launch noise included: a gate's own prior (learned noise differs by configuration).
-        lines.extend(f"{k}={v}" for k, v in gate_lines(outcome).items())
+        lines.extend(f"{k}={v}" for k, v in gate_lines(outcome).items()
+                     if k.rpartition(".")[2] not in _LEFT_OUT_GATE_FIELDS)
     return "\n".join(lines)
 
 
