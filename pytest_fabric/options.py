@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import CLUSTER_KINDS
+from .cluster import CLUSTER_KINDS, cluster_kinds
 from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
@@ -356,8 +356,8 @@ class FabricOptions:
 
 def parse(config: pytest.Config) -> FabricOptions:
     cluster = _raw(config, "cluster") or "auto"
-    if cluster not in CLUSTER_KINDS:
-        raise pytest.UsageError(f"--cluster: unknown cluster {cluster!r}; choose from: {', '.join(CLUSTER_KINDS)}")
+    if cluster not in cluster_kinds():  # a plugin may have registered a launcher since import
+        raise pytest.UsageError(f"--cluster: unknown cluster {cluster!r}; choose from: {', '.join(cluster_kinds())}")
     try:
         table = build_table(config.getini("fabric_define"),
                             [*config.getini("fabric_env"), *config.getoption("fabric_env_cli")],

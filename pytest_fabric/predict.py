@@ -33,11 +33,11 @@ Plain standard library; no torch: the plugin predicts while collecting tests, lo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .models import ModelSpec
+from .models import ModelSpec, get_model
 
 __all__ = [
     "BYTES_PER_DTYPE",
@@ -546,7 +546,7 @@ class ComparisonPrediction:
         """
         rates = f"{self.slow} {self.slow_gbit:g} vs {self.fast} {self.fast_gbit:g} Gbit/s per node"
         if self.nodes == 1:
-            text = f"predicted: no difference (one node: no traffic crosses the fabric); single-node"
+            text = "predicted: no difference (one node: no traffic crosses the fabric); single-node"
         elif self.penalty is None:
             text = f"predicted: no difference ({self.slow} and {self.fast} both {self.fast_gbit:g} Gbit/s per node)"
         else:
@@ -567,6 +567,40 @@ class ComparisonPrediction:
         return (f"{text}; measured: {self.slow} {_percent_slower(slowdown)}, {confidence * 100:.4g}% CI of the "
                 f"slowdown [{(1 - high) * 100:+.1f}%, {(1 - low) * 100:+.1f}%]; prediction off by "
                 f"{(self.slowdown - slowdown) * 100:+.1f} points")
+
+
+def comparison_line(model: str, nodes: int, rates: Mapping[str, float | None],
+                    sides: Sequence[tuple[str, Any, float]], ratio: tuple[float, float, float, float],
+                    gpus_per_node: int = 1, flops_per_rank: float | None = None) -> str:
+    """The model's prediction for comparing fabric a with fabric b, next to the measurement: the
+    ``predicted: ...; measured: ...`` line of a comparison's output.
+
+    ``sides``: (fabric, what its launches ran, the configuration's tokens/s) for a, then b; what ran
+    is a ``TrainResult`` (shape, precision, ranks per node). ``rates``: each fabric's per-node link
+    rate in Gbit/s (declared, emulated or nominal: the caller's choice). ``ratio``: the measured a/b
+    tokens/s as (point, low, high, confidence). Compute throughput: ``flops_per_rank`` when given,
+    else fitted to the faster fabric's measured step (the penalty is predicted from the fast side
+    alone). Never raises: a prediction that cannot be made says why.
+    """
+    try:
+        (a, a_result, a_tokens), (b, b_result, b_tokens) = sides
+        for f in (a, b):
+            if not rates.get(f):
+                return f"predicted: unavailable (no nominal link rate known for fabric {f!r})"
+        fast = a if rates[a] >= rates[b] else b
+        r, tokens = (a_result, a_tokens) if fast == a else (b_result, b_tokens)
+        param_bytes, grad_bytes = recorded_bytes(r)
+        prediction = predict_comparison(
+            get_model(model), nodes, getattr(r, "local_world_size", None) or gpus_per_node,
+            r.batch_size, r.seq_len, rates={a: rates[a], b: rates[b]}, fast_step_s=r.tokens_per_step / tokens,
+            flops_per_s=flops_per_rank, param_bytes=param_bytes, grad_bytes=grad_bytes,
+            activation_checkpointing=r.activation_checkpointing)
+        point, low, high, confidence = ratio
+        # The measured slow/fast ratio from a/b (its bounds are positive).
+        measured = (point, low, high, confidence) if fast == b else (1 / point, 1 / high, 1 / low, confidence)
+        return prediction.line(measured)
+    except Exception as exc:  # noqa: BLE001 - a prediction must never turn a test into an error
+        return f"predicted: unavailable ({type(exc).__name__}: {exc})"
 
 
 def predict_comparison(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
+from helpers import needs
 
 from pytest_fabric.cluster.base import ClusterUnavailable
 from pytest_fabric.cluster.emulated import EmulatedNetwork, EmulatedNode, check_available, sweep_stale_namespaces
@@ -44,10 +44,10 @@ def require(*tools: str) -> None:
     try:
         check_available()
     except ClusterUnavailable as exc:
-        pytest.skip(str(exc))
+        needs(str(exc))
     missing = [tool for tool in tools if shutil.which(tool) is None and not Path(tool).exists()]
     if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} ({INSTALL_HINT})")
+        needs(f"not installed: {', '.join(missing)} ({INSTALL_HINT})")
     # Daemons of a test run that was killed outright live on in its namespaces: end them now.
     sweep_stale_namespaces()
 
@@ -95,8 +95,8 @@ class Daemons:
         """A daemon that exited at start cannot run on this machine: skip with its own words."""
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                pytest.skip(f"{name} exited with code {proc.returncode} at start, so it cannot run here:\n"
-                            f"{self.log(name)}")
+                needs(f"{name} exited with code {proc.returncode} at start, so it cannot run here:\n"
+                      f"{self.log(name)}")
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -8,7 +8,7 @@ option and collection checks run in-process, where they launch nothing.
 from __future__ import annotations
 
 import pytest
-from helpers import junit_schema_path, namespaces, owner_alive
+from helpers import emulated_unavailable, junit_schema_path, namespaces, needs, owner_alive
 
 pytest_plugins = ["pytester"]
 
@@ -24,6 +24,13 @@ def no_namespace_left_behind():
     yield
     leaked = sorted(n for n in namespaces() - before if not owner_alive(n))
     assert not leaked, f"network namespaces left behind: {leaked}"
+
+
+@pytest.fixture(scope="session")
+def needs_emulated():
+    """Tests that launch on the emulated cluster: skipped where namespaces cannot be made, failed
+    under CI (``helpers.needs``). Session-scoped, so it runs before any module's launches."""
+    needs(emulated_unavailable())
 
 
 @pytest.fixture(scope="session")

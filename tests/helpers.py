@@ -23,6 +23,19 @@ FAST_LAUNCH = [
 ]
 
 
+def needs(unavailable: str | None) -> None:
+    """Skip this test, saying what is missing, where this machine cannot run it (no root, no
+    namespaces, no Slurm or sshd); under CI (``CI`` set) fail instead: ``.ci/run`` installs all of
+    it, so a skip there would hide that the test never ran."""
+    if unavailable is None:
+        return
+    import pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run this test, but this machine cannot: {unavailable}", pytrace=False)
+    pytest.skip(unavailable)
+
+
 def namespaces() -> set[str]:
     """Network namespaces on this machine (none where iproute2 is missing)."""
     if shutil.which("ip") is None:

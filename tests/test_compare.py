@@ -18,7 +18,8 @@ from test_junit import geomean, train_measurement, train_record
 from pytest_fabric.case import Case
 from pytest_fabric.measure import Settings
 from pytest_fabric.options import Baseline
-from pytest_fabric.plugin import OUTCOMES_KEY, VERDICTS_KEY, CompareFixture, FabricSession
+from pytest_fabric.fixtures import CompareFixture
+from pytest_fabric.session import OUTCOMES_KEY, VERDICTS_KEY, FabricSession
 from pytest_fabric.stats import Interval, NoisePrior, Verdict
 
 CAND, REF = Case("m", 2, "eth"), Case("m", 2, "ib")
@@ -49,8 +50,13 @@ class FakeLaunches:
 
 
 class StandInSession(SimpleNamespace):
-    # The real choice of the launch-noise prior: --launch-noise, else the baseline's, else the default.
+    # The real session's answers, on the stand-in's options and cluster: the launch-noise prior
+    # (--launch-noise, else the baseline's, else the default), link rates, floor and prediction.
     noise = FabricSession.noise
+    link = FabricSession.link
+    floor = FabricSession.floor
+    floor_line = FabricSession.floor_line
+    predicted = FabricSession.predicted
 
 
 def options(**kw):
@@ -457,7 +463,6 @@ def test_equal_rates_predict_no_difference():
 def test_prediction_reads_real_measurements_as_the_store_records_them():
     from pytest_fabric.fabrics import build_table
     from pytest_fabric.measure import Measurement
-    from pytest_fabric.plugin import _predicted
 
     def runs(fabric, tokens_per_s):
         case = Case("qwen2-tiny", 2, fabric)
@@ -467,7 +472,7 @@ def test_prediction_reads_real_measurements_as_the_store_records_them():
                              cluster=SimpleNamespace(name="emulated"))
     interval = Interval(low=0.93, point=1700 / 1800, high=0.96, confidence=0.95, df=8.0, sigma=0.02,
                         launches=(3, 3))
-    line = _predicted(session, Case("qwen2-tiny", 2, "eth"), Case("qwen2-tiny", 2, "ib"),
-                      {"a": runs("eth", 1700.0), "b": runs("ib", 1800.0)}, interval)
+    line = FabricSession.predicted(session, Case("qwen2-tiny", 2, "eth"), Case("qwen2-tiny", 2, "ib"),
+                                   runs("eth", 1700.0), runs("ib", 1800.0), interval)
     assert line.startswith("predicted: eth ") and "eth 0.4 vs ib 2 Gbit/s per node" in line, line
     assert "measured: eth 5.6% slower, 95% CI of the slowdown [+4.0%, +7.0%]" in line

@@ -24,7 +24,7 @@ except ClusterUnavailable as exc:
     UNAVAILABLE = str(exc)
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(UNAVAILABLE is not None, reason=f"needs the emulated cluster: {UNAVAILABLE}")]
+              pytest.mark.usefixtures("needs_emulated")]
 
 
 def test_one_night_says_the_same_in_every_output(pytester, monkeypatch, junit_schema):

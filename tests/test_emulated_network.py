@@ -23,7 +23,7 @@ try:
 except ClusterUnavailable as exc:
     UNAVAILABLE = str(exc)
 
-pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"network namespaces unavailable: {UNAVAILABLE}")
+pytestmark = pytest.mark.usefixtures("needs_emulated")
 
 PORT = 5201
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import needs
 
 from pytest_fabric import FABRICS, MODELS
 
@@ -350,7 +351,7 @@ def test_a_run_without_measurements_reports_nothing_and_writes_nothing(pytester,
 def run_as_non_root(pytester, *args):
     """pytest in a user namespace: this process is not root there, so the emulated cluster is unavailable."""
     if shutil.which("unshare") is None or subprocess.run(["unshare", "--user", "true"]).returncode != 0:
-        pytest.skip("cannot create a user namespace here")
+        needs("cannot create a user namespace here (unshare --user)")
     return pytester.run("unshare", "--user", sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args)
 
 

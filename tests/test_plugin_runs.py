@@ -25,7 +25,7 @@ UNAVAILABLE = emulated_unavailable()
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(UNAVAILABLE is not None, reason=f"needs the emulated cluster: {UNAVAILABLE}"),
+    pytest.mark.usefixtures("needs_emulated"),
 ]
 
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from helpers import needs
 
 from pytest_fabric.fabrics import build_table
 from pytest_fabric.preflight import check
@@ -136,7 +137,7 @@ def test_emulated_node_interfaces_are_real_ethernet(tmp_path):
         cluster = EmulatedCluster()
         cluster.prepare()
     except ClusterUnavailable as exc:
-        pytest.skip(str(exc))
+        needs(str(exc))
     facts = probe_nodes(cluster, FABRICS["eth"], 2, tmp_path, deadline_s=120)
     assert sorted(f.host for f in facts) == ["node0", "node1"]
     for node in facts:
@@ -160,7 +161,7 @@ def test_measurer_probes_remote_nodes_before_a_gpu_launch(tmp_path):
         cluster = EmulatedCluster()
         cluster.prepare()
     except ClusterUnavailable as exc:
-        pytest.skip(str(exc))
+        needs(str(exc))
     measurer = Measurer(cluster, Settings(device="cuda"), ResultStore(tmp_path / "store"), tmp_path / "runs")
     with pytest.raises(MeasurementError) as failed:
         measurer.measure(Case("qwen2-tiny", 2, "ib"))

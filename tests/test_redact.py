@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -144,7 +143,10 @@ def test_reports_never_show_a_secret(secrets_in_env, tmp_path):
                    errors=[f"launch failed: {SECRET}"])
     written = write_report([run], tmp_path / "report")
     for path in (written.markdown, written.html):
-        assert_clean(path.read_text(), path.name)
+        text = path.read_text()
+        assert_clean(text, path.name)
+        # Written, masked: the cluster, the failed launch and the verdict's message are all there.
+        assert "local ***" in text and "launch failed: ***" in text and "measurement failed: ***" in text, text
 
 
 def test_merged_junit_never_shows_a_secret(secrets_in_env, tmp_path):
@@ -156,7 +158,10 @@ def test_merged_junit_never_shows_a_secret(secrets_in_env, tmp_path):
                      f'<failure message="measurement failed: {escaped}">HF_TOKEN={escaped}</failure>'
                      f'<system-out>{AWS}</system-out></testcase></testsuite></testsuites>')
     merge_junit([junit], tmp_path / "merged.xml")
-    assert_clean((tmp_path / "merged.xml").read_text(), "merged JUnit")
+    merged = (tmp_path / "merged.xml").read_text()
+    assert_clean(merged, "merged JUnit")
+    # Written, masked: the failure's message and body and the output are all there.
+    assert 'message="measurement failed: ***"' in merged and "HF_TOKEN=***" in merged and "test_x" in merged, merged
 
 
 # -- a whole pytest run: a launch that fails fast, its JUnit and saved results ------------------

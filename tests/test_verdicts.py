@@ -25,7 +25,7 @@ from pytest_fabric.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, cou
 GATE_SUITE = """
     import pytest
     from pytest_fabric.gates import judge
-    from pytest_fabric.plugin import OUTCOMES_KEY, VERDICTS_KEY
+    from pytest_fabric.session import OUTCOMES_KEY, VERDICTS_KEY
     from pytest_fabric.stats import Verdict
     from test_junit import outcome
 

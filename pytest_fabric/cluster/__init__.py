@@ -3,11 +3,78 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from .base import Cluster, ClusterUnavailable, LaunchRequest
 from .supervisor import LaunchOutcome
 
-CLUSTER_KINDS = ("auto", "emulated", "local", "slurm", "ssh")
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """What a cluster may need from the command line."""
+
+    hostfile: str | None = None
+    ssh_config: str | None = None
+    ssh_host_key_checking: str = "accept-new"
+
+
+# name -> how to build it (ReFrame's launcher registry); each factory imports its launcher module
+# on first use, so a session never imports the launchers it does not use.
+_REGISTRY: dict[str, Callable[[ClusterOptions], Cluster]] = {}
+
+
+def register_cluster(name: str, factory: Callable[[ClusterOptions], Cluster]) -> None:
+    """Make ``--cluster NAME`` build its cluster with ``factory`` (a plugin adds a launcher here)."""
+    if name == "auto" or not name.isidentifier():
+        raise ValueError(f"a cluster name must be a plain word other than 'auto', got {name!r}")
+    _REGISTRY[name] = factory
+
+
+def _emulated(_: ClusterOptions) -> Cluster:
+    from .emulated import EmulatedCluster
+
+    return EmulatedCluster()
+
+
+def _local(_: ClusterOptions) -> Cluster:
+    from .local import LocalCluster
+
+    return LocalCluster()
+
+
+def _slurm(_: ClusterOptions) -> Cluster:
+    from .slurm import SlurmCluster
+
+    return SlurmCluster()
+
+
+def _ssh(o: ClusterOptions) -> Cluster:
+    if not o.hostfile:
+        raise ClusterUnavailable("the ssh cluster needs --hostfile FILE (one host per line)")
+    from .ssh import SshCluster
+
+    return SshCluster(o.hostfile, ssh_config=o.ssh_config, strict_host_key_checking=o.ssh_host_key_checking)
+
+
+register_cluster("emulated", _emulated)
+register_cluster("local", _local)
+register_cluster("slurm", _slurm)
+register_cluster("ssh", _ssh)
+
+
+def cluster_kinds() -> tuple[str, ...]:
+    """``auto`` and every registered cluster name."""
+    return ("auto", *_REGISTRY)
+
+
+CLUSTER_KINDS = cluster_kinds()
+
+
+def local_fallback(exc: Exception) -> tuple[Cluster, str]:
+    """Where ``auto`` cannot make the emulated cluster (no root, no iproute2): local processes, and
+    the note that says why (the header, skip reasons and the exit status repeat it)."""
+    return _local(ClusterOptions()), f"emulated cluster unavailable ({exc}); using local processes without link shaping"
 
 
 def make_cluster(kind: str, hostfile: str | None = None, ssh_config: str | None = None,
@@ -19,9 +86,6 @@ def make_cluster(kind: str, hostfile: str | None = None, ssh_config: str | None 
     cluster's ``prepare()`` does the real work. Raises ClusterUnavailable when an explicitly
     requested cluster cannot run here.
     """
-    from .emulated import EmulatedCluster
-    from .local import LocalCluster
-
     if kind == "auto":
         if os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_JOB_NODELIST"):
             kind = "slurm"
@@ -29,24 +93,14 @@ def make_cluster(kind: str, hostfile: str | None = None, ssh_config: str | None 
             kind = "ssh"
         else:
             try:
-                return EmulatedCluster(), None
+                return _emulated(ClusterOptions()), None
             except ClusterUnavailable as exc:
-                return LocalCluster(), f"emulated cluster unavailable ({exc}); using local processes without link shaping"
-    if kind == "emulated":
-        return EmulatedCluster(), None
-    if kind == "local":
-        return LocalCluster(), None
-    if kind == "slurm":
-        from .slurm import SlurmCluster
-
-        return SlurmCluster(), None
-    if kind == "ssh":
-        if not hostfile:
-            raise ClusterUnavailable("the ssh cluster needs --hostfile FILE (one host per line)")
-        from .ssh import SshCluster
-
-        return SshCluster(hostfile, ssh_config=ssh_config, strict_host_key_checking=ssh_host_key_checking), None
-    raise ValueError(f"unknown cluster {kind!r}; choose one of {', '.join(CLUSTER_KINDS)}")
+                return local_fallback(exc)
+    factory = _REGISTRY.get(kind)
+    if factory is None:
+        raise ValueError(f"unknown cluster {kind!r}; choose one of {', '.join(cluster_kinds())}")
+    return factory(ClusterOptions(hostfile, ssh_config, ssh_host_key_checking)), None
 
 
-__all__ = ["CLUSTER_KINDS", "Cluster", "ClusterUnavailable", "LaunchOutcome", "LaunchRequest", "make_cluster"]
+__all__ = ["CLUSTER_KINDS", "Cluster", "ClusterOptions", "ClusterUnavailable", "LaunchOutcome", "LaunchRequest",
+           "cluster_kinds", "local_fallback", "make_cluster", "register_cluster"]

@@ -1,0 +1,219 @@
+"""The objects behind the ``fabric_measure`` and ``fabric_compare`` fixtures.
+
+``MeasureFixture`` launches a configuration (or serves it from the session's cache) and refuses a
+result that is not of the fabric asked for: a failed launch, a wrong transport, a step faster than
+the link can carry. ``CompareFixture`` decides the gates (``within``, ``ahead``, ``no_regression``)
+on repeated, interleaved launches with ``stats``' sequential intervals, and records each verdict
+with its prediction and floor for the reporter.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from .case import Case
+from .gates import GateOutcome, judge
+from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s, counted
+from .results import identity_from_records, identity_mismatch
+from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
+from .stats import (Interval, Look, SequentialGate, Verdict, ahead_gate, contrast_interval, reference_term,
+                    within_gate)
+
+
+class MeasureFixture:
+    """``fabric_measure(case)`` -> Measurement: launched once per session, then served from the cache."""
+
+    def __init__(self, session: FabricSession, item: pytest.Item) -> None:
+        self._session = session
+        self._item = item
+
+    def __call__(self, case: Case, launch: int = 0) -> Measurement:
+        return self._record(lambda: self._session.measurer().measure(case, launch))
+
+    def _record(self, measure):
+        try:
+            m = measure()
+        except MeasurementError as exc:
+            message = f"measurement failed: {exc}"
+            self._item.stash[ERRORED_KEY] = True
+        else:
+            message = None
+        if message is not None:  # outside the except: the report shows the launch's failure once, unchained
+            pytest.fail(message, pytrace=False)
+        self._item.stash.setdefault(MEASURED_KEY, []).append(m)
+        if m.result.transport_problem:
+            # The numbers are real, but not of the fabric that was asked for.
+            pytest.fail(f"wrong transport: {m.result.transport_problem}", pytrace=False)
+        impossible = self._session.impossible(m)
+        if impossible:
+            pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
+        return m
+
+    def bandwidth(self, case: Case) -> BandwidthMeasurement:
+        """Collective bandwidth over ``case``'s nodes and fabric (all_reduce, all_gather, reduce_scatter)."""
+        return self._record(lambda: self._session.measurer().measure_bandwidth(case))
+
+
+class CompareFixture:
+    """Gates decided on repeated, interleaved launches (reference, candidate, reference, ...).
+
+    ``--repeats`` launches per side first (launches set aside as disturbed are replaced), then one
+    pair more while the interval of the ratio straddles the threshold, up to ``--max-repeats``
+    per side; launches are cached per index, so a reference measured for one comparison serves
+    the next one too. The interval is ``stats.contrast_interval`` of the launches' values (each a
+    robust value of its steps, with its own precision), with the session's launch-noise prior.
+    """
+
+    def __init__(self, measure: MeasureFixture, session: FabricSession, item: pytest.Item) -> None:
+        self._measure = measure
+        self._session = session
+        self._item = item
+
+    def within(self, candidate: Case, reference: Case, rel: float = 0.05) -> GateOutcome:
+        """``candidate`` is at most ``rel`` slower than ``reference`` (one-sided)."""
+        return self._compare(candidate, reference, within_gate(rel), f"{candidate.fabric} at most {rel:.0%} slower")
+
+    def ahead(self, reference: Case, candidate: Case, by: float = 0.20) -> GateOutcome:
+        """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
+        return self._compare(reference, candidate, ahead_gate(by), f"{reference.fabric} at least {by:.0%} ahead")
+
+    def _gate(self, threshold: float, direction: str, cases: Sequence[Case]) -> SequentialGate:
+        o = self._session.options
+        return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats,
+                              prior=self._session.noise(cases))
+
+    def _launch_until_decided(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate,
+                              per_gpu: bool = False, fixed: tuple[float, float] = (0.0, 0.0),
+                              ) -> tuple[list[list[Measurement]], Look]:
+        """Launch every case once per round (interleaved, in ``cases`` order) until ``--repeats``
+        rounds have no disturbed launch and a look decides, or the budget is spent.
+
+        The gate judges sum_j signs[j] x log tokens/s of cases[j] (per GPU with ``per_gpu``) plus
+        ``fixed``, blocked by round: launches of one round ran back to back, so a drift of the
+        machine that hits both cancels. A round with a launch set aside is left out whole."""
+        o = self._session.options
+        runs: list[list[Measurement]] = [[] for _ in cases]
+        while True:
+            index = len(runs[0])
+            for case, launches in zip(cases, runs):
+                launches.append(self._measure(case, launch=index))
+            spent = index + 1 >= o.max_repeats
+            rounds = [r for r in zip(*runs) if not any(m.set_aside for m in r)]
+            if not spent and len(rounds) < o.repeats:
+                continue  # a disturbed launch is replaced before the first look
+            if rounds:
+                groups = [(sign, [r[j].sample(per_gpu) for r in rounds]) for j, sign in enumerate(signs)]
+                result = gate.look(groups, fixed, blocked=True, launches=index + 1)
+            else:
+                groups = [(sign, [m.sample(per_gpu) for m in counted(launches)]) for sign, launches in zip(signs, runs)]
+                result = gate.look(groups, fixed, launches=index + 1)
+                if any(all(m.set_aside for m in launches) for launches in runs):
+                    # Only disturbed launches on a side: their figures stand in the output, but decide nothing.
+                    return runs, replace(result, verdict=Verdict.INCONCLUSIVE)
+            if result.verdict is not Verdict.INCONCLUSIVE or spent:
+                return runs, result
+
+    def _compare(self, a: Case, b: Case, gate_spec: tuple[float, str], requirement: str) -> GateOutcome:
+        threshold, direction = gate_spec
+        gate = self._gate(threshold, direction, (a, b))
+        # b first: interleaved b a b a ...
+        (runs_b, runs_a), look = self._launch_until_decided((b, a), (-1, +1), gate)
+        outcome = GateOutcome(
+            a.fabric, b.fabric, threshold, requirement, look.interval, look.verdict,
+            (configuration_tokens_per_s(runs_a), configuration_tokens_per_s(runs_b)), "tokens/s",
+            f"[{a.model}, {a.nodes} node(s)]", gate.prior, _set_aside(runs_a + runs_b))
+        predicted = self._session.predicted(a, b, counted(runs_a), counted(runs_b), outcome.interval)
+        # Measured, floor and predicted side by side.
+        predicted = "\n".join([predicted, *(self._session.floor_line(runs) for runs in (runs_a, runs_b))])
+        self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
+        lines = self._item.stash.setdefault(VERDICTS_KEY, [])
+        # In the output (JUnit system-out) whatever the verdict, and in a failure's message.
+        lines.append(predicted)
+        line = judge(outcome, self._session.options.inconclusive, note=predicted)
+        lines.insert(len(lines) - 1, line)
+        return outcome
+
+    def no_regression(self, case: Case, rel: float | None = None) -> GateOutcome:
+        """Tonight's ``case`` is not more than ``rel`` below the --fabric-baseline run's.
+
+        A fabric regression is a loss of scaling, so by default (``--regression-on scaling``) the
+        gate judges scaling efficiency: tokens/s/GPU of ``case`` over the same night's one-node
+        tokens/s/GPU (a launch that never crosses the fabric), tonight against the baseline's.
+        A machine that is slower all night moves both and not their ratio. The raw tokens/s
+        ratio is shown beside it; ``--regression-on tokens`` gates that instead (also where the
+        baseline has no one-node measurement of the model, or ``case`` is one node).
+
+        Skips when there is no baseline or it never measured ``case``. A baseline from other
+        hardware or software is compared all the same, with a loud warning naming the differences.
+        """
+        o = self._session.options
+        baseline = o.baseline
+        if baseline is None:
+            pytest.skip("no --fabric-baseline given")
+        if not baseline.values.get(case.id):
+            pytest.skip(f"the baseline {baseline.path} has no measurement of {case.id}")
+        rel = o.regression_threshold if rel is None else rel
+        threshold, direction = within_gate(rel)
+        one = case.with_nodes(1)
+        gate = self._gate(threshold, direction, (case, one) if o.regression_on == "scaling" else (case,))
+        by_scaling = o.regression_on == "scaling" and case.nodes > 1 and bool(baseline.values.get(one.id))
+        past = reference_term(baseline.values[case.id], gate.prior)
+
+        def raw(tonight: list[Measurement], confidence: float) -> Interval:
+            return contrast_interval([(+1, [m.sample() for m in counted(tonight)])], gate.prior, confidence,
+                                     (-past[0], past[1]))
+
+        if by_scaling:
+            # log efficiency = log(multi / gpus) - log(one / gpus_one); tonight's launches give it per GPU.
+            gpus = math.log(baseline.gpus.get(case.id, 1)) - math.log(baseline.gpus.get(one.id, 1))
+            nights = baseline.paired(case.id, one.id)
+            if len(nights) >= 2:
+                # Each night's own efficiency: what moved both of a night's values (the machine's speed
+                # that night) cancels, as it does in tonight's rounds.
+                past_eff = reference_term([multi / single for multi, single in nights], gate.prior)
+                fixed = (-(past_eff[0] - gpus), past_eff[1])
+            else:  # a single saved night, or nights that measured only one of the two: the values apart
+                past_one = reference_term(baseline.values[one.id], gate.prior)
+                fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
+            (runs_one, tonight), result = self._launch_until_decided((one, case), (-1, +1), gate, per_gpu=True,
+                                                                     fixed=fixed)
+            values = (configuration_tokens_per_s(tonight, per_gpu=True) / configuration_tokens_per_s(runs_one, per_gpu=True),
+                      math.exp(-fixed[0]))
+            tokens = raw(tonight, result.interval.confidence)
+            what, unit = "scaling", f"scaling efficiency (n{case.nodes} over n1 tokens/s/GPU)"
+            extra = (f"raw tokens/s tonight/baseline = {tokens.point:.3f} [{tokens.low:.3f}, {tokens.high:.3f}]: "
+                     f"tonight {configuration_tokens_per_s(tonight):.1f} vs baseline {math.exp(past[0]):.1f}")
+            launches = runs_one + tonight
+        else:
+            (tonight,), result = self._launch_until_decided((case,), (+1,), gate, fixed=(-past[0], past[1]))
+            values = (configuration_tokens_per_s(tonight), math.exp(past[0]))
+            what, unit = "tokens/s", "tokens/s"
+            extra = ("" if case.nodes == 1 or o.regression_on == "tokens"
+                     else f"judged on raw tokens/s: the baseline has no one-node measurement of {case.model}")
+            launches = tonight
+        mismatch = identity_mismatch(baseline.identity, identity_from_records(self._session.store.all()),
+                                     ("baseline", "tonight"))
+        if mismatch:
+            warnings.warn(FabricIdentityWarning(f"{case.id}: comparing against a baseline from a different "
+                                                f"set-up: " + "; ".join(mismatch)), stacklevel=2)
+            extra = "; ".join(filter(None, [extra, f"DIFFERENT SET-UP: {'; '.join(mismatch)}"]))
+        outcome = GateOutcome("tonight", "baseline", threshold, f"{what} at most {rel:.0%} below the baseline",
+                              result.interval, result.verdict, values, unit, f"[{case.id}]", gate.prior,
+                              _set_aside(launches), extra)
+        self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
+        self._item.stash.setdefault(VERDICTS_KEY, []).append(judge(outcome, o.inconclusive))
+        return outcome
+
+
+def _set_aside(launches: Sequence[Measurement]) -> tuple[str, ...]:
+    """One description per launch the gate did not count."""
+    return tuple(f"{m.case.id} launch {m.launch + 1}: {m.set_aside}" for m in launches if m.set_aside)
+
+
+class FabricIdentityWarning(UserWarning):
+    """Two runs being compared ran on different hardware or software."""

@@ -1,0 +1,169 @@
+"""The controller's reporting: each test's text into JUnit, the night saved, dashboards written,
+the tables printed.
+
+Registered per config by the plugin (``REPORTER_NAME``): its hooks receive only reports, and need
+the session's state. Under xdist the controller's instance sees every worker's reports.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import __version__
+from .junit import SECTION, add_to_junit, suite_properties
+from .redact import redact_file
+from .report import bandwidth_table, summary_tables
+from .results import save_results
+from .session import FabricSession
+from .verdicts import INCONCLUSIVE, counts, undecided_night
+
+REPORTER_NAME = "fabric-reporter"
+
+
+class FabricReporter:
+    """Controller-side reporting, registered per config (it needs the session's state in hooks that
+    receive only a report): collects each test's text, edits the JUnit file, prints the tables."""
+
+    def __init__(self, fabric: FabricSession) -> None:
+        self.fabric = fabric
+        self.verdicts: list[dict[str, str]] = []
+        # nodeid -> (outcome word, one-line message, whether the test decided gates), every test.
+        self.outcomes: dict[str, tuple[str, str, bool]] = {}
+        self.undecided_text: dict[str, str] = {}  # nodeid -> an inconclusive gate's verdict text
+        self.gates: dict[str, list[dict[str, Any]]] = {}  # nodeid -> its gates' fields (verdicts.gate_record)
+        self.no_fabrics = 0  # comparisons skipped because `auto` fell back to local processes
+        self.undecided: str | None = None  # why the night decided nothing (--undecided-night)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # Under xdist the controller sees every worker's reports here.
+        word = getattr(report, "fabric_outcome", None)
+        if word is None:
+            return
+        message = getattr(report, "fabric_headline", "")
+        if report.failed:
+            message = report.longreprtext.strip().splitlines()[0] if report.longreprtext.strip() else "failed"
+        elif report.skipped and not message and isinstance(report.longrepr, tuple):
+            message = str(report.longrepr[2]).removeprefix("Skipped: ")
+        if report.when == "call" or report.failed or report.skipped:  # a teardown error overrides the call
+            self.outcomes[report.nodeid] = (word, message, getattr(report, "fabric_gate", False))
+        self.no_fabrics += bool(getattr(report, "fabric_no_fabrics", False) and report.skipped)
+        if getattr(report, "fabric_gates", None):
+            self.gates[report.nodeid] = report.fabric_gates
+        if word == INCONCLUSIVE:
+            self.undecided_text[report.nodeid] = str(getattr(report, "wasxfail", "") or message)
+        if report.when != "call":
+            return
+        text = next((t for name, t in report.sections if name == SECTION), None)
+        if text is None:
+            return
+        self.fabric.outputs[report.nodeid] = text
+        if word == "pass" and not message:
+            message = next((line for line in text.splitlines() if line.startswith("pass:")), "")
+        self.verdicts.append({"test": report.nodeid, "outcome": word, "message": message,
+                              "gates": list(getattr(report, "fabric_gates", []))})
+
+    @pytest.hookimpl(trylast=True)  # after junitxml has written its file
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        config = session.config
+        if hasattr(config, "workerinput"):
+            return
+        # --undecided-night fail: a night that decided no gate exits 1 (the summary says why).
+        gates = [word for word, _, gate in self.outcomes.values() if gate]
+        self.undecided = undecided_night(gates, self.no_fabrics, self.fabric.note)
+        if self.undecided and self.fabric.options.undecided_night == "fail" and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self._save()
+        self._dashboards()
+        xmlpath = getattr(config.option, "xmlpath", None)
+        if not xmlpath or not Path(xmlpath).exists():
+            return
+        path = Path(xmlpath)
+        if self.fabric.outputs or self.no_fabrics or any(gate for _, _, gate in self.outcomes.values()):
+            add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix,
+                         inconclusive={nodeid: (message, self.undecided_text.get(nodeid, ""))
+                                       for nodeid, (word, message, _) in self.outcomes.items() if word == INCONCLUSIVE})
+        redact_file(path)  # failure messages and captured output may quote a rank's environment
+
+    def _night_verdicts(self) -> list[dict[str, Any]]:
+        """Every test's outcome word and message, with its gates' fields: skipped gates too."""
+        measured = {v["test"]: v for v in self.verdicts}
+        return [measured.get(nodeid, {"test": nodeid, "outcome": word, "message": message,
+                                      "gates": self.gates.get(nodeid, [])})
+                for nodeid, (word, message, _) in self.outcomes.items()]
+
+    def _dashboards(self) -> None:
+        """--fabric-metrics, --fabric-benchmark-json and, under GitHub Actions, the job summary."""
+        o = self.fabric.options
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if not (o.metrics or o.benchmark_json or (step_summary and self.outcomes)):
+            return
+        from .dashboards import build_tables, write_outputs
+        from .results import SavedRun, run_from_store
+
+        records = self.fabric.store.all() if (self.fabric.directory / "measurements.json").exists() else {}
+        run = run_from_store(records, o.fabrics) if records else SavedRun({})
+        run.verdicts = self._night_verdicts()
+        tables = build_tables(run, records)
+        if self.undecided:
+            tables.notes.append(f"no verdict tonight: {self.undecided}")
+        write_outputs(tables, o.metrics, o.benchmark_json, step_summary if self.outcomes else None)
+
+    def _save(self) -> None:
+        """--fabric-save: everything measured, also when tests failed or the run was interrupted."""
+        fabric = self.fabric
+        if (fabric.options.save is None or hasattr(fabric.config, "workerinput")
+                or not (fabric.directory / "measurements.json").exists()):
+            return
+        identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
+                    "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
+                    "fabrics": list(fabric.options.fabrics)}
+        save_results(fabric.options.save, fabric.store.all(), identity, self._night_verdicts(), fabric.options.prices)
+
+    def _suite_properties(self) -> dict[str, str]:
+        fabric, o = self.fabric, self.fabric.options
+        facts = {"fabric.cluster": fabric.cluster.describe(), "fabric.cluster_kind": fabric.cluster.name,
+                 "fabric.fabrics": ",".join(o.fabrics), "fabric.nodes": str(fabric.nodes),
+                 "fabric.gpus_per_node": str(o.settings.gpus_per_node),
+                 "fabric.repeats": f"{o.repeats} to {o.max_repeats} launches per side",
+                 "fabric.inconclusive": o.inconclusive,
+                 # The session's prior; a gate whose configurations the baseline learned uses theirs (its fields say).
+                 "fabric.launch_noise": f"{fabric.noise().sigma:.6g}",
+                 "fabric.launch_noise_source": fabric.noise().source, "fabric.project_version": __version__}
+        facts.update({f"fabric.outcome.{word}": str(n)
+                      for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
+        if self.undecided:
+            facts["fabric.undecided"] = self.undecided
+        return suite_properties([*fabric.recorded(), *fabric.recorded_bandwidth()], facts)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        fabric = self.fabric
+        if self.undecided and not hasattr(fabric.config, "workerinput"):
+            exit_note = "exit 1" if fabric.options.undecided_night == "fail" else "--undecided-night pass"
+            terminalreporter.write_line(f"fabric: no verdict tonight ({exit_note}): {self.undecided}", yellow=True)
+        if hasattr(fabric.config, "workerinput") or not (fabric.directory / "measurements.json").exists():
+            return
+        measured = fabric.recorded()
+        errors = [r["error"].splitlines()[0] for r in fabric.store.all().values() if "error" in r]
+        bandwidth = fabric.recorded_bandwidth()
+        if not measured and not errors and not bandwidth:
+            return
+        terminalreporter.write_sep("=", "fabric throughput (tokens/s)")
+        for line in summary_tables(measured, fabric.options.fabrics):
+            terminalreporter.write_line(line)
+        for line in bandwidth_table(bandwidth):
+            terminalreporter.write_line(line)
+        if fabric.options.prices:
+            from .reportgen import cost_lines
+            from .results import run_from_store
+
+            for line in cost_lines(run_from_store(fabric.store.all(), fabric.options.fabrics), fabric.options.prices):
+                terminalreporter.write_line(line)
+        for line in errors:
+            terminalreporter.write_line(f"failed launch: {line}")
+        terminalreporter.write_line(f"launch logs and results: {fabric.directory}")
+        if fabric.options.save:
+            terminalreporter.write_line(f"results saved to {fabric.options.save}")
