@@ -64,19 +64,22 @@ def _load(paths: Sequence[str]):
     return [load_results(p) for p in paths]
 
 
-def _prices(items: Sequence[str]) -> dict[str, float]:
-    from .predict import parse_price
+def _per_fabric(option: str, items: Sequence[str], meaning: str, example: str) -> dict[str, float]:
+    """``NAME=NUMBER`` items of one option -> {fabric: number} (``fabrics.fabric_value``)."""
+    from .fabrics import fabric_value
 
-    prices = {}
+    values = {}
     for item in items:
         try:
-            fabric, price = parse_price(item)
+            fabric, value = fabric_value(item)
         except ValueError:
-            fabric = ""
-        if not fabric:
-            raise _UserError(f"--price {item!r}: write FABRIC=USD_PER_GPU_HOUR with a positive price, e.g. ib=3.50")
-        prices[fabric] = price
-    return prices
+            raise _UserError(f"{option} {item!r}: write {meaning}, e.g. {example}") from None
+        values[fabric] = value
+    return values
+
+
+def _prices(items: Sequence[str]) -> dict[str, float]:
+    return _per_fabric("--price", items, "FABRIC=USD_PER_GPU_HOUR with a positive price", "ib=3.50")
 
 
 def _output_dir(path: str, option: str) -> Path:
@@ -185,16 +188,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from .calibration import configurations, study, study_lines
     from .results import load_records
 
-    gbit = {}
-    for item in args.gbit:
-        fabric, sep, value = item.partition("=")
-        try:
-            rate = float(value) if sep else -1.0
-        except ValueError:
-            rate = -1.0
-        if not fabric.strip() or not 0 < rate < float("inf"):
-            raise _UserError(f"--gbit {item!r}: write FABRIC=GBIT with a positive rate per node, e.g. eth=100")
-        gbit[fabric.strip()] = rate
+    gbit = _per_fabric("--gbit", args.gbit, "FABRIC=GBIT with a positive rate per node", "eth=100")
     efficiency = None
     if args.link_efficiency != "fit":
         try:

@@ -107,6 +107,23 @@ class FabricConfigError(ValueError):
     """A fabric definition or override that cannot be used; the message says how to write it."""
 
 
+def fabric_value(item: str) -> tuple[str, float]:
+    """``"NAME=NUMBER"`` (spaces allowed around ``=``) -> (NAME, NUMBER): one fabric's rate or price.
+
+    The one reader of every per-fabric number (--fabric-rate, --fabric-link-gbit, fabric_price,
+    ``pytest-fabric report --price`` and ``calibrate --gbit``). ValueError unless NAME is given and
+    NUMBER is a positive finite number; each caller's message says what the number means.
+    """
+    name, sep, number = (x.strip() for x in item.partition("="))
+    try:
+        value = float(number) if sep else -1.0
+    except ValueError:
+        value = -1.0
+    if not name or not 0 < value < float("inf"):
+        raise ValueError(f"{item.strip()!r} is not NAME=NUMBER with a name and a positive number")
+    return name, value
+
+
 def build_table(
     defines: Iterable[str] = (),
     env_overrides: Iterable[str] = (),

@@ -12,7 +12,7 @@ from typing import Union
 import pytest
 
 from .measure import BandwidthMeasurement, Measurement
-from .stats import Interval, NoisePrior, Verdict
+from .stats import Interval, NoisePrior, Verdict, ahead_gate, within_gate
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,12 @@ def assert_within(candidate: Value, reference: Value, rel: float = 0.05, unit: s
 
     Returns the ratio candidate/reference.
     """
-    if not 0 <= rel < 1:
-        raise ValueError(f"rel must be in [0, 1), got {rel}")
+    threshold, _ = within_gate(rel)
     r = ratio(candidate, reference)
     c, ref = _name(candidate, "candidate"), _name(reference, "reference")
-    if r < 1 - rel:
+    if r < threshold:
         pytest.fail(
-            f"{c}/{ref} = {r:.3f} < {1 - rel:.3f}: {c} {_value(candidate):.1f} {unit} is "
+            f"{c}/{ref} = {r:.3f} < {threshold:.3f}: {c} {_value(candidate):.1f} {unit} is "
             f"{(1 - r) * 100:.1f}% below {ref} {_value(reference):.1f} {unit} "
             f"(allowed: {rel * 100:g}% slower){_context(candidate, reference)}",
             pytrace=False,
@@ -91,13 +90,12 @@ def assert_ahead(reference: Value, candidate: Value, by: float = 0.20, unit: str
     This is the gate that catches a degraded fast fabric: where the job is communication-bound the
     fast fabric must show its advantage. Returns the ratio reference/candidate.
     """
-    if by < 0:
-        raise ValueError(f"by must be >= 0, got {by}")
+    threshold, _ = ahead_gate(by)
     r = ratio(reference, candidate)
     ref, c = _name(reference, "reference"), _name(candidate, "candidate")
-    if r < 1 + by:
+    if r < threshold:
         pytest.fail(
-            f"{ref}/{c} = {r:.3f} < {1 + by:.3f}: {ref} {_value(reference):.1f} {unit} is only "
+            f"{ref}/{c} = {r:.3f} < {threshold:.3f}: {ref} {_value(reference):.1f} {unit} is only "
             f"{(r - 1) * 100:+.1f}% ahead of {c} {_value(candidate):.1f} {unit} "
             f"(required: at least {by * 100:g}% ahead){_context(reference, candidate)}",
             pytrace=False,

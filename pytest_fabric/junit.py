@@ -25,12 +25,12 @@ An inconclusive gate is a ``<skipped type="fabric.inconclusive">`` whose message
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .atomic import replacing
 from .case import BANDWIDTH
 from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
@@ -476,13 +476,7 @@ def merge_junit(paths: Sequence[Path | str], out: Path | str) -> int:
             merged.append(deepcopy(suite))
     merged.name = "pytest-fabric"
     merged.tests, merged.failures, merged.errors, merged.time = tests, failures, errors, round(time, 3)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
+    with replacing(out) as tmp:
         merged.write(str(tmp))
         redact_file(tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return tests

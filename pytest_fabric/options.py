@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 
 from .cluster import CLUSTER_KINDS, cluster_kinds
-from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table
+from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table, fabric_value
+from .cluster.ssh import STRICT_HOST_KEY_CHECKING
+from .gates import INCONCLUSIVE_POLICIES
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
-from .predict import parse_price
 from .redact import remember
 from .references import ReferenceError, References
 from .results import ResultsError, baseline_for, baseline_nights, baseline_noise, load_baseline, load_results
 from .stats import NoisePrior
+from .workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from .transport import parse_inventory
 
 
@@ -63,8 +65,6 @@ class Baseline:
             values = run.measurements
         return cls(str(path), {cid: v for cid, v in values.items() if v},
                    {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), learned, nights)
-
-DEFAULT_NODES = 2
 
 # name, help, default (as the ini string)
 _OPTIONS: list[tuple[str, str, str | None]] = [
@@ -143,7 +143,10 @@ _LINELISTS = [
                          "line (e.g. 'ib.nics = 8', 'ib.gbit_per_nic = 400'): the transport proof fails a run that "
                          "used fewer or slower ones (default: what each node's sysfs shows)"),
 ]
-_CHOICES = {"inconclusive": ("xfail", "fail", "warn"), "undecided-night": ("fail", "pass"), "ssh-host-key-checking": ("accept-new", "yes", "no"), "device": ("auto", "cpu", "cuda"), "fsdp": ("1", "2"), "mixed-precision": ("auto", "bf16", "fp32"),
+# Each choice list from its owner, the default first.
+_CHOICES = {"inconclusive": INCONCLUSIVE_POLICIES, "undecided-night": ("fail", "pass"),
+            "ssh-host-key-checking": STRICT_HOST_KEY_CHECKING, "device": DEVICES,
+            "fsdp": tuple(str(v) for v in FSDP_VERSIONS), "mixed-precision": MIXED_PRECISION,
             "regression-on": ("scaling", "tokens")}
 
 
@@ -222,14 +225,12 @@ def _rates(config: pytest.Config, name: str = "fabric-rate", unit: str = "MBIT",
     for item in (value or "").split(","):
         if not item.strip():
             continue
-        fabric, sep, number = item.strip().partition("=")
         try:
-            rates[fabric.strip()] = float(number) if sep else -1.0
+            fabric, rates_value = fabric_value(item)
         except ValueError:
-            rates[fabric.strip()] = -1.0
-        if not 0 < rates[fabric.strip()] < math.inf:
             raise pytest.UsageError(f"--{name}: {item.strip()!r} is not NAME={unit} with {unit} a positive "
-                                    f"number (e.g. --{name} {example})")
+                                    f"number (e.g. --{name} {example})") from None
+        rates[fabric] = rates_value
     return rates
 
 
@@ -310,7 +311,7 @@ def _prices(config: pytest.Config, fabrics: dict) -> dict[str, float]:
             if not item or item.startswith("#"):
                 continue
             try:
-                name, price = parse_price(item)
+                name, price = fabric_value(item)
             except ValueError:
                 raise pytest.UsageError(
                     f"{where}: {item!r} is not FABRIC = USD_PER_GPU_HOUR with a positive price; write one "
@@ -324,7 +325,7 @@ def _prices(config: pytest.Config, fabrics: dict) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class FabricOptions:
-    nodes: int | None  # None: the cluster's own size (Slurm allocation, hostfile), else DEFAULT_NODES
+    nodes: int | None  # None: the cluster's own size (Cluster.default_nodes: the allocation, the hostfile, else 2)
     fabrics: tuple[str, ...]
     models: tuple[str, ...]
     cluster: str

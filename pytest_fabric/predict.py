@@ -55,7 +55,6 @@ __all__ = [
     "fsdp_bytes_per_rank",
     "predict_comparison",
     "predict_penalty",
-    "parse_price",
     "predict_step",
     "recorded_bytes",
 ]
@@ -651,19 +650,6 @@ def predict_comparison(
 # --------------------------------------------------------------------------------------------
 # Cost
 # --------------------------------------------------------------------------------------------
-
-
-def parse_price(item: str) -> tuple[str, float]:
-    """``"ib=3.50"`` (spaces allowed around ``=``) -> ("ib", 3.5); ValueError unless the price is a
-    positive finite number. The name is not checked: callers know which fabrics exist."""
-    name, sep, usd = (x.strip() for x in item.partition("="))
-    try:
-        price = float(usd) if sep else -1.0
-    except ValueError:
-        price = -1.0
-    if not 0 < price < math.inf:
-        raise ValueError(f"{item!r} is not FABRIC=USD_PER_GPU_HOUR with a positive price")
-    return name, price
 
 
 def cost_per_million_tokens(tokens_per_s: float, gpus: int, price_per_gpu_hour: float) -> float:

@@ -30,6 +30,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .atomic import write_text
+
 MASK = "***"
 MIN_SECRET_LEN = 6
 
@@ -130,12 +132,5 @@ def redact_file(path: str | os.PathLike[str]) -> bool:
     masked = redact(text)
     if masked == text:
         return False
-    tmp = f"{os.fspath(path)}.{os.getpid()}.redact.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.write(masked)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_text(path, masked, errors="surrogateescape")
     return True

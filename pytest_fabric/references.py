@@ -26,6 +26,7 @@ file is evaluated.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .case import Case
+from .stats import ahead_gate, within_gate
 
 GATE_KEYS = {"within", "ahead", "reference"}
 MATCH_KEYS = {"model", "nodes", "fabric"}
@@ -114,7 +116,8 @@ class References:
             if not GATE_KEYS & set(entry) - {"reference"}:
                 raise ReferenceError(f"{where}: give 'within = 0.05' (candidate at most 5% slower) "
                                      f"or 'ahead = 0.20' (reference at least 20% faster)")
-            gate = Gate(within=_fraction(where, entry, "within"), ahead=_fraction(where, entry, "ahead", upper=10.0),
+            gate = Gate(within=_gate_value(where, entry, "within", within_gate),
+                        ahead=_gate_value(where, entry, "ahead", ahead_gate),
                         reference=_text(where, entry, "reference"))
             refs.gates.append((_match(where, entry), gate))
         for i, entry in enumerate(_entries(path, data, "expect")):
@@ -194,12 +197,17 @@ def _match(where: str, entry: dict[str, Any]) -> Match:
     return Match(_text(where, entry, "model"), node_set, _text(where, entry, "fabric"))
 
 
-def _fraction(where: str, entry: dict[str, Any], key: str, upper: float = 1.0) -> float | None:
+def _gate_value(where: str, entry: dict[str, Any], key: str, rule: Callable[[float], Any]) -> float | None:
+    """``entry[key]`` checked by the gate's own rule (``stats.within_gate`` / ``ahead_gate``)."""
     if key not in entry:
         return None
     value = entry[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < upper:
-        raise ReferenceError(f"{where}: '{key}' must be a fraction in [0, {upper:g}) such as 0.05, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ReferenceError(f"{where}: '{key}' must be a number such as 0.05, got {value!r}")
+    try:
+        rule(float(value))
+    except ValueError as exc:
+        raise ReferenceError(f"{where}: '{key}' = {value!r}: {exc}") from None
     return float(value)
 
 

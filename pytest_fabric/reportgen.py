@@ -20,13 +20,13 @@ by relative path, so the directory can be archived or served as it is. Plots nee
 from __future__ import annotations
 
 import html
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_text
 from .dashboards import GateRow, Tables, build_tables, configuration_interval, md_cell
 from .fabrics import REFERENCE_FABRIC
 from .predict import break_even_premium, cost_per_million_tokens
@@ -154,9 +154,7 @@ def _write(directory: Path, doc: _Document, stem: str, plots: list[Path], notes:
     directory.mkdir(parents=True, exist_ok=True)
     markdown, page = directory / f"{stem}.md", directory / f"{stem}.html"
     for path, text in ((markdown, doc.markdown()), (page, doc.html())):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(redact(text))  # inputs may come from an older version or another tool
-        os.replace(tmp, path)
+        write_text(path, redact(text))  # inputs may come from an older version or another tool
     return Written(markdown, page, plots, notes)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import re
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .atomic import write_text
 from .fabrics import FABRICS
 from .case import BANDWIDTH, Case
 from .measure import BandwidthMeasurement, Measurement, counted
@@ -260,15 +260,7 @@ def _now() -> str:
 
 def _write_json_atomically(path: Path, data: Any) -> None:
     """``data`` as JSON at ``path``, secrets masked (``redact``); a reader never sees half a file."""
-    data = redact_data(data)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text(path, json.dumps(redact_data(data), indent=1, sort_keys=True) + "\n")
 
 
 def run_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None = None,

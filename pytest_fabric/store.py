@@ -19,6 +19,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from .atomic import write_text
 from .redact import redact_data
 
 
@@ -63,9 +64,7 @@ class ResultStore:
     def _write(self, data: dict[str, Any]) -> None:
         # Compact: json.dumps(indent=...) falls back to the pure-Python encoder, ~10x slower, and every
         # write rewrites every record (8 processes x 500 records took minutes; tests/test_store.py).
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, sort_keys=True, separators=(",", ":")))
-        os.replace(tmp, self.path)
+        write_text(self.path, json.dumps(data, sort_keys=True, separators=(",", ":")))
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._lock:

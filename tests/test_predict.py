@@ -275,16 +275,16 @@ def test_recorded_bytes_reads_torch_dtype_names_from_a_result():
     assert recorded_bytes({}) == (2, 2)
 
 
-@pytest.mark.parametrize("item, parsed", [("ib=3.50", ("ib", 3.5)), (" eth = 2.9 ", ("eth", 2.9)), ("=1", ("", 1.0))])
-def test_parse_price_reads_fabric_and_usd(item, parsed):
-    from pytest_fabric.predict import parse_price
+@pytest.mark.parametrize("item, parsed", [("ib=3.50", ("ib", 3.5)), (" eth = 2.9 ", ("eth", 2.9)), ("eth=400", ("eth", 400.0))])
+def test_a_per_fabric_number_reads_name_and_value(item, parsed):
+    from pytest_fabric.fabrics import fabric_value
 
-    assert parse_price(item) == parsed
+    assert fabric_value(item) == parsed
 
 
-@pytest.mark.parametrize("item", ["ib", "ib=", "ib=abc", "ib=0", "ib=-1", "ib=inf", "ib=nan"])
-def test_parse_price_refuses_what_is_not_a_positive_finite_price(item):
-    from pytest_fabric.predict import parse_price
+@pytest.mark.parametrize("item", ["ib", "ib=", "ib=abc", "ib=0", "ib=-1", "ib=inf", "ib=nan", "=1", " = 2"])
+def test_a_per_fabric_number_refuses_what_is_not_a_name_and_a_positive_number(item):
+    from pytest_fabric.fabrics import fabric_value
 
-    with pytest.raises(ValueError, match="positive price"):
-        parse_price(item)
+    with pytest.raises(ValueError, match="positive number"):
+        fabric_value(item)

@@ -42,7 +42,8 @@ from .supervisor import LaunchOutcome, ProcSpec, supervise
 _HOST = re.compile(r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?"
                    r"(?P<address>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
 _SLOTS = re.compile(r"^slots=(\d+)$")
-STRICT_HOST_KEY_CHECKING = ("yes", "accept-new", "no")
+# StrictHostKeyChecking modes, the default first (--ssh-host-key-checking takes them from here).
+STRICT_HOST_KEY_CHECKING = ("accept-new", "yes", "no")
 
 # What ranks need from the harness's environment: the base variables rank_env sets, and the
 # families that configure collectives. A request's own variables and its fabric's pass too.

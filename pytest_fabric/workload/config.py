@@ -7,7 +7,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The choices of a run, the default first (the --device, --fsdp and --mixed-precision options take them from here).
 MIXED_PRECISION = ("auto", "bf16", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+FSDP_VERSIONS = (2, 1)
 
 
 class ConfigError(ValueError):
@@ -47,11 +50,11 @@ class TrainConfig:
     cpu_probe: bool = True
 
     def __post_init__(self) -> None:
-        if self.fsdp not in (1, 2):
+        if self.fsdp not in FSDP_VERSIONS:
             raise ConfigError(f"fsdp={self.fsdp!r}: use 2 (fully_shard) or 1 (FullyShardedDataParallel)")
         if self.mixed_precision not in MIXED_PRECISION:
             raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {', '.join(MIXED_PRECISION)}")
-        if self.device not in ("auto", "cpu", "cuda"):
+        if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r}: use auto, cpu or cuda")
         if self.device == "cpu":
             self.check_device("cpu")

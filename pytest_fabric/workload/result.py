@@ -16,8 +16,9 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
+
+from ..atomic import write_text
 
 TRAIN_FORMAT = "pytest-fabric-train-result"
 COLLECTIVES_FORMAT = "pytest-fabric-collectives-result"
@@ -250,7 +251,4 @@ class CollectivesResult(LaunchFacts):
 
 def write_result(result: TrainResult | CollectivesResult, path: str | os.PathLike[str]) -> None:
     """Atomically: the harness never reads half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=1))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(result.to_dict(), indent=1))
