@@ -111,7 +111,7 @@ BAD = [
     (["--repeats", "5", "--max-repeats", "3"], ["--max-repeats 3 is below --repeats 5"]),
     (["--inconclusive", "ignore"], ["--inconclusive: 'ignore' is not one of xfail, fail, warn"]),
     (["--device", "gpu"], ["--device: 'gpu' is not one of auto, cpu, cuda"]),
-    (["--fsdp", "3"], ["--fsdp: '3' is not one of 1, 2"]),
+    (["--fsdp", "3"], ["--fsdp: '3' is not one of 2, 1"]),
     (["--fsdp", "1", "--device", "cpu"], ["--fsdp 1 needs GPUs"]),
     (["--mixed-precision", "fp16"], ["--mixed-precision: 'fp16' is not one of auto, bf16, fp32"]),
     (["--ssh-host-key-checking", "ask"], ["--ssh-host-key-checking: 'ask' is not one of accept-new, yes, no"]),
