@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,51 +19,12 @@ from .cluster.ssh import STRICT_HOST_KEY_CHECKING
 from .gates import INCONCLUSIVE_POLICIES
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
-from .redact import remember
-from .references import ReferenceError, References
-from .results import ResultsError, baseline_for, baseline_nights, baseline_noise, load_baseline, load_results
+from .references import References
+from .results import Baseline
 from .stats import NoisePrior
 from .workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from .transport import parse_inventory
 
-
-@dataclass(frozen=True)
-class Baseline:
-    """Last nights' tokens/s per case id (one value per kept night, or per launch of a single saved
-    night), GPUs per case, the launch noise learned from the nights, and what they ran on."""
-
-    path: str
-    values: dict[str, list[float]]
-    gpus: dict[str, int]
-    identity: dict
-    learned_noise: dict | None = None  # the built baseline's ``launch_noise``, as stored
-    # A built baseline's kept value of each case per night (night label -> tokens/s).
-    nights: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    def paired(self, a: str, b: str) -> list[tuple[float, float]]:
-        """(a, b) tokens/s of each night of a built baseline that kept a value of both."""
-        mine, theirs = self.nights.get(a, {}), self.nights.get(b, {})
-        return [(mine[night], theirs[night]) for night in mine if night in theirs]
-
-    def noise(self, case_ids: Sequence[str] = ()) -> NoisePrior | None:
-        """The launch noise the baseline learned for ``case_ids`` (else over all its multi-node
-        configurations), or None."""
-        return baseline_noise({"launch_noise": self.learned_noise}, case_ids)
-
-    @classmethod
-    def load(cls, path: str) -> Baseline:
-        run = load_results(path)
-        learned, nights = None, {}
-        if run.kind == "baseline":
-            # A built baseline keeps one value per kept night: those are its samples.
-            data = load_baseline(path)
-            values = {cid: list(b.kept) for cid in run.cases if (b := baseline_for(data, cid)) is not None}
-            learned = data.get("launch_noise") if isinstance(data.get("launch_noise"), dict) else None
-            nights = baseline_nights(data)
-        else:
-            values = run.measurements
-        return cls(str(path), {cid: v for cid, v in values.items() if v},
-                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), learned, nights)
 
 # name, help, default (as the ini string)
 _OPTIONS: list[tuple[str, str, str | None]] = [
@@ -333,11 +293,15 @@ class FabricOptions:
     ssh_config: str | None
     ssh_host_key_checking: str
     settings: Settings
-    references: References
+    # The files named by --fabric-suite and --fabric-baseline; their owners read them
+    # (``session.with_inputs``: References.load, results.Baseline.load), never parse().
+    suite_path: str | None = None
+    baseline_path: str | None = None
+    references: References = field(default_factory=References)
     save: str | None = None
     metrics: str | None = None  # --fabric-metrics: OpenMetrics text of the night
     benchmark_json: str | None = None  # --fabric-benchmark-json: Bencher Metric Format
-    baseline: Baseline | None = None
+    baseline: Baseline | None = None  # read from baseline_path by session.with_inputs
     regression_threshold: float = 0.10
     repeats: int = 2
     max_repeats: int = 6
@@ -369,8 +333,6 @@ def parse(config: pytest.Config) -> FabricOptions:
         inventory = parse_inventory(config.getini("fabric_inventory"), table)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    for fabric in table.values():
-        remember(fabric.nccl_env)  # a token given as a fabric setting is masked like the environment's
     fabrics = _names(config, "fabrics", table)
     models = _names(config, "models", MODELS)
     timeout_value = _raw(config, "launch-timeout")
@@ -406,16 +368,6 @@ def parse(config: pytest.Config) -> FabricOptions:
         require_gdr=not _flag(config, "accept-no-gdr"),
         inventory=inventory,
     )
-    suite = _raw(config, "fabric-suite")
-    try:
-        references = References.load(suite) if suite else References()
-    except ReferenceError as exc:
-        raise pytest.UsageError(f"--fabric-suite: {exc}") from None
-    baseline_path = _raw(config, "fabric-baseline")
-    try:
-        baseline = Baseline.load(baseline_path) if baseline_path else None
-    except ResultsError as exc:
-        raise pytest.UsageError(f"--fabric-baseline: {exc}") from None
     threshold_value = _raw(config, "regression-threshold") or "0.10"
     try:
         regression_threshold = float(threshold_value)
@@ -443,11 +395,11 @@ def parse(config: pytest.Config) -> FabricOptions:
         ssh_config=ssh_config,
         ssh_host_key_checking=_choice(config, "ssh-host-key-checking"),
         settings=settings,
-        references=references,
+        suite_path=_raw(config, "fabric-suite"),
+        baseline_path=_raw(config, "fabric-baseline"),
         save=save,
         metrics=_output_file(config, "fabric-metrics", "metrics.txt"),
         benchmark_json=_output_file(config, "fabric-benchmark-json", "benchmark.json"),
-        baseline=baseline,
         regression_threshold=regression_threshold,
         repeats=repeats,
         max_repeats=max_repeats,

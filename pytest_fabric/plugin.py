@@ -22,7 +22,7 @@ from .measure import BandwidthMeasurement, Measurement, Settings
 from .references import References
 from .reporter import REPORTER_NAME, FabricReporter
 from .session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, OUTCOMES_KEY, SESSION_KEY, VERDICTS_KEY,
-                      FabricSession, session_directory)
+                      FabricSession, session_directory, with_inputs)
 from .verdicts import INCONCLUSIVE, gate_record, headline, outcome_of
 from .workload import faults
 
@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "fabric_regression: the test gates tonight against --fabric-baseline; collected only when one is given")
-    opts = fabric_options.parse(config)
+    opts = with_inputs(fabric_options.parse(config))
     try:
         faults.from_env()  # injected faults (harness self-tests): refuse a typo before any launch
     except ValueError as exc:

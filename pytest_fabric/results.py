@@ -679,3 +679,43 @@ def baseline_noise(baseline: Mapping[str, Any], case_ids: Sequence[str] = ()) ->
         return None
     return NoisePrior(min(max(sigma, MIN_LEARNED_NOISE), 0.5), df,
                       f"learned from {nights} nights of {what}, {df:g} df")
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What --fabric-baseline gives the regression gates: last nights' tokens/s per case id (one value
+    per kept night, or per launch of a single saved night), GPUs per case, the launch noise learned
+    from the nights, and what they ran on."""
+
+    path: str
+    values: dict[str, list[float]]
+    gpus: dict[str, int]
+    identity: dict
+    learned_noise: dict | None = None  # the built baseline's ``launch_noise``, as stored
+    # A built baseline's kept value of each case per night (night label -> tokens/s).
+    nights: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def paired(self, a: str, b: str) -> list[tuple[float, float]]:
+        """(a, b) tokens/s of each night of a built baseline that kept a value of both."""
+        mine, theirs = self.nights.get(a, {}), self.nights.get(b, {})
+        return [(mine[night], theirs[night]) for night in mine if night in theirs]
+
+    def noise(self, case_ids: Sequence[str] = ()) -> NoisePrior | None:
+        """The launch noise the baseline learned for ``case_ids`` (else over all its multi-node
+        configurations), or None."""
+        return baseline_noise({"launch_noise": self.learned_noise}, case_ids)
+
+    @classmethod
+    def load(cls, path: str) -> Baseline:
+        run = load_results(path)
+        learned, nights = None, {}
+        if run.kind == "baseline":
+            # A built baseline keeps one value per kept night: those are its samples.
+            data = load_baseline(path)
+            values = {cid: list(b.kept) for cid in run.cases if (b := baseline_for(data, cid)) is not None}
+            learned = data.get("launch_noise") if isinstance(data.get("launch_noise"), dict) else None
+            nights = baseline_nights(data)
+        else:
+            values = run.measurements
+        return cls(str(path), {cid: v for cid, v in values.items() if v},
+                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), learned, nights)

@@ -15,7 +15,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,9 @@ from .gates import GateOutcome
 from .measure import BandwidthMeasurement, Measurement, Measurer, configuration_tokens_per_s
 from .models import get_model
 from .predict import comparison_line
+from .redact import remember
+from .references import ReferenceError, References
+from .results import Baseline, ResultsError
 from .stats import DEFAULT_NOISE, Interval, NoisePrior
 from .store import ResultStore
 
@@ -197,3 +200,22 @@ def progress_writer(config: pytest.Config):
             terminal.write_line(f"[fabric] {text}")
 
     return show
+
+
+def with_inputs(options: fabric_options.FabricOptions) -> fabric_options.FabricOptions:
+    """``options`` with the files it names read by their owners (--fabric-suite by
+    ``References.load``, --fabric-baseline by ``results.Baseline.load``), and every fabric
+    setting's secret value remembered for masking (``redact.remember``): what ``options.parse``
+    leaves undone, so that parsing reads no file and changes no global state. A bad file is one
+    usage error."""
+    try:
+        references = References.load(options.suite_path) if options.suite_path else References()
+    except ReferenceError as exc:
+        raise pytest.UsageError(f"--fabric-suite: {exc}") from None
+    try:
+        baseline = Baseline.load(options.baseline_path) if options.baseline_path else None
+    except ResultsError as exc:
+        raise pytest.UsageError(f"--fabric-baseline: {exc}") from None
+    for fabric in (options.settings.fabric_table or {}).values():
+        remember(fabric.nccl_env)  # a token given as a fabric setting is masked like the environment's
+    return replace(options, references=references, baseline=baseline)

@@ -601,7 +601,7 @@ def nights(tmp_path: Path, scales: list[float], versions: list[dict] | None = No
 
 
 def test_a_built_baseline_pairs_two_cases_night_by_night(tmp_path):
-    from pytest_fabric.options import Baseline
+    from pytest_fabric.results import Baseline
 
     paths = nights(tmp_path, [1.0, 1.01, 0.99, 1.005, 0.5])
     out = tmp_path / "baseline.json"
