@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .case import BANDWIDTH
 from .fabrics import FABRICS
 from .models import MODELS
 from .predict import (
@@ -40,7 +41,6 @@ from .stats import configuration_value, launch_estimate
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
 
-BANDWIDTH_MODEL = "collectives"
 # Link efficiencies tried when asked to fit it too.
 EFFICIENCY_GRID = tuple(round(0.5 + 0.05 * k, 2) for k in range(11))
 
@@ -81,7 +81,7 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
     proto: dict[tuple, tuple[str, Observation]] = {}
     for key, record in sorted(records.items()):
         case = record.get("case") if isinstance(record, dict) else None
-        if not isinstance(case, dict) or case.get("model") == BANDWIDTH_MODEL or "error" in record:
+        if not isinstance(case, dict) or case.get("model") == BANDWIDTH or "error" in record:
             continue
         r = record.get("result") or {}
         model, nodes, fabric = case.get("model"), int(case.get("nodes", 0)), str(case.get("fabric"))
