@@ -33,6 +33,7 @@ from .models import get_model
 from .stats import LaunchEstimate, configuration_value, launch_estimate
 from .store import ResultStore
 from .transport import NicInventory, nccl_debug_env, prove_transport
+from .workload import faults
 from .workload.config import CollectivesConfig, TrainConfig
 from .workload.result import CollectiveRow, CollectivesResult, TrainResult
 
@@ -312,6 +313,8 @@ class Measurer:
             # NCCL's own logs are the proof of which transport ran (ignored by gloo on CPU); GRAPH
             # carries port speeds before NCCL 2.27, needed where a speed is declared.
             env=nccl_debug_env(nccl_logs, graph=bool(inventory and inventory.gbit_per_nic)),
+            # Harness self-tests (workload/faults.py, checked by the plugin): a node that never joins.
+            links_down=tuple(sorted(faults.nodes_left_out(faults.from_env(), fabric.name))),
         )
         self.launched.append(case)
         ticker = self._ticker(case, progress_file) if progress_file else None

@@ -68,6 +68,9 @@ class LaunchRequest:
     deadline_s: float
     job_id: str
     env: Mapping[str, str] | None = None
+    # Nodes whose fabric link is down: an injected fault (the harness's own tests), which the emulated
+    # cluster realises by taking the node's cable out; the launcher never reads faults itself.
+    links_down: tuple[int, ...] = ()
 
 
 class ClusterUnavailable(RuntimeError):

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
 
-from ..workload import faults
 from .base import Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env, THREADS_PER_RANK, torchrun_argv
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
@@ -171,7 +170,6 @@ class EmulatedCluster(OnThisMachine, Cluster):
 
     def __init__(self) -> None:
         check_available()
-        self.faults = faults.from_env()  # harness self-tests (workload/faults.py); the plugin checked it
 
     def prepare(self) -> None:
         sweep_stale_namespaces()
@@ -189,7 +187,7 @@ class EmulatedCluster(OnThisMachine, Cluster):
 
     def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
         with EmulatedNetwork(request.nodes, request.fabric.emulated_mbit) as net:
-            for i in faults.nodes_left_out(self.faults, request.fabric.name):
+            for i in request.links_down:
                 if i < len(net.nodes):  # an injected fault: this node's cable is out
                     _ip("-n", net.nodes[i].netns, "link", "set", IFNAME, "down")
             head = net.nodes[0].address

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..redact import is_secret_name
-from .base import Cluster, ClusterUnavailable, LaunchRequest, rank_env, torchrun_argv
+from .base import _PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, rank_env, torchrun_argv
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
 # user@ (optional), then a DNS name or IPv4 address: letters, digits, '.', '-', never a leading '-'.
@@ -53,82 +53,6 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Runs on each host around torchrun: records the pid the cleanup starts from, removes it when done.
 _REMOTE_WRAPPER = 'pidfile=$1; shift; echo $$ > "$pidfile"; "$@"; status=$?; rm -f "$pidfile"; exit $status'
-
-# Fed to `python -` on a host (stdin, so it needs no quoting): kill the tree under a pidfile's pid.
-_KILL_TREE = r'''
-import os, signal, sys, time
-
-pidfile = sys.argv[1]
-
-
-def stat(pid):
-    # (state, ppid, start time), or None once the process is gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[1]), fields[19]
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def descendants(roots):
-    # {pid: start time} of roots and everything below them; the start time tells a reused pid
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (s := stat(int(entry))) is not None:
-            children.setdefault(s[1], []).append(int(entry))
-    found, todo = {}, list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in found and (s := stat(pid)) is not None:
-            found[pid] = s[2]
-            todo.extend(children.get(pid, []))
-    return found
-
-
-def running(procs):
-    return [pid for pid, start in procs.items() if (s := stat(pid)) and s[2] == start and s[0] != "Z"]
-
-
-def main():
-    try:
-        with open(pidfile) as f:
-            root = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return "nothing to stop: the launch never started, or it finished cleanly", 0
-    try:
-        with open(f"/proc/{root}/cmdline", "rb") as f:
-            ours = pidfile.encode() in f.read()
-    except OSError:
-        ours = False
-    procs = descendants([root]) if ours else {}
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        procs.update(descendants(running(procs)))  # children started since
-        for pid in running(procs):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 3
-        while running(procs) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not running(procs):
-            break
-    try:
-        os.remove(pidfile)
-    except OSError:
-        pass
-    left = running(procs)
-    if left:
-        return f"processes {left} survived SIGKILL", 1
-    return f"stopped {len(procs)} process(es)", 0
-
-
-message, code = main()
-print(message)
-sys.exit(code)
-'''
-
 
 class HostfileError(ClusterUnavailable):
     """A hostfile that cannot be used; the message names the line and shows the format."""
@@ -316,7 +240,9 @@ class SshCluster(Cluster):
         """Kill what a launch left running on each host; say so at the end of that node's log."""
         def stop(target: tuple[Host, str]) -> tuple[int, str]:
             host, pidfile = target
-            return self._ssh(host, shlex.join(["exec", sys.executable, "-", pidfile]), stdin=_KILL_TREE)
+            # The module the ranks' hosts run anyway (proctree: the same /proc walk as the supervisor's).
+            return self._ssh(host, shlex.join(["exec", "env", f"PYTHONPATH={_PACKAGE_ROOT}", sys.executable, "-m",
+                                               "pytest_fabric.cluster.proctree", pidfile]))
 
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             results = list(pool.map(stop, targets))

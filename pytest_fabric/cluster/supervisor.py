@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..redact import redact
+from .proctree import process_tree
 
 # After the first process fails, the others get this long to fail or finish on their own (their
 # own error messages are usually the useful ones) before they are killed.
@@ -206,36 +207,6 @@ def _interrupt_on_sigterm():
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, _raise_interrupt)
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                # The command name may hold spaces and parentheses: the ppid follows the last ')'.
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants, read from /proc now (before anything is killed).
-
-    Process groups are not enough: torchrun starts its workers in sessions of their own, so a
-    worker that ignores SIGTERM outlives a killpg of the agent's group.
-    """
-    children = _children_map()
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        tree.append(p)
-        todo.extend(children.get(p, []))
-    return tree
 
 
 def _signal_all(pids: list[int], sig: int) -> None:
