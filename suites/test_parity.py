@@ -13,6 +13,6 @@ from pytest_fabric import REFERENCE_FABRIC
 
 @pytest.mark.fabric_comparison
 @pytest.mark.fabric_matrix(models=COMPUTE_BOUND, exclude_fabrics=[REFERENCE_FABRIC], min_nodes=2)
-def test_within_5_percent_of_ib(fabric_case, fabric_compare, fabric_references):
+def test_candidate_keeps_up_with_the_reference(fabric_case, fabric_compare, fabric_references):
     fabric_compare.within(fabric_case, fabric_case.with_fabric(REFERENCE_FABRIC),
                           rel=fabric_references.within(fabric_case, default=0.05))
