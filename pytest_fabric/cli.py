@@ -18,7 +18,7 @@ from .fabrics import FABRICS
 from .models import MODELS
 
 if TYPE_CHECKING:
-    from .reportgen import Written
+    from .htmlreport import Written
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,7 +112,7 @@ def _print_written(written: Written) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .reportgen import write_report
+    from .htmlreport import write_report
 
     prices = _prices(args.price)
     output = _output_dir(args.output, "-o")
@@ -129,7 +129,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _trend(args: argparse.Namespace) -> int:
-    from .reportgen import write_trend
+    from .htmlreport import write_trend
 
     if len(args.nights) < 2:
         raise _UserError("a trend needs at least two nights; give two or more results files")

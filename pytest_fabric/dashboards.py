@@ -6,7 +6,7 @@ which shows few of the numbers (README, "What each CI system shows"). ``build_ta
 night (``results.SavedRun``, with the launch records where there are any) into rows once: each
 gate's ratio, interval, threshold and outcome word; each configuration's tokens/s with its 95%
 interval; each collective's busbw per payload. Every renderer here, and the report
-(``reportgen``), reads those rows, so a number is the same wherever it is shown.
+(``htmlreport``), reads those rows, so a number is the same wherever it is shown.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 from . import __version__
 from .junit import SECTION, add_to_junit, suite_properties
 from .redact import redact_file
-from .report import bandwidth_table, summary_tables
+from .terminal import bandwidth_table, summary_tables
 from .results import save_results
 from .session import FabricSession
 from .verdicts import INCONCLUSIVE, counts, undecided_night
@@ -157,7 +157,7 @@ class FabricReporter:
         for line in bandwidth_table(bandwidth):
             terminalreporter.write_line(line)
         if fabric.options.prices:
-            from .reportgen import cost_lines
+            from .htmlreport import cost_lines
             from .results import run_from_store
 
             for line in cost_lines(run_from_store(fabric.store.all(), fabric.options.fabrics), fabric.options.prices):

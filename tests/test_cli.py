@@ -36,7 +36,7 @@ def assert_one_line_error(code: int, err: str, *expected: str) -> None:
 
 @pytest.fixture(autouse=True)
 def no_plots(monkeypatch):
-    """The commands' output is under test here, not the drawing (test_reportgen covers the plots)."""
+    """The commands' output is under test here, not the drawing (test_htmlreport covers the plots)."""
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
 
 

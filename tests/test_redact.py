@@ -134,7 +134,7 @@ def test_saved_results_never_hold_a_secret(secrets_in_env, tmp_path):
 
 
 def test_reports_never_show_a_secret(secrets_in_env, tmp_path):
-    from pytest_fabric.reportgen import write_report
+    from pytest_fabric.htmlreport import write_report
 
     run = SavedRun({"cluster": f"local {SECRET}", "fabrics": ["ib", "eth"]},
                    {"qwen2-tiny-n2-eth": CaseResult("qwen2-tiny", 2, "eth", 2, [100.0], [50.0])},

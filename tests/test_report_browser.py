@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from pytest_fabric.reportgen import write_report
+from pytest_fabric.htmlreport import write_report
 from pytest_fabric.results import load_results
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")

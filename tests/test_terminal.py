@@ -10,7 +10,7 @@ import math
 import pytest
 from test_junit import bandwidth_measurement, train_measurement
 
-from pytest_fabric.report import bandwidth_table, summary_tables
+from pytest_fabric.terminal import bandwidth_table, summary_tables
 
 
 def measurement(model: str, nodes: int, fabric: str, tokens_per_s: float, **kw):

@@ -13,7 +13,7 @@ from test_results import ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, geomean, junit_tex
 from pytest_fabric.dashboards import configuration_interval
 from pytest_fabric.predict import break_even_premium, cost_per_million_tokens
 from pytest_fabric.junit import merge_junit
-from pytest_fabric.reportgen import write_report, write_trend
+from pytest_fabric.htmlreport import write_report, write_trend
 from pytest_fabric.results import ResultsError, load_results, save_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -124,7 +124,7 @@ def test_prices_saved_with_the_night_are_used_and_given_ones_win(tmp_path, no_pl
 
 
 def test_cost_lines_for_the_terminal(night):
-    from pytest_fabric.reportgen import cost_lines
+    from pytest_fabric.htmlreport import cost_lines
 
     lines = cost_lines(night, {"ib": 4.0, "eth": 3.0})
     assert lines[0] == "cost (USD per GPU-hour: eth 3, ib 4):"
@@ -271,7 +271,7 @@ def test_the_gate_picture_and_busbw_per_payload_come_from_the_launch_records(tmp
 
 def test_a_trend_marks_failing_nights(tmp_path):
     pytest.importorskip("matplotlib")
-    from pytest_fabric.reportgen import _failed
+    from pytest_fabric.htmlreport import _failed
 
     first = load_results(REPO / "fixtures" / "dashboards" / "night.json")
     second = load_results(REPO / "fixtures" / "dashboards" / "night.json")
