@@ -32,7 +32,7 @@ from .fabrics import Fabric, get_fabric
 from .models import get_model
 from .stats import LaunchEstimate, configuration_value, launch_estimate
 from .store import ResultStore
-from .transport import NicInventory, nccl_debug_env, prove_transport
+from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from .workload import faults
 from .workload.config import CollectivesConfig, TrainConfig
 from .workload.result import CollectiveRow, CollectivesResult, TrainResult

@@ -23,7 +23,7 @@ from .references import References
 from .results import Baseline
 from .stats import NoisePrior
 from .workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
-from .transport import parse_inventory
+from .nccl_evidence import parse_inventory
 
 
 # name, help, default (as the ini string)

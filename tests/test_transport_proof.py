@@ -17,7 +17,7 @@ from pytest_fabric.cluster.supervisor import LaunchOutcome
 from pytest_fabric.case import Case
 from pytest_fabric.measure import Measurer, Settings
 from pytest_fabric.store import ResultStore
-from pytest_fabric.transport import NicInventory
+from pytest_fabric.nccl_evidence import NicInventory
 from pytest_fabric.workload.result import TrainResult, write_result
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"

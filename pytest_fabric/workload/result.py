@@ -87,7 +87,7 @@ class LaunchFacts:
     cluster: str | None = None
     launch_s: float | None = None
     run_dir: str | None = None
-    transport: dict[str, Any] | None = None  # the NCCL log evidence (transport.py), GPU runs
+    transport: dict[str, Any] | None = None  # the NCCL log evidence (nccl_evidence.py), GPU runs
     transport_problem: str | None = None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pytest_fabric.fabrics import build_table
-from pytest_fabric.transport import (
+from pytest_fabric.nccl_evidence import (
     NicInventory,
     check_transport,
     fabric_kind,
