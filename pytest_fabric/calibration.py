@@ -29,14 +29,8 @@ from typing import Any
 from .case import BANDWIDTH
 from .fabrics import FABRICS
 from .models import MODELS
-from .predict import (
-    DEFAULT_LINK_EFFICIENCY,
-    Calibration,
-    Observation,
-    calibrate,
-    predict_comparison,
-    recorded_bytes,
-)
+from .fit import Calibration, calibrate
+from .predict import BOUND_WORDS, DEFAULT_LINK_EFFICIENCY, Observation, predict_comparison, recorded_bytes
 from .stats import configuration_value, launch_estimate
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
@@ -205,9 +199,7 @@ def _penalty(fast: Configuration, slow: Configuration, fast_fit: Calibration, ef
         cp = predict_comparison(f.spec, f.nodes, f.gpus_per_node, f.batch, f.seq,
                                 rates={fast.fabric: f.inter_gbit, slow.fabric: s.inter_gbit}, fast_step_s=f.step_s,
                                 link_efficiency=efficiency, **options)
-        per_step, label = cp.slowdown, ("compute-bound" if cp.compute_bound else
-                                        {"communication": "communication-bound", "balanced": "overlap-bound"}
-                                        [cp.penalty.slow.bound])
+        per_step, label = cp.slowdown, ("compute-bound" if cp.compute_bound else BOUND_WORDS[cp.penalty.slow.bound])
     except ValueError:
         per_step, label = None, "no fit (step below transfer)"
     return PenaltyRow(fast, slow, measured, 1 - pf / ps, per_step, label)

@@ -29,7 +29,7 @@ from typing import Any
 from .atomic import write_text
 from .dashboards import GateRow, Tables, build_tables, configuration_interval, md_cell
 from .fabrics import REFERENCE_FABRIC
-from .predict import break_even_premium, cost_per_million_tokens
+from .cost import break_even_premium, cost_per_million_tokens
 from .redact import redact
 from .results import CaseResult, ResultsError, SavedRun, identity_mismatch, load_records, night_labels, verdict_case
 

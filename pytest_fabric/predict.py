@@ -40,17 +40,13 @@ from typing import Any
 from .models import ModelSpec, get_model
 
 __all__ = [
+    "BOUND_WORDS",
     "BYTES_PER_DTYPE",
-    "Calibration",
     "ComparisonPrediction",
     "Observation",
     "Penalty",
     "Prediction",
-    "break_even_premium",
-    "break_even_price",
     "bytes_per_param",
-    "calibrate",
-    "cost_per_million_tokens",
     "fit_flops",
     "fsdp_bytes_per_rank",
     "predict_comparison",
@@ -123,7 +119,7 @@ class Prediction:
     exposed_s: float
     overhead_s: float
     tokens_per_s: float
-    bound: str  # "compute", "communication" or "balanced"
+    bound: str  # "compute", "communication" or "overlap"
     lower_s: float
     upper_s: float
     world: int = 1
@@ -159,7 +155,7 @@ def _bound(traffic_s: float, compute_s: float) -> str:
         return "compute"
     if r > COMMUNICATION_BOUND_ABOVE:
         return "communication"
-    return "balanced"
+    return "overlap"
 
 
 def predict_step(
@@ -261,7 +257,7 @@ class Penalty:
     """What the slow fabric is predicted to cost against the fast one, for one configuration."""
 
     ratio: float  # slow tokens/s / fast tokens/s (1.0: no difference)
-    label: str  # "single-node", "compute-bound", "balanced" or "communication-bound"
+    label: str  # "single-node", "compute-bound", "overlap-bound" or "communication-bound"
     message: str
     fast: Prediction
     slow: Prediction
@@ -316,11 +312,11 @@ def predict_penalty(
                    f"{slow.traffic_ratio * 100:.1f}% of compute): predicted slowdown {slowdown * 100:.1f}% "
                    f"< {resolution * 100:g}% noise; cannot tell the fabrics apart")
     else:
-        label = "communication-bound" if slow.bound == "communication" else "balanced"
+        label = "communication-bound" if slow.bound == "communication" else "overlap-bound"
         message = (f"{name} on {nodes} nodes is {label} on the slow fabric (transfer "
                    f"{slow.traffic_ratio:.2f}x compute): predicted {slowdown * 100:.1f}% fewer tokens/s "
                    f"(fast fabric {(1 / ratio - 1) * 100:.1f}% ahead)")
-    return Penalty(ratio, label, message, fast, slow, distinguishable=label in ("balanced", "communication-bound"))
+    return Penalty(ratio, label, message, fast, slow, distinguishable=label in ("overlap-bound", "communication-bound"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,98 +353,6 @@ class Observation:
         seq = self.seq or self.spec.seq_len
         f = (self.batch or self.spec.batch_size) * seq * self.spec.flops_per_token(seq)
         return f * (8.0 / 6.0 if self.activation_checkpointing else 1.0)
-
-
-@dataclass(frozen=True)
-class Calibration:
-    flops_per_s: float
-    overhead_s: float
-    link_efficiency: float
-    observations: tuple[Observation, ...]
-    # (predicted - measured) / measured, one per observation, in order.
-    errors: tuple[float, ...]
-
-    @property
-    def max_abs_error(self) -> float:
-        return max(abs(e) for e in self.errors)
-
-    @property
-    def rms_error(self) -> float:
-        return math.sqrt(sum(e * e for e in self.errors) / len(self.errors))
-
-    def predict(self, spec: ModelSpec, nodes: int, gpus_per_node: int = 1, batch: int | None = None,
-                seq: int | None = None, **options) -> Prediction:
-        """``predict_step`` with the fitted throughput, overhead and link efficiency."""
-        options.setdefault("link_efficiency", self.link_efficiency)
-        options.setdefault("overhead_s", self.overhead_s)
-        return predict_step(spec, nodes, gpus_per_node, batch, seq, flops_per_s=self.flops_per_s, **options)
-
-
-def calibrate(
-    observations: Sequence[Observation],
-    link_efficiency: float = DEFAULT_LINK_EFFICIENCY,
-    grid: int = 240,
-) -> Calibration:
-    """Fit the per-rank compute throughput and the multi-node overhead to measured step times.
-
-    The link rates are known (the emulated cluster shapes them), so two parameters remain: the
-    FLOP/s a rank achieves and the fixed per-step overhead of spanning nodes. Single-node
-    observations pin the throughput (their step is compute); multi-node ones the overhead (what
-    the bandwidth model leaves unexplained). The fit minimizes the squared relative errors: for
-    each candidate throughput the best overhead has a closed form (a weighted mean of the
-    multi-node residuals, never negative), and the throughput is found by a log-spaced scan and a
-    golden-section refinement. Returns the fitted values and each observation's relative error,
-    which is the measure of how far the model can be trusted on this machine.
-    """
-    obs = tuple(observations)
-    if not obs:
-        raise ValueError("calibration needs at least one observation")
-    for o in obs:
-        if not o.step_s > 0:
-            raise ValueError(f"observation of {o.spec.name} on {o.nodes} node(s) has step_s {o.step_s}")
-    measured = [o.step_s for o in obs]
-    multi = [i for i, o in enumerate(obs) if o.nodes > 1]
-
-    def fit_overhead(theta: float) -> tuple[float, list[float]]:
-        base = [o.predict(theta, 0.0, link_efficiency).step_s for o in obs]
-        if not multi:
-            return 0.0, base
-        num = sum((measured[i] - base[i]) / measured[i] ** 2 for i in multi)
-        den = sum(1.0 / measured[i] ** 2 for i in multi)
-        return max(0.0, num / den), base
-
-    def loss(log_theta: float) -> float:
-        overhead, base = fit_overhead(math.exp(log_theta))
-        return sum(((base[i] + (overhead if obs[i].nodes > 1 else 0.0) - m) / m) ** 2
-                   for i, m in enumerate(measured))
-
-    # Every step is at least its compute, so theta >= flops / step for each observation; the
-    # largest of those is a lower end, and no CPU or GPU is 1e4 times faster than its slowest step.
-    theta_min = max(o.flops() / o.step_s for o in obs) * 0.5
-    lo, hi = math.log(theta_min), math.log(theta_min * 1e4)
-    xs = [lo + (hi - lo) * k / (grid - 1) for k in range(grid)]
-    losses = [loss(x) for x in xs]
-    best = min(range(grid), key=losses.__getitem__)
-    a, b = xs[max(best - 1, 0)], xs[min(best + 1, grid - 1)]
-    g = (math.sqrt(5) - 1) / 2
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = loss(c), loss(d)
-    for _ in range(60):
-        if fc < fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = loss(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = loss(d)
-    x = (a + b) / 2
-    if losses[best] < loss(x):
-        x = xs[best]
-    theta = math.exp(x)
-    overhead, _ = fit_overhead(theta)
-    errors = tuple((o.predict(theta, overhead, link_efficiency).step_s - o.step_s) / o.step_s for o in obs)
-    return Calibration(theta, overhead, link_efficiency, obs, errors)
 
 
 # --------------------------------------------------------------------------------------------
@@ -496,7 +400,7 @@ def fit_flops(observation: Observation, overhead_s: float = 0.0,
     return math.exp((a + b) / 2)
 
 
-_BOUND_WORDS = {"compute": "compute-bound", "balanced": "overlap-bound", "communication": "communication-bound"}
+BOUND_WORDS = {"compute": "compute-bound", "overlap": "overlap-bound", "communication": "communication-bound"}
 
 
 def _percent_slower(slowdown: float) -> str:
@@ -552,7 +456,7 @@ class ComparisonPrediction:
             p = self.penalty
             text = (f"predicted: {self.slow} {_percent_slower(p.slowdown)} than {self.fast} "
                     f"(traffic/compute {p.slow.traffic_ratio:.2g} on {self.slow}, {p.fast.traffic_ratio:.2g} on "
-                    f"{self.fast}: {_BOUND_WORDS[p.slow.bound]}; {rates}; "
+                    f"{self.fast}: {BOUND_WORDS[p.slow.bound]}; {rates}; "
                     f"{_flops_text(self.flops_per_s)} per rank {self.flops_source})")
         if self.compute_bound and self.slowdown < self.resolution:
             text += "; compute-bound: cannot tell the fabrics apart"
@@ -645,32 +549,3 @@ def predict_comparison(
                                   fast_gbit=fast_gbit, slow_gbit=slow_gbit, link_efficiency=link_efficiency,
                                   **options)
     return ComparisonPrediction(fast, slow, fast_gbit, slow_gbit, nodes, flops_per_s, source, penalty)
-
-
-# --------------------------------------------------------------------------------------------
-# Cost
-# --------------------------------------------------------------------------------------------
-
-
-def cost_per_million_tokens(tokens_per_s: float, gpus: int, price_per_gpu_hour: float) -> float:
-    """Price of one million tokens: GPU-hours per million tokens x price per GPU-hour."""
-    if tokens_per_s <= 0 or gpus < 1:
-        raise ValueError(f"tokens_per_s must be positive and gpus at least 1, got {tokens_per_s} and {gpus}")
-    return gpus * price_per_gpu_hour / 3600.0 * 1e6 / tokens_per_s
-
-
-def break_even_premium(fast_tps: float, slow_tps: float) -> float:
-    """Relative per-GPU-hour premium at which the fast fabric costs the same per token (same GPUs).
-
-    Per token the cost is price / tokens_per_s, so parity is price_fast / price_slow =
-    fast_tps / slow_tps: 0.25 means the fast fabric is worth up to 25% more per GPU-hour. Negative
-    when the "fast" fabric is in fact slower.
-    """
-    if fast_tps <= 0 or slow_tps <= 0:
-        raise ValueError(f"throughputs must be positive, got {fast_tps} and {slow_tps}")
-    return fast_tps / slow_tps - 1.0
-
-
-def break_even_price(fast_tps: float, slow_tps: float, slow_price_per_gpu_hour: float) -> float:
-    """The fast fabric's per-GPU-hour price at which both fabrics cost the same per token."""
-    return slow_price_per_gpu_hour * (1.0 + break_even_premium(fast_tps, slow_tps))

@@ -11,7 +11,7 @@ from helpers import REPO, assert_valid_junit
 from test_results import ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, geomean, junit_text, nights, saved, session_store
 
 from pytest_fabric.dashboards import configuration_interval
-from pytest_fabric.predict import break_even_premium, cost_per_million_tokens
+from pytest_fabric.cost import break_even_premium, cost_per_million_tokens
 from pytest_fabric.junit import merge_junit
 from pytest_fabric.htmlreport import write_report, write_trend
 from pytest_fabric.results import ResultsError, load_results, save_results

@@ -179,7 +179,7 @@ def test_terminal_table_shows_the_stored_numbers(plain_run):
 
 
 def test_terminal_summary_prices_the_fabrics(plain_run):
-    from pytest_fabric.predict import break_even_premium, cost_per_million_tokens
+    from pytest_fabric.cost import break_even_premium, cost_per_million_tokens
 
     lines = plain_run.output.splitlines()
     start = lines.index("cost (USD per GPU-hour: eth 2.9, ib 3.5):")

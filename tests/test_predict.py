@@ -8,13 +8,11 @@ import random
 import pytest
 
 from pytest_fabric.models import ModelSpec, get_model
+from pytest_fabric.cost import break_even_premium, break_even_price, cost_per_million_tokens
+from pytest_fabric.fit import calibrate
 from pytest_fabric.predict import (
     Observation,
-    break_even_premium,
-    break_even_price,
     bytes_per_param,
-    calibrate,
-    cost_per_million_tokens,
     fit_flops,
     fsdp_bytes_per_rank,
     predict_comparison,
