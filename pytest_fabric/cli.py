@@ -59,7 +59,7 @@ def _cleanup(_: argparse.Namespace) -> int:
 # -- after the night ---------------------------------------------------------------------------
 
 def _load(paths: Sequence[str]):
-    from .results import load_results
+    from .nights import load_results
 
     return [load_results(p) for p in paths]
 
@@ -139,7 +139,7 @@ def _trend(args: argparse.Namespace) -> int:
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from .results import build_baseline, save_baseline
+    from .baselines import build_baseline, save_baseline
 
     _output_file(args.out, "OUT")
     baseline = build_baseline(_load(args.nights))
@@ -186,7 +186,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from .calibration import configurations, study, study_lines
-    from .results import load_records
+    from .nights import load_records
 
     gbit = _per_fabric("--gbit", args.gbit, "FABRIC=GBIT with a positive rate per node", "eth=100")
     efficiency = None
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     audit.set_defaults(func=_audit)
 
     args = parser.parse_args(argv)
-    from .results import ResultsError
+    from .nights import ResultsError
 
     try:
         return args.func(args)

@@ -3,7 +3,7 @@
 Teams look at a night in GitHub's job summary, GitLab's metrics report, a Prometheus textfile
 collector, and benchmark trackers (Bencher, github-action-benchmark) - not in a JUnit viewer,
 which shows few of the numbers (README, "What each CI system shows"). ``build_tables`` turns a
-night (``results.SavedRun``, with the launch records where there are any) into rows once: each
+night (``nights.SavedRun``, with the launch records where there are any) into rows once: each
 gate's ratio, interval, threshold and outcome word; each configuration's tokens/s with its 95%
 interval; each collective's busbw per payload. Every renderer here, and the report
 (``htmlreport``), reads those rows, so a number is the same wherever it is shown.
@@ -20,7 +20,7 @@ from typing import Any
 
 from .case import BANDWIDTH, Case
 from .measure import BandwidthMeasurement
-from .results import SavedRun, verdict_case
+from .nights import SavedRun, verdict_case
 from .stats import DEFAULT_NOISE, Interval, contrast_interval
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, OUTCOMES, PASS, counts
 

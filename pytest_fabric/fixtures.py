@@ -19,7 +19,7 @@ import pytest
 from .case import Case
 from .gates import GateOutcome, judge
 from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s, counted
-from .results import identity_from_records, identity_mismatch
+from .nights import identity_from_records, identity_mismatch
 from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
 from .stats import (Interval, Look, SequentialGate, Verdict, ahead_gate, contrast_interval, reference_term,
                     within_gate)

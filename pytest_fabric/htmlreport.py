@@ -31,7 +31,8 @@ from .dashboards import GateRow, Tables, build_tables, configuration_interval, m
 from .fabrics import REFERENCE_FABRIC
 from .cost import break_even_premium, cost_per_million_tokens
 from .redact import redact
-from .results import CaseResult, ResultsError, SavedRun, identity_mismatch, load_records, night_labels, verdict_case
+from .baselines import night_labels
+from .nights import CaseResult, ResultsError, SavedRun, identity_mismatch, load_records, verdict_case
 
 __all__ = ["Written", "combine", "cost_lines", "write_report", "write_trend"]
 

@@ -37,7 +37,7 @@ from .gates import GateOutcome
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
-from .results import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
+from .nights import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
 from .workload.result import TrainResult
 
 SECTION = "pytest-fabric measurements"

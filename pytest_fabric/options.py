@@ -20,7 +20,7 @@ from .gates import INCONCLUSIVE_POLICIES
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
 from .references import References
-from .results import Baseline
+from .baselines import Baseline
 from .stats import NoisePrior
 from .workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from .nccl_evidence import parse_inventory
@@ -294,7 +294,7 @@ class FabricOptions:
     ssh_host_key_checking: str
     settings: Settings
     # The files named by --fabric-suite and --fabric-baseline; their owners read them
-    # (``session.with_inputs``: References.load, results.Baseline.load), never parse().
+    # (``session.with_inputs``: References.load, baselines.Baseline.load), never parse().
     suite_path: str | None = None
     baseline_path: str | None = None
     references: References = field(default_factory=References)

@@ -17,7 +17,7 @@ from . import __version__
 from .junit import SECTION, add_to_junit, suite_properties
 from .redact import redact_file
 from .terminal import bandwidth_table, summary_tables
-from .results import save_results
+from .nights import save_results
 from .session import FabricSession
 from .verdicts import INCONCLUSIVE, counts, undecided_night
 
@@ -102,7 +102,7 @@ class FabricReporter:
         if not (o.metrics or o.benchmark_json or (step_summary and self.outcomes)):
             return
         from .dashboards import build_tables, write_outputs
-        from .results import SavedRun, run_from_store
+        from .nights import SavedRun, run_from_store
 
         records = self.fabric.store.all() if (self.fabric.directory / "measurements.json").exists() else {}
         run = run_from_store(records, o.fabrics) if records else SavedRun({})
@@ -158,7 +158,7 @@ class FabricReporter:
             terminalreporter.write_line(line)
         if fabric.options.prices:
             from .htmlreport import cost_lines
-            from .results import run_from_store
+            from .nights import run_from_store
 
             for line in cost_lines(run_from_store(fabric.store.all(), fabric.options.fabrics), fabric.options.prices):
                 terminalreporter.write_line(line)

@@ -31,7 +31,8 @@ from .models import get_model
 from .predict import comparison_line
 from .redact import remember
 from .references import ReferenceError, References
-from .results import Baseline, ResultsError
+from .baselines import Baseline
+from .nights import ResultsError
 from .stats import DEFAULT_NOISE, Interval, NoisePrior
 from .store import ResultStore
 
@@ -204,7 +205,7 @@ def progress_writer(config: pytest.Config):
 
 def with_inputs(options: fabric_options.FabricOptions) -> fabric_options.FabricOptions:
     """``options`` with the files it names read by their owners (--fabric-suite by
-    ``References.load``, --fabric-baseline by ``results.Baseline.load``), and every fabric
+    ``References.load``, --fabric-baseline by ``baselines.Baseline.load``), and every fabric
     setting's secret value remembered for masking (``redact.remember``): what ``options.parse``
     leaves undone, so that parsing reads no file and changes no global state. A bad file is one
     usage error."""

@@ -22,7 +22,7 @@ from helpers import REPO
 from pytest_fabric.calibration import EFFICIENCY_GRID, Configuration, configurations, study, study_lines
 from pytest_fabric.models import get_model
 from pytest_fabric.predict import Observation, predict_step
-from pytest_fabric.results import ResultsError, load_records
+from pytest_fabric.nights import ResultsError, load_records
 from pytest_fabric.workload.result import RESULT_VERSION, TRAIN_FORMAT, TrainResult
 
 FIXTURE = REPO / "fixtures" / "calibration" / "synthetic-night.json"

@@ -14,7 +14,8 @@ from test_results import ETH_LAUNCHES, IB_LAUNCHES, geomean, junit_text, nights,
 from pytest_fabric.cli import main
 from pytest_fabric.models import get_model
 from pytest_fabric.predict import predict_penalty
-from pytest_fabric.results import load_baseline, load_results
+from pytest_fabric.baselines import load_baseline
+from pytest_fabric.nights import load_results
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -57,7 +58,7 @@ def test_report_writes_the_documents(capsys, tmp_path):
 def test_report_prices_the_night_with_its_saved_prices_unless_given(capsys, tmp_path):
     from test_results import IDENTITY, VERDICTS
 
-    from pytest_fabric.results import save_results
+    from pytest_fabric.nights import save_results
 
     night = tmp_path / "night.json"
     save_results(night, session_store(), IDENTITY, VERDICTS, {"ib": 4.0, "eth": 3.0})

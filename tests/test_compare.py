@@ -17,7 +17,7 @@ from test_junit import geomean, train_measurement, train_record
 
 from pytest_fabric.case import Case
 from pytest_fabric.measure import Settings
-from pytest_fabric.results import Baseline
+from pytest_fabric.baselines import Baseline
 from pytest_fabric.fixtures import CompareFixture
 from pytest_fabric.session import OUTCOMES_KEY, VERDICTS_KEY, FabricSession
 from pytest_fabric.stats import Interval, NoisePrior, Verdict

@@ -22,7 +22,7 @@ from pytest_fabric.junit import load_junit
 from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
 from pytest_fabric.measure import Measurement
 from pytest_fabric.case import Case
-from pytest_fabric.results import load_records, load_results
+from pytest_fabric.nights import load_records, load_results
 
 FIXTURES = REPO / "fixtures" / "dashboards"
 PARITY = "suites/test_parity.py::test_within_5_percent_of_ib[qwen2-tiny-n2-eth]"

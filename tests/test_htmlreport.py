@@ -14,7 +14,7 @@ from pytest_fabric.dashboards import configuration_interval
 from pytest_fabric.cost import break_even_premium, cost_per_million_tokens
 from pytest_fabric.junit import merge_junit
 from pytest_fabric.htmlreport import write_report, write_trend
-from pytest_fabric.results import ResultsError, load_results, save_results
+from pytest_fabric.nights import ResultsError, load_results, save_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # qwen2-tiny on two nodes in session_store: each configuration's value, the geometric mean of its launches.

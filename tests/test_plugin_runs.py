@@ -19,7 +19,8 @@ from helpers import FAST_LAUNCH, assert_valid_junit, emulated_unavailable, sessi
 from lxml import etree
 
 from pytest_fabric import FABRICS, Case, Measurement
-from pytest_fabric.results import build_baseline, load_results
+from pytest_fabric.baselines import build_baseline
+from pytest_fabric.nights import load_results
 
 UNAVAILABLE = emulated_unavailable()
 

@@ -16,7 +16,7 @@ from pytest_fabric import redact as redact_module
 from pytest_fabric.cluster import supervisor
 from pytest_fabric.cluster.supervisor import ProcSpec, supervise
 from pytest_fabric.redact import MASK, is_secret_name, redact, redact_data, remember
-from pytest_fabric.results import CaseResult, SavedRun, save_results
+from pytest_fabric.nights import CaseResult, SavedRun, save_results
 from pytest_fabric.store import ResultStore
 
 SECRET = "hf_S3cr3tV4lue&xyz"  # '&' also checks the XML-escaped form

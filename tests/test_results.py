@@ -22,19 +22,15 @@ from pytest_fabric import Case, Measurement
 from pytest_fabric.junit import suite_properties
 from pytest_fabric.junit import testcase_text as text_of
 from pytest_fabric.measure import BandwidthMeasurement
-from pytest_fabric.results import (
+from pytest_fabric.baselines import baseline_for, baseline_noise, build_baseline, load_baseline, save_baseline
+from pytest_fabric.nights import (
     BASELINE_FORMAT,
-    RESULTS_FORMAT,
     CaseResult,
+    RESULTS_FORMAT,
     ResultsError,
     SavedRun,
-    baseline_for,
-    baseline_noise,
-    build_baseline,
     identity_mismatch,
-    load_baseline,
     load_results,
-    save_baseline,
     save_results,
 )
 from pytest_fabric.stats import NoisePrior
@@ -601,7 +597,7 @@ def nights(tmp_path: Path, scales: list[float], versions: list[dict] | None = No
 
 
 def test_a_built_baseline_pairs_two_cases_night_by_night(tmp_path):
-    from pytest_fabric.results import Baseline
+    from pytest_fabric.baselines import Baseline
 
     paths = nights(tmp_path, [1.0, 1.01, 0.99, 1.005, 0.5])
     out = tmp_path / "baseline.json"
