@@ -90,6 +90,8 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
                      "fitted value `pytest-fabric calibrate` prints); default: fitted to the faster fabric's "
                      "measured step", None),
 ]
+# Each option's default, from its row above: the one place it is written.
+_DEFAULTS = {name: default for name, _, default in _OPTIONS if default is not None}
 _FLAGS = [
     ("activation-checkpointing", "recompute each decoder layer's activations in backward (non-reentrant)"),
     ("accept-no-gdr", "accept GPU runs on RDMA fabrics (ib, roce, efa) without GPUDirect RDMA (by default the "
@@ -137,18 +139,19 @@ def _dest(name: str) -> str:
 
 
 def _raw(config: pytest.Config, name: str) -> str | None:
-    """The command line's value, else the ini's; None when neither gives one."""
+    """The command line's value, else the ini's, else the option's default in ``_OPTIONS`` (its one
+    definition; an empty ini value also falls back to it); None when none gives one."""
     cli = config.getoption(_dest(name))
     if cli is not None:
         return str(cli)
     ini = config.getini(_dest(name))
-    return str(ini) if ini not in (None, "") else None
+    return str(ini) if ini not in (None, "") else _DEFAULTS.get(name)
 
 
-def _int(config: pytest.Config, name: str, minimum: int, default: int | None = None) -> int | None:
+def _int(config: pytest.Config, name: str, minimum: int) -> int | None:
     value = _raw(config, name)
     if value is None:
-        return default
+        return None
     try:
         n = int(value)
     except ValueError:
@@ -245,11 +248,12 @@ def _positive(config: pytest.Config, name: str, example: str) -> float | None:
     return number
 
 
-def _fraction_or_seconds(config: pytest.Config, name: str, default: float, upper: float | None) -> float:
-    """A number >= 0 (seconds) or, with ``upper``, in (0, upper) (a fraction)."""
+def _fraction_or_seconds(config: pytest.Config, name: str, upper: float | None) -> float | None:
+    """A number >= 0 (seconds) or, with ``upper``, in (0, upper) (a fraction); None where the option
+    has no default and is not given."""
     value = _raw(config, name)
     if value is None:
-        return default
+        return None
     try:
         number = float(value)
     except ValueError:
@@ -337,7 +341,7 @@ def parse(config: pytest.Config) -> FabricOptions:
     models = _names(config, "models", MODELS)
     timeout_value = _raw(config, "launch-timeout")
     try:
-        timeout = float(timeout_value or 300)
+        timeout = float(timeout_value)
     except ValueError:
         timeout = -1.0
     if not 0 < timeout < math.inf:
@@ -351,11 +355,11 @@ def parse(config: pytest.Config) -> FabricOptions:
         raise pytest.UsageError("--fsdp 1 needs GPUs (FSDP1 refuses to run without an accelerator); "
                                 "use --fsdp 2 on CPU")
     settings = Settings(
-        gpus_per_node=_int(config, "gpus-per-node", 1, default=1),
-        steps=_int(config, "steps", 1, default=10),
-        measure_s=_fraction_or_seconds(config, "measure-seconds", 6.0, upper=None),
-        step_precision=_fraction_or_seconds(config, "step-precision", 0.01, upper=1.0),
-        warmup_steps=_int(config, "warmup-steps", 0, default=2),
+        gpus_per_node=_int(config, "gpus-per-node", 1),
+        steps=_int(config, "steps", 1),
+        measure_s=_fraction_or_seconds(config, "measure-seconds", upper=None),
+        step_precision=_fraction_or_seconds(config, "step-precision", upper=1.0),
+        warmup_steps=_int(config, "warmup-steps", 0),
         batch_size=_int(config, "batch-size", 1),
         seq_len=_int(config, "seq-len", 1),
         launch_timeout_s=timeout,
@@ -368,7 +372,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         require_gdr=not _flag(config, "accept-no-gdr"),
         inventory=inventory,
     )
-    threshold_value = _raw(config, "regression-threshold") or "0.10"
+    threshold_value = _raw(config, "regression-threshold")
     try:
         regression_threshold = float(threshold_value)
     except ValueError:
@@ -377,8 +381,8 @@ def parse(config: pytest.Config) -> FabricOptions:
         raise pytest.UsageError(f"--regression-threshold must be a fraction in (0, 1) such as 0.10, "
                                 f"got {threshold_value!r}")
     save = _output_file(config, "fabric-save", "night.json")
-    repeats = _int(config, "repeats", 1, default=2)
-    max_repeats = _int(config, "max-repeats", 1, default=6)
+    repeats = _int(config, "repeats", 1)
+    max_repeats = _int(config, "max-repeats", 1)
     if max_repeats < repeats:
         raise pytest.UsageError(f"--max-repeats {max_repeats} is below --repeats {repeats}; "
                                 f"give --max-repeats >= --repeats")
@@ -403,14 +407,14 @@ def parse(config: pytest.Config) -> FabricOptions:
         regression_threshold=regression_threshold,
         repeats=repeats,
         max_repeats=max_repeats,
-        throughput_launches=_int(config, "throughput-launches", 1, default=1),
+        throughput_launches=_int(config, "throughput-launches", 1),
         inconclusive=_choice(config, "inconclusive"),
         undecided_night=_choice(config, "undecided-night"),
         prices=_prices(config, table),
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),
         regression_on=_choice(config, "regression-on"),
         launch_noise=_launch_noise(config),
-        floor_tolerance=_fraction_or_seconds(config, "floor-tolerance", 0.10, upper=1.0),
+        floor_tolerance=_fraction_or_seconds(config, "floor-tolerance", upper=1.0),
     )
 
 
@@ -428,6 +432,6 @@ def _launch_noise(config: pytest.Config) -> NoisePrior | None:
     value = _raw(config, "launch-noise")
     if value is None:
         return None
-    sigma = _fraction_or_seconds(config, "launch-noise", 0.0, upper=0.5)
+    sigma = _fraction_or_seconds(config, "launch-noise", upper=0.5)
     # Declared by the user: as much weight as a few nights of launches.
     return NoisePrior(sigma, 8.0, f"declared --launch-noise {value}")
