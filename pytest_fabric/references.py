@@ -203,7 +203,7 @@ def _gate_value(where: str, entry: dict[str, Any], key: str, rule: Callable[[flo
         return None
     value = entry[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ReferenceError(f"{where}: '{key}' must be a number such as 0.05, got {value!r}")
+        raise ReferenceError(f"{where}: '{key}' must be a fraction such as 0.05, got {value!r}")
     try:
         rule(float(value))
     except ValueError as exc:

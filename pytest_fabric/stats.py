@@ -468,7 +468,7 @@ def within_gate(rel: float) -> tuple[float, str]:
     """(threshold, direction) of "within": candidate/reference >= 1 - rel. The one definition of the
     rule and its range: the plain gates, the repeated-launch gates and suite files all use it."""
     if not 0 <= rel < 1:
-        raise ValueError(f"rel must be in [0, 1), got {rel}")
+        raise ValueError(f"rel must be a fraction in [0, 1), got {rel}")
     return 1.0 - rel, ">="
 
 
@@ -476,7 +476,7 @@ def ahead_gate(by: float) -> tuple[float, str]:
     """(threshold, direction) of "ahead": reference/candidate >= 1 + by (the one definition, as
     ``within_gate``)."""
     if not 0 <= by < math.inf:
-        raise ValueError(f"by must be >= 0, got {by}")
+        raise ValueError(f"by must be a fraction >= 0, got {by}")
     return 1.0 + by, ">="
 
 

@@ -58,7 +58,7 @@ class TestAssertWithin:
 
     @pytest.mark.parametrize("rel", [-0.01, 1.0, 2.0])
     def test_nonsense_tolerance_is_rejected(self, rel):
-        with pytest.raises(ValueError, match="rel must be in"):
+        with pytest.raises(ValueError, match="rel must be a fraction in"):
             assert_within(1.0, 1.0, rel=rel)
 
 
@@ -81,7 +81,7 @@ class TestAssertAhead:
         assert assert_ahead(reference, 100.0, by=0.20) == pytest.approx(reference / 100.0)
 
     def test_negative_margin_is_rejected(self):
-        with pytest.raises(ValueError, match="by must be >= 0"):
+        with pytest.raises(ValueError, match="by must be a fraction >= 0"):
             assert_ahead(1.0, 1.0, by=-0.1)
 
 
