@@ -125,14 +125,15 @@ class FabricReporter:
 
     def _suite_properties(self) -> dict[str, str]:
         fabric, o = self.fabric, self.fabric.options
+        # The session's prior; a gate whose configurations the baseline learned uses theirs (its fields say).
+        noise = fabric.noise()
         facts = {"fabric.cluster": fabric.cluster.describe(), "fabric.cluster_kind": fabric.cluster.name,
                  "fabric.fabrics": ",".join(o.fabrics), "fabric.nodes": str(fabric.nodes),
                  "fabric.gpus_per_node": str(o.settings.gpus_per_node),
                  "fabric.repeats": f"{o.repeats} to {o.max_repeats} launches per side",
                  "fabric.inconclusive": o.inconclusive,
-                 # The session's prior; a gate whose configurations the baseline learned uses theirs (its fields say).
-                 "fabric.launch_noise": f"{fabric.noise().sigma:.6g}",
-                 "fabric.launch_noise_source": fabric.noise().source, "fabric.project_version": __version__}
+                 "fabric.launch_noise": f"{noise.sigma:.6g}",
+                 "fabric.launch_noise_source": noise.source, "fabric.project_version": __version__}
         facts.update({f"fabric.outcome.{word}": str(n)
                       for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
         if self.undecided:
