@@ -64,6 +64,19 @@ def test_only_node_0_hosts_the_rendezvous_store(tmp_path):
     assert confs[1].endswith(",is_host=false") and confs[2].endswith(",is_host=false")
 
 
+@pytest.mark.parametrize(("deadline_s", "expected"), [(75, 25), (30, 20), (1800, 60), (150, 50)])
+def test_a_node_gives_up_reaching_the_store_well_inside_the_deadline(tmp_path, deadline_s, expected):
+    # torch's default (60 s, plus its retry backoff) outlived a 75 s deadline: the node that could not
+    # join was killed with the others instead of failing on its own.
+    from pytest_fabric.cluster.base import LaunchRequest, torchrun_argv
+    from pytest_fabric.fabrics import get_fabric
+
+    request = LaunchRequest(nodes=2, procs_per_node=1, fabric=get_fabric("eth"), program=["-m", "x"],
+                            workdir=tmp_path, deadline_s=deadline_s, job_id="j")
+    (conf,) = [a for a in torchrun_argv(request, 1, "h", "h") if a.startswith("--rdzv-conf=")]
+    assert f"read_timeout={expected}," in conf
+
+
 @pytest.mark.parametrize(("cores", "nodes", "per_node", "expected"), [
     (2, 1, 1, ["0"]),  # one node, one GPU: one core, the other left to the harness
     (2, 2, 1, ["0", "1"]),

@@ -115,6 +115,14 @@ class Cluster(ABC):
         """Run one torchrun per node to completion, failure or deadline; leave nothing behind."""
 
 
+def store_timeout(deadline_s: float) -> int:
+    """Seconds a node's agent keeps trying to reach the rendezvous store (torch's ``read_timeout``,
+    60 by default): a third of the launch deadline, between 20 and 60. A node that cannot reach node 0
+    (its link is down, a firewall) then gives up on its own, with its exit code and its own log,
+    well before the deadline kills every node; a node that starts late still has 20 s to connect."""
+    return int(min(60, max(20, deadline_s // 3)))
+
+
 def torchrun_argv(
     request: LaunchRequest,
     node_rank: int,
@@ -124,7 +132,7 @@ def torchrun_argv(
 ) -> list[str]:
     """One node's torchrun command: c10d rendezvous hosted on node 0, no restarts, bounded joins."""
     join_timeout = max(30, int(request.deadline_s))
-    conf = f"join_timeout={join_timeout}"
+    conf = f"join_timeout={join_timeout},read_timeout={store_timeout(request.deadline_s)}"
     # Say who hosts the rendezvous store. Left to guess, torch makes every agent whose address
     # matches the endpoint try to host it (all of them on the local cluster's loopback: node 1 could
     # bind first and node 0 then fail with EADDRINUSE), and none when the hostname does not resolve
