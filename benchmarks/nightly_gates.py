@@ -2,6 +2,7 @@
 """Do the gates decide, do they flake, and do they catch a planted slowdown? Nightly runs, measured.
 
     python benchmarks/nightly_gates.py [--nights 10] [--one-launch-nights 5] [--out DIR] [--resume]
+                                       [--only parity|regression] [--no-fixed]
 
 Every "night" is one `pytest suites/...` run in a subprocess, as a nightly CI job would run it, on
 2 emulated nodes, with copies of the ib preset defined in the ini so that the effect of each gate is
@@ -17,7 +18,7 @@ Gates, each with the suites' defaults (--repeats / --max-repeats as the plugin s
 
   parity A/A        qwen2-tiny n2: ib2 within 5% of ib
   parity planted    qwen2-tiny n2: ib3 within 5% of ib
-  regression A/A    llama-wide n2 on ib: scaling efficiency at most 5% below the baseline
+  regression A/A    llama-wide n2 on ib: fabric time (the default measure) at most 5% below the baseline
   regression plant  llama-wide n2 on ib4: the same, with every ib4 step 10% longer tonight
   one launch        --repeats 1 --max-repeats 1: llama-wide ib at least 20% ahead of eth (about 4x),
                     qwen2-tiny ib2 within 5% of ib (A/A)
@@ -60,9 +61,9 @@ REPO = Path(__file__).resolve().parent.parent
 FABRICS = ["--fabrics", "ib4,ib3,ib,ib2", "-o", "fabric_define=ib2: ib\nib3: ib\nib4: ib"]
 PLANT_PARITY = "slow:fabric=ib3,factor=1.10"
 PLANT_REGRESSION = "slow:fabric=ib4,factor=1.10"
+SELECT = {"parity": "(parity and qwen2 and (ib2 or ib3))", "regression": "(regression and llama and n2 and (ib] or ib4))"}
 NIGHTLY = ["suites/test_parity.py", "suites/test_regression.py", "--models", "qwen2-tiny,llama-wide",
-           "--regression-threshold", "0.05",
-           "-k", "(parity and qwen2 and (ib2 or ib3)) or (regression and llama and n2 and (ib] or ib4))"]
+           "--regression-threshold", "0.05"]
 # The baseline's nights launch each configuration the gates lean on three times, so that the baseline
 # learns each one's launch noise (the gates' prior) besides its value.
 BASELINE = ["suites/test_throughput.py", "--models", "qwen2-tiny,llama-wide", "--throughput-launches", "3",
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fixed", action="store_true", help="skip the fixed-steps night")
     parser.add_argument("--out", default="nightly-gates", help="directory for JUnit, saved results and logs")
     parser.add_argument("--resume", action="store_true", help="reuse the nights already in --out")
+    parser.add_argument("--only", choices=sorted(SELECT), help="the nights run only these gates (parity or regression)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -165,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     plans = [] if args.no_fixed else [("fixed", "fixed", FIXED, "")]
-    plans += [(f"night{i}", "nightly", [*NIGHTLY, *FABRICS, f"--fabric-baseline={baseline}"],
+    select = SELECT[args.only] if args.only else " or ".join(SELECT.values())
+    plans += [(f"night{i}", "nightly", [*NIGHTLY, "-k", select, *FABRICS, f"--fabric-baseline={baseline}"],
                f"{PLANT_PARITY};{PLANT_REGRESSION}") for i in range(1, args.nights + 1)]
     plans += [(f"one{i}", "one", ONE_LAUNCH, "") for i in range(1, args.one_launch_nights + 1)]
     rows = []

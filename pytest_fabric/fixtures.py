@@ -10,8 +10,9 @@ with its prediction and floor for the reporter.
 from __future__ import annotations
 
 import math
+import statistics
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import pytest
@@ -21,8 +22,8 @@ from .gates import GateOutcome, judge
 from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s, counted
 from .nights import identity_from_records, identity_mismatch
 from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
-from .stats import (Interval, Look, SequentialGate, Verdict, ahead_gate, contrast_interval, reference_term,
-                    within_gate)
+from .stats import (Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate, combined_noise,
+                    contrast_interval, fabric_time_reference, fabric_time_sample, reference_term, within_gate)
 
 
 class MeasureFixture:
@@ -82,20 +83,24 @@ class CompareFixture:
         """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
         return self._compare(reference, candidate, ahead_gate(by), f"{reference.fabric} at least {by:.0%} ahead")
 
-    def _gate(self, threshold: float, direction: str, cases: Sequence[Case]) -> SequentialGate:
+    def _gate(self, threshold: float, direction: str, cases: Sequence[Case],
+              prior: NoisePrior | None = None) -> SequentialGate:
         o = self._session.options
         return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats,
-                              prior=self._session.noise(cases))
+                              prior=prior or self._session.noise(cases))
 
     def _launch_until_decided(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate,
                               per_gpu: bool = False, fixed: tuple[float, float] = (0.0, 0.0),
+                              combine: Callable[[Sequence[Measurement]], tuple[float, float]] | None = None,
                               ) -> tuple[list[list[Measurement]], Look]:
         """Launch every case once per round (interleaved, in ``cases`` order) until ``--repeats``
         rounds have no disturbed launch and a look decides, or the budget is spent.
 
         The gate judges sum_j signs[j] x log tokens/s of cases[j] (per GPU with ``per_gpu``) plus
         ``fixed``, blocked by round: launches of one round ran back to back, so a drift of the
-        machine that hits both cancels. A round with a launch set aside is left out whole."""
+        machine that hits both cancels. A round with a launch set aside is left out whole.
+        ``combine``: instead of the signed sum, each round's launches make one (log value,
+        variance) sample; rounds with a launch set aside then decide nothing."""
         o = self._session.options
         runs: list[list[Measurement]] = [[] for _ in cases]
         while True:
@@ -107,8 +112,12 @@ class CompareFixture:
             if not spent and len(rounds) < o.repeats:
                 continue  # a disturbed launch is replaced before the first look
             if rounds:
-                groups = [(sign, [r[j].sample(per_gpu) for r in rounds]) for j, sign in enumerate(signs)]
+                groups = ([(+1.0, [combine(r) for r in rounds])] if combine else
+                          [(sign, [r[j].sample(per_gpu) for r in rounds]) for j, sign in enumerate(signs)])
                 result = gate.look(groups, fixed, blocked=True, launches=index + 1)
+            elif combine:
+                result = gate.look([(+1.0, [combine(r) for r in zip(*runs)])], fixed, launches=index + 1)
+                result = replace(result, verdict=Verdict.INCONCLUSIVE)
             else:
                 groups = [(sign, [m.sample(per_gpu) for m in counted(launches)]) for sign, launches in zip(signs, runs)]
                 result = gate.look(groups, fixed, launches=index + 1)
@@ -141,12 +150,17 @@ class CompareFixture:
     def no_regression(self, case: Case, rel: float | None = None) -> GateOutcome:
         """Tonight's ``case`` is not more than ``rel`` below the --fabric-baseline run's.
 
-        A fabric regression is a loss of scaling, so by default (``--regression-on scaling``) the
-        gate judges scaling efficiency: tokens/s/GPU of ``case`` over the same night's one-node
-        tokens/s/GPU (a launch that never crosses the fabric), tonight against the baseline's.
-        A machine that is slower all night moves both and not their ratio. The raw tokens/s
-        ratio is shown beside it; ``--regression-on tokens`` gates that instead (also where the
-        baseline has no one-node measurement of the model, or ``case`` is one node).
+        A fabric regression is the fabric adding more time to a step, so by default
+        (``--regression-on fabric-time``) the gate judges tonight's n-node tokens/s/GPU with the
+        same night's one-node step (a launch that never crosses the fabric) replaced by the
+        baseline's: what the fabric adds tonight, at the baseline's compute speed
+        (``stats.fabric_time_sample``). A machine that is faster or slower all night moves the
+        one-node step and the compute inside the n-node step alike, so it cancels, for a
+        compute-bound job as scaling efficiency does and for a communication-bound one, where
+        efficiency would read it as a fabric change. Scaling efficiency and the raw tokens/s ratio
+        are shown beside it; ``--regression-on scaling`` or ``tokens`` gates one of those instead.
+        One-node cases, and baselines without a one-node measurement of the model, are judged
+        on raw tokens/s.
 
         Skips when there is no baseline or it never measured ``case``. A baseline from other
         hardware or software is compared all the same, with a loud warning naming the differences.
@@ -160,36 +174,79 @@ class CompareFixture:
         rel = o.regression_threshold if rel is None else rel
         threshold, direction = within_gate(rel)
         one = case.with_nodes(1)
-        gate = self._gate(threshold, direction, (case, one) if o.regression_on == "scaling" else (case,))
-        by_scaling = o.regression_on == "scaling" and case.nodes > 1 and bool(baseline.values.get(one.id))
-        past = reference_term(baseline.values[case.id], gate.prior)
+        mode = o.regression_on
+        if case.nodes == 1 or not baseline.values.get(one.id):
+            mode = "tokens"
+        past = reference_term(baseline.values[case.id], self._session.noise([case]))
+        gpus_n, gpus_1 = baseline.gpus.get(case.id, 1), baseline.gpus.get(one.id, 1)
+        nights = [(math.log(multi / gpus_n), math.log(single / gpus_1))
+                  for multi, single in baseline.paired(case.id, one.id)]
 
         def raw(tonight: list[Measurement], confidence: float) -> Interval:
-            return contrast_interval([(+1, [m.sample() for m in counted(tonight)])], gate.prior, confidence,
-                                     (-past[0], past[1]))
+            return contrast_interval([(+1, [m.sample() for m in counted(tonight)])], self._session.noise([case]),
+                                     confidence, (-past[0], past[1]))
 
-        if by_scaling:
+        def efficiency(runs_one: list[Measurement], tonight: list[Measurement]) -> tuple[float, float]:
+            """(tonight's, the baseline's) scaling efficiency: n-node over one-node tokens/s/GPU."""
+            if len(nights) >= 2:
+                past_eff = statistics.fmean(m - s for m, s in nights)
+            else:
+                past_eff = (statistics.fmean(math.log(v / gpus_n) for v in baseline.values[case.id])
+                            - statistics.fmean(math.log(v / gpus_1) for v in baseline.values[one.id]))
+            return (configuration_tokens_per_s(tonight, per_gpu=True)
+                    / configuration_tokens_per_s(runs_one, per_gpu=True), math.exp(past_eff))
+
+        def raw_line(tonight: list[Measurement], confidence: float) -> str:
+            tokens = raw(tonight, confidence)
+            return (f"raw tokens/s tonight/baseline = {tokens.point:.3f} [{tokens.low:.3f}, {tokens.high:.3f}]: "
+                    f"tonight {configuration_tokens_per_s(tonight):.1f} vs baseline {math.exp(past[0]):.1f}")
+
+        if mode == "fabric-time":
+            noise_n, noise_1 = self._session.noise([case]), self._session.noise([one])
+            if len(nights) >= 2:
+                a = math.exp(statistics.fmean(m for m, _ in nights) - statistics.fmean(s for _, s in nights))
+                prior = combined_noise([(1.0, noise_n), (a, noise_1)])
+                reference, one_reference = fabric_time_reference(nights, prior)
+            else:  # a single saved night, or nights that measured only one of the two: the values apart
+                per_gpu_n = [v / gpus_n for v in baseline.values[case.id]]
+                per_gpu_1 = [v / gpus_1 for v in baseline.values[one.id]]
+                apart = (reference_term(per_gpu_n, noise_n), reference_term(per_gpu_1, noise_1))
+                a = math.exp(apart[0][0] - apart[1][0])
+                prior = combined_noise([(1.0, noise_n), (a, noise_1)])
+                reference, one_reference = fabric_time_reference((), prior, apart=apart)
+            gate = self._gate(threshold, direction, (case, one), prior=prior)
+            (runs_one, tonight), result = self._launch_until_decided(
+                (one, case), (-1, +1), gate, per_gpu=True, fixed=(-reference[0], reference[1]),
+                combine=lambda r: fabric_time_sample(r[1].sample(per_gpu=True), r[0].sample(per_gpu=True),
+                                                     one_reference))
+            values = (math.exp(reference[0]) * result.interval.point, math.exp(reference[0]))
+            what = "fabric time"
+            unit = (f"n{case.nodes} tokens/s/GPU at the baseline's one-node speed (tonight's n{case.nodes} "
+                    f"step less tonight's n1 step, plus the baseline's n1 step)")
+            eff = efficiency(runs_one, tonight)
+            extra = (f"scaling efficiency tonight/baseline = {eff[0] / eff[1]:.3f} ({eff[0]:.3f} vs {eff[1]:.3f}); "
+                     + raw_line(tonight, result.interval.confidence))
+            launches = runs_one + tonight
+        elif mode == "scaling":
             # log efficiency = log(multi / gpus) - log(one / gpus_one); tonight's launches give it per GPU.
-            gpus = math.log(baseline.gpus.get(case.id, 1)) - math.log(baseline.gpus.get(one.id, 1))
-            nights = baseline.paired(case.id, one.id)
+            gate = self._gate(threshold, direction, (case, one))
             if len(nights) >= 2:
                 # Each night's own efficiency: what moved both of a night's values (the machine's speed
                 # that night) cancels, as it does in tonight's rounds.
-                past_eff = reference_term([multi / single for multi, single in nights], gate.prior)
-                fixed = (-(past_eff[0] - gpus), past_eff[1])
+                past_eff = reference_term([math.exp(m - s) for m, s in nights], gate.prior)
+                fixed = (-past_eff[0], past_eff[1])
             else:  # a single saved night, or nights that measured only one of the two: the values apart
                 past_one = reference_term(baseline.values[one.id], gate.prior)
+                gpus = math.log(gpus_n) - math.log(gpus_1)
                 fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
             (runs_one, tonight), result = self._launch_until_decided((one, case), (-1, +1), gate, per_gpu=True,
                                                                      fixed=fixed)
-            values = (configuration_tokens_per_s(tonight, per_gpu=True) / configuration_tokens_per_s(runs_one, per_gpu=True),
-                      math.exp(-fixed[0]))
-            tokens = raw(tonight, result.interval.confidence)
+            values = efficiency(runs_one, tonight)
             what, unit = "scaling", f"scaling efficiency (n{case.nodes} over n1 tokens/s/GPU)"
-            extra = (f"raw tokens/s tonight/baseline = {tokens.point:.3f} [{tokens.low:.3f}, {tokens.high:.3f}]: "
-                     f"tonight {configuration_tokens_per_s(tonight):.1f} vs baseline {math.exp(past[0]):.1f}")
+            extra = raw_line(tonight, result.interval.confidence)
             launches = runs_one + tonight
         else:
+            gate = self._gate(threshold, direction, (case,))
             (tonight,), result = self._launch_until_decided((case,), (+1,), gate, fixed=(-past[0], past[1]))
             values = (configuration_tokens_per_s(tonight), math.exp(past[0]))
             what, unit = "tokens/s", "tokens/s"

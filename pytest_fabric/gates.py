@@ -106,6 +106,8 @@ def assert_ahead(reference: Value, candidate: Value, by: float = 0.20, unit: str
 # -- gates on repeated launches ------------------------------------------------------------------
 
 INCONCLUSIVE_POLICIES = ("xfail", "fail", "warn")
+# What a regression gate judges (CompareFixture.no_regression), the default first.
+REGRESSION_MEASURES = ("fabric-time", "scaling", "tokens")
 
 
 class InconclusiveWarning(UserWarning):

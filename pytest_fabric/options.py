@@ -16,7 +16,7 @@ import pytest
 from .cluster import CLUSTER_KINDS, cluster_kinds
 from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table, fabric_value
 from .cluster.ssh import STRICT_HOST_KEY_CHECKING
-from .gates import INCONCLUSIVE_POLICIES
+from .gates import INCONCLUSIVE_POLICIES, REGRESSION_MEASURES
 from .measure import Settings
 from .models import DEFAULT_CPU_MODELS, MODELS
 from .references import References
@@ -76,9 +76,10 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
                               "bounds per measure, for benchmark trackers)", None),
     ("fabric-baseline", "a previous run (saved JSON, JUnit XML, or a `pytest-fabric baseline` file) to test "
                         "for regressions against", None),
-    ("regression-on", "what the regression gate judges: scaling (multi-node tokens/s/GPU over the same night's "
-                      "one-node, immune to a machine that is slower all night) or tokens (raw tokens/s) "
-                      "(default scaling)", "scaling"),
+    ("regression-on", "what the regression gate judges: fabric-time (the time crossing the fabric adds to a "
+                      "step: tonight's n-node step less the same night's one-node step, on the baseline's "
+                      "one-node step, so a faster or slower machine cancels), scaling (n-node over one-node "
+                      "tokens/s/GPU) or tokens (raw tokens/s) (default fabric-time)", "fabric-time"),
     ("launch-noise", "launch-to-launch variation the gates assume before a night's own launches, as a fraction "
                      "(e.g. 0.03); default: learned by the --fabric-baseline, else 0.02", None),
     ("regression-threshold", "fail a configuration whose tokens/s fell more than this fraction below its "
@@ -109,7 +110,7 @@ _LINELISTS = [
 _CHOICES = {"inconclusive": INCONCLUSIVE_POLICIES, "undecided-night": ("fail", "pass"),
             "ssh-host-key-checking": STRICT_HOST_KEY_CHECKING, "device": DEVICES,
             "fsdp": tuple(str(v) for v in FSDP_VERSIONS), "mixed-precision": MIXED_PRECISION,
-            "regression-on": ("scaling", "tokens")}
+            "regression-on": REGRESSION_MEASURES}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -316,7 +317,7 @@ class FabricOptions:
     prices: dict[str, float] = field(default_factory=dict)
     # Per-rank FLOP/s the comparison predictions assume; None: fitted to the faster side's step.
     flops_per_rank: float | None = None
-    regression_on: str = "scaling"
+    regression_on: str = REGRESSION_MEASURES[0]
     # Declared launch-to-launch noise; None: the baseline's learned one, else stats.DEFAULT_NOISE.
     launch_noise: NoisePrior | None = None
     # How far a step may appear to beat the physical floor before it is an error (floor.py).

@@ -337,6 +337,71 @@ def reference_term(values: Sequence[float], prior: NoisePrior | None = None) -> 
     return statistics.fmean(logs), var_one / len(logs)
 
 
+# --------------------------------------------------------------------------------------------
+# Regression on the time the fabric adds to a step
+# --------------------------------------------------------------------------------------------
+#
+# A step on n nodes is the one-node step (the same work per GPU: FSDP keeps the per-GPU batch)
+# plus what crossing the fabric adds: u_n = u_1 + x, with u = 1 / (tokens/s/GPU). A fabric
+# regression is x growing. Judging u_n alone (raw tokens/s) reads a faster or slower machine as
+# a fabric change where the job is compute-bound; judging u_1 / u_n (scaling efficiency) reads it
+# so where the job is communication-bound (u_1 moves with the machine, u_n hardly does: tonight's
+# one-node launch 7% faster moves the efficiency 7%). Tonight's x put on the baseline's one-node
+# step, 1 / (u_n - u_1 + U_1), is tonight's tokens/s/GPU as the baseline's machine would have run
+# it: a machine drift cancels exactly where nothing overlaps, and moves it by the drift times
+# u_1 / u_n (the compute share) where communication hides compute, against the whole drift for
+# efficiency. Everything below is on log tokens/s/GPU, variances by the delta method.
+
+
+def fabric_time_sample(multi: tuple[float, float], one: tuple[float, float],
+                       one_reference: float) -> tuple[float, float]:
+    """One round's (log tokens/s/GPU, within-launch variance) of the n-node launch ``multi`` with
+    its one-node step (the same round's ``one``) replaced by the baseline's (``one_reference``, log
+    tokens/s/GPU): log 1 / (u_n - u_1 + U_1). The added time is kept at least 5% of the step
+    (a round whose one-node launch is slower than its n-node one by more than the baseline's
+    whole one-node step is noise, not a faster fabric)."""
+    (lm, wm), (l1, w1) = multi, one
+    um, u1, ub = math.exp(-lm), math.exp(-l1), math.exp(-one_reference)
+    d = max(um - u1 + ub, 0.05 * um)
+    return -math.log(d), (um / d) ** 2 * wm + (u1 / d) ** 2 * w1
+
+
+def fabric_time_reference(nights: Sequence[tuple[float, float]], prior: NoisePrior | None = None,
+                          apart: tuple[tuple[float, float], tuple[float, float]] | None = None,
+                          ) -> tuple[tuple[float, float], float]:
+    """The baseline's side of a fabric-time regression: ((log tokens/s/GPU of its n-node
+    configuration, variance), log tokens/s/GPU of its one-node one), as ``contrast_interval``'s
+    ``fixed`` term (negated by the caller) and ``fabric_time_sample``'s ``one_reference``.
+
+    ``nights``: (log n-node, log one-node) tokens/s/GPU of each baseline night that measured both.
+    The variance is that of z = log n-node - a log one-node over the nights (a = U_1 / U_n, the
+    derivative of the contrast in the one-node term), so what moved both of a night's values
+    cancels as far as it should; moderated by ``prior`` like ``reference_term``. ``apart``:
+    instead of nights, each side's ``reference_term`` (a single saved night): their variances add.
+    """
+    prior = prior or DEFAULT_NOISE
+    if apart is not None:
+        (ln, vn), (l1, v1) = apart
+        a = math.exp(ln - l1)
+        return (ln, vn + a * a * v1), l1
+    if not nights:
+        raise ValueError("a fabric-time reference needs at least one night with both configurations")
+    ln = statistics.fmean(m for m, _ in nights)
+    l1 = statistics.fmean(o for _, o in nights)
+    a = math.exp(ln - l1)
+    s2, df = pooled_noise([[m - a * o for m, o in nights]])
+    var_one = (prior.df * prior.sigma ** 2 + df * s2) / (prior.df + df)
+    return (ln, var_one / len(nights)), l1
+
+
+def combined_noise(parts: Sequence[tuple[float, NoisePrior]]) -> NoisePrior:
+    """The launch noise of sum_i w_i x_i for independent launches x_i with priors ``parts``
+    ((w_i, prior_i)): sigma^2 = sum w_i^2 sigma_i^2, resting on the least-supported part's df."""
+    sigma = math.sqrt(sum(w * w * p.sigma ** 2 for w, p in parts))
+    sources = list(dict.fromkeys(p.source for _, p in parts))
+    return NoisePrior(min(max(sigma, 1e-6), 0.99), min(p.df for _, p in parts), "; ".join(sources))
+
+
 @dataclass(frozen=True)
 class Interval:
     """A two-sided confidence interval of a ratio of tokens/s (a contrast of log tokens/s)."""

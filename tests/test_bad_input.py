@@ -12,6 +12,8 @@ import pickle
 
 import pytest
 
+from pytest_fabric.gates import REGRESSION_MEASURES
+
 BASELINE_FORMAT = '{"format": "pytest-fabric-baseline", "version": 1, "cases": {"x": {"model": "m"}}}'
 
 # name -> content (bytes or text); "DIR" makes a directory.
@@ -102,7 +104,7 @@ BAD = [
     # choices and thresholds not covered elsewhere
     (["--regression-threshold", "1.5"], ["--regression-threshold must be a fraction in (0, 1)"]),
     (["--regression-threshold", "ten"], ["--regression-threshold must be a fraction in (0, 1)"]),
-    (["--regression-on", "speed"], ["--regression-on: 'speed' is not one of scaling, tokens"]),
+    (["--regression-on", "speed"], [f"--regression-on: 'speed' is not one of {', '.join(REGRESSION_MEASURES)}"]),
     (["--launch-noise", "0"], ["--launch-noise must be a fraction in (0, 0.5)"]),
     (["--launch-noise", "2%"], ["--launch-noise must be a fraction in (0, 0.5)"]),
     (["--step-precision", "1"], ["--step-precision must be a fraction in (0, 1)"]),

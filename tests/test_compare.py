@@ -359,6 +359,52 @@ def test_scaling_counts_every_gpu():
     assert result.verdict is Verdict.PASS and result.interval.point == pytest.approx(1.0, abs=0.03)
 
 
+# A communication-bound job, as llama-wide at n2 on the emulated link: 450 tokens/s/GPU on one
+# node, 110 per GPU on two (4 x 55 ms of link time added to each 2.2 ms of compute per token).
+LINK_BOUND = {"m-n1-ib": [450.0, 452.0, 448.0], "m-n2-ib": [220.0, 221.0, 219.0]}
+
+
+def test_a_faster_machine_is_no_fabric_regression_of_a_communication_bound_job():
+    # Tonight the one-node launch runs 12% faster (the CPU), the link-bound two-node one 1% faster.
+    # Scaling efficiency reads that as a 10% loss; the time the fabric adds to a step has not moved.
+    tonight = {"m-n1-ib": 504.0, "m-n2-ib": 222.2}
+    by = {}
+    for measure in ("fabric-time", "scaling"):
+        fixture, _, item = regression(tonight, LINK_BOUND, noise=0.005, regression_on=measure, by_night=True)
+        try:
+            by[measure] = fixture.no_regression(REF, rel=0.05)
+        except pytest.fail.Exception:
+            by[measure] = item.stash[OUTCOMES_KEY][0]
+    assert by["scaling"].verdict is Verdict.FAIL and by["scaling"].interval.point == pytest.approx(0.90, abs=0.02)
+    assert by["fabric-time"].verdict is Verdict.PASS
+    assert by["fabric-time"].interval.point == pytest.approx(1.0, abs=0.02)
+
+
+def test_the_fabric_adding_time_fails_and_the_line_shows_every_measure():
+    # The link got slower: 10% less at two nodes, one node as fast as ever.
+    fixture, launches, item = regression({"m-n1-ib": 450.0, "m-n2-ib": 198.0}, LINK_BOUND, noise=0.005,
+                                         regression_on="fabric-time", by_night=True)
+    with pytest.raises(pytest.fail.Exception, match=r"tonight/baseline = 0\.9.*fabric time at most 5% below") as info:
+        fixture.no_regression(REF, rel=0.05)
+    (outcome,) = item.stash[OUTCOMES_KEY]
+    assert outcome.verdict is Verdict.FAIL and outcome.values[1] == pytest.approx(110.0, rel=0.01)
+    assert launches.ids[:2] == [("m-n1-ib", 0), ("m-n2-ib", 0)]
+    line = str(info.value)
+    assert "tokens/s/GPU at the baseline's one-node speed" in line
+    assert "scaling efficiency tonight/baseline = 0.9" in line and "raw tokens/s tonight/baseline = 0.9" in line
+
+
+def test_fabric_time_is_the_default_and_a_single_saved_night_serves_too():
+    from pytest_fabric.options import _DEFAULTS, FabricOptions
+
+    default = _DEFAULTS["regression-on"]
+    assert default == "fabric-time" == FabricOptions.__dataclass_fields__["regression_on"].default
+    fixture, _, item = regression({"m-n1-ib": 504.0, "m-n2-ib": 222.2}, LINK_BOUND, noise=0.005, by_night=False,
+                                  regression_on=default)
+    outcome = fixture.no_regression(REF, rel=0.05)
+    assert outcome.verdict is Verdict.PASS and "fabric time at most 5% below" in item.stash[VERDICTS_KEY][0]
+
+
 def test_one_node_is_judged_on_tokens_per_s():
     fixture, launches, item = regression({"m-n1-ib": 1000.0}, PAST)
     assert fixture.no_regression(Case("m", 1, "ib")).verdict is Verdict.PASS
