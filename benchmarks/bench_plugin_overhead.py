@@ -47,13 +47,13 @@ sys.path.insert(0, str(REPO))  # a bare checkout works too
 from pytest_fabric.cluster.base import RDZV_PORT  # noqa: E402
 from pytest_fabric.cluster.emulated import IFNAME, EmulatedNetwork, check_available, owned_namespaces  # noqa: E402
 from pytest_fabric.fabrics import FABRICS, Fabric, get_fabric  # noqa: E402
-from pytest_fabric.measure import Settings  # noqa: E402
+from pytest_fabric.measure import LaunchSettings  # noqa: E402
 from pytest_fabric.stats import launch_estimate  # noqa: E402
 from pytest_fabric.workload.result import TrainResult  # noqa: E402
 from pytest_fabric.models import MODELS, get_model  # noqa: E402
 from pytest_fabric.workload.config import TrainConfig  # noqa: E402
 
-_DEFAULTS = Settings()
+_DEFAULTS = LaunchSettings()
 
 # The test the plugin side runs: the embedded throughput suite's test, restricted to one node count
 # (the suite's matrix only has powers of two up to --nodes; this works for any --nodes).

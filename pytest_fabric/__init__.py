@@ -18,9 +18,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "FABRICS": "fabrics", "REFERENCE_FABRIC": "fabrics", "Fabric": "fabrics",
     "assert_ahead": "gates", "assert_within": "gates", "assert_at_least": "gates", "ratio": "gates",
-    "busbw": "gates", "Figure": "gates", "GateOutcome": "gates",
+    "busbw": "gates", "NamedValue": "gates", "Figure": "gates", "GateOutcome": "gates",
     "Case": "case", "Measurement": "measure", "BandwidthMeasurement": "measure",
-    "MeasurementError": "measure", "Settings": "measure",
+    "MeasurementError": "measure", "LaunchSettings": "measure", "Settings": "measure",
     "MODELS": "models", "ModelSpec": "models",
 }
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from .floor import DEFAULT_RATE_TOLERANCE, SHARDINGS, Floor, floor_for
 from .models import MODELS, ModelSpec
-from .predict import BYTES_PER_DTYPE, predict_comparison
+from .predict import BYTES_PER_DTYPE, JobShape, predict_comparison
 
 __all__ = ["AuditError", "AuditRow", "REQUIRED", "OPTIONAL", "audit", "read_rows", "table_lines"]
 
@@ -85,9 +85,14 @@ class AuditRow:
         return self.floor is None or not self.floor.impossible(self.step_s)
 
     @property
-    def shape(self) -> tuple:
-        return (self.spec.name, self.nodes, self.gpus_per_node, self.batch, self.seq, self.sharding,
-                self.activation_checkpointing, self.dtype)
+    def job(self) -> JobShape:
+        return JobShape(self.spec, self.nodes, self.gpus_per_node, self.batch, self.seq, self.dtype,
+                        activation_checkpointing=self.activation_checkpointing)
+
+    @property
+    def shape(self) -> tuple[JobShape, str]:
+        """What must be equal for two rows to differ only by fabric: the job and its sharding."""
+        return self.job, self.sharding
 
     @property
     def reason(self) -> str:
@@ -236,10 +241,8 @@ def _penalty(slow: AuditRow, fast: AuditRow) -> Penalty:
     if not fast.plausible:
         return Penalty(fast.fabric, fast.row, measured, None, f"{fast.fabric}'s row is itself impossible")
     try:
-        p = predict_comparison(
-            fast.spec, fast.nodes, fast.gpus_per_node, fast.batch, fast.seq,
-            rates={fast.fabric: fast.link_gbit, slow.fabric: slow.link_gbit}, fast_step_s=fast.step_s,
-            dtype=fast.dtype, activation_checkpointing=fast.activation_checkpointing)
+        p = predict_comparison(fast.job, rates={fast.fabric: fast.link_gbit, slow.fabric: slow.link_gbit},
+                               fast_step_s=fast.step_s)
     except ValueError as exc:
         return Penalty(fast.fabric, fast.row, measured, None, str(exc))
     return Penalty(fast.fabric, fast.row, measured, p.slowdown)

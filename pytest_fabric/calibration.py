@@ -30,7 +30,7 @@ from .case import BANDWIDTH
 from .fabrics import FABRICS
 from .models import MODELS
 from .fit import Calibration, calibrate
-from .predict import BOUND_WORDS, DEFAULT_LINK_EFFICIENCY, Observation, predict_comparison, recorded_bytes
+from .predict import BOUND_WORDS, DEFAULT_LINK_EFFICIENCY, JobShape, Observation, predict_comparison, recorded_bytes
 from .stats import configuration_value, launch_estimate
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
@@ -49,19 +49,16 @@ class Configuration:
 
     @property
     def label(self) -> str:
-        o = self.observation
+        o = self.observation.shape
         return f"{o.spec.name} n{o.nodes}x{o.gpus_per_node} {self.fabric}"
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> JobShape:
         """What must be equal for two configurations to differ only by fabric."""
-        o = self.observation
-        return (o.spec.name, o.nodes, o.gpus_per_node, o.batch, o.seq, o.param_bytes, o.grad_bytes,
-                o.activation_checkpointing)
+        return self.observation.shape
 
     def tokens_per_s(self, step_s: float) -> float:
-        o = self.observation
-        return o.nodes * o.gpus_per_node * (o.batch or o.spec.batch_size) * (o.seq or o.spec.seq_len) / step_s
+        return self.shape.world * self.shape.tokens_per_rank / step_s
 
 
 def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None = None
@@ -101,20 +98,19 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
                 notes.append(f"{key}: no link rate known for fabric {fabric!r} (give --gbit {fabric}=GBIT); left out")
                 continue
         param_bytes, grad_bytes = recorded_bytes(r)
-        obs = Observation(
-            spec, nodes, step, inter_gbit=rate, gpus_per_node=int(r.get("local_world_size") or 1),
-            batch=r.get("batch_size"), seq=r.get("seq_len"),
-            param_bytes=param_bytes, grad_bytes=grad_bytes,
-            activation_checkpointing=bool(r.get("activation_checkpointing", False)))
+        shape = JobShape(spec, nodes, int(r.get("local_world_size") or 1), r.get("batch_size"), r.get("seq_len"),
+                         param_bytes=param_bytes, grad_bytes=grad_bytes,
+                         activation_checkpointing=bool(r.get("activation_checkpointing", False)))
+        obs = Observation(shape, step, inter_gbit=rate)
         label = fabric if nodes > 1 else "any"
-        group = (label, *Configuration(label, obs, 1).shape, rate)
+        group = (label, shape, rate)
         groups.setdefault(group, []).append(step)
         proto.setdefault(group, (label, obs))
     out = []
     for group, steps in groups.items():
         label, obs = proto[group]
         out.append(Configuration(label, replace(obs, step_s=configuration_value(steps)), len(steps)))
-    out.sort(key=lambda c: (c.observation.spec.name, c.observation.nodes, -(c.observation.inter_gbit or 0)))
+    out.sort(key=lambda c: (c.shape.spec.name, c.shape.nodes, -(c.observation.inter_gbit or 0)))
     return out, notes
 
 
@@ -166,9 +162,9 @@ def study(configs: Sequence[Configuration], link_efficiency: float | None = DEFA
     loo: list[float | None] = []
     for i, o in enumerate(obs):
         rest = obs[:i] + obs[i + 1:]
-        loo.append(calibrate(rest, link_efficiency=link_efficiency).predict(
-            o.spec, o.nodes, o.gpus_per_node, o.batch, o.seq, **_options(o)).step_s if rest else None)
-    rates = {c.fabric: c.observation.inter_gbit for c in configs if c.observation.nodes > 1}
+        loo.append(calibrate(rest, link_efficiency=link_efficiency).predict(o.shape, **_links(o)).step_s
+                   if rest else None)
+    rates = {c.fabric: c.observation.inter_gbit for c in configs if c.shape.nodes > 1}
     fast_fabric = max(rates, key=rates.__getitem__) if rates else None
     fast_fit = None
     penalties: list[PenaltyRow] = []
@@ -184,21 +180,18 @@ def study(configs: Sequence[Configuration], link_efficiency: float | None = DEFA
     return Study(configs, link_efficiency, fitted, fit, tuple(loo), fast_fabric, fast_fit, tuple(penalties))
 
 
-def _options(o: Observation) -> dict[str, Any]:
-    return {"inter_gbit": o.inter_gbit, "intra_gbit": o.intra_gbit, "dtype": o.dtype, "param_bytes": o.param_bytes,
-            "grad_bytes": o.grad_bytes, "activation_checkpointing": o.activation_checkpointing}
+def _links(o: Observation) -> dict[str, Any]:
+    return {"inter_gbit": o.inter_gbit, "intra_gbit": o.intra_gbit}
 
 
 def _penalty(fast: Configuration, slow: Configuration, fast_fit: Calibration, efficiency: float) -> PenaltyRow:
     f, s = fast.observation, slow.observation
     measured = 1 - f.step_s / s.step_s
-    pf = fast_fit.predict(f.spec, f.nodes, f.gpus_per_node, f.batch, f.seq, **_options(f)).step_s
-    ps = fast_fit.predict(s.spec, s.nodes, s.gpus_per_node, s.batch, s.seq, **_options(s)).step_s
-    options = {k: v for k, v in _options(f).items() if k not in ("inter_gbit", "intra_gbit", "dtype")}
+    pf = fast_fit.predict(f.shape, **_links(f)).step_s
+    ps = fast_fit.predict(s.shape, **_links(s)).step_s
     try:
-        cp = predict_comparison(f.spec, f.nodes, f.gpus_per_node, f.batch, f.seq,
-                                rates={fast.fabric: f.inter_gbit, slow.fabric: s.inter_gbit}, fast_step_s=f.step_s,
-                                link_efficiency=efficiency, **options)
+        cp = predict_comparison(f.shape, rates={fast.fabric: f.inter_gbit, slow.fabric: s.inter_gbit},
+                                fast_step_s=f.step_s, link_efficiency=efficiency)
         per_step, label = cp.slowdown, ("compute-bound" if cp.compute_bound else BOUND_WORDS[cp.penalty.slow.bound])
     except ValueError:
         per_step, label = None, "no fit (step below transfer)"
@@ -229,7 +222,7 @@ def study_lines(s: Study) -> list[str]:
     rows = []
     for c, p in zip(s.configurations, s.loo):
         o = c.observation
-        bound = s.fit.predict(o.spec, o.nodes, o.gpus_per_node, o.batch, o.seq, **_options(o)).bound
+        bound = s.fit.predict(o.shape, **_links(o)).bound
         rows.append([c.label, f"{o.inter_gbit:g}" if o.inter_gbit else "-", str(c.launches),
                      f"{o.step_s * 1000:.1f}", "-" if p is None else f"{p * 1000:.1f}",
                      "-" if p is None else _pct((p - o.step_s) / o.step_s),
@@ -249,8 +242,8 @@ def study_lines(s: Study) -> list[str]:
                f"per step: throughput fitted to each {s.fast_fabric} step, as in test output")
     rows = []
     for p in s.penalties:
-        o = p.slow.observation
-        rows.append([f"{o.spec.name} n{o.nodes}x{o.gpus_per_node}", f"{p.fast.fabric} vs {p.slow.fabric}",
+        o, shape = p.slow.observation, p.slow.shape
+        rows.append([f"{shape.spec.name} n{shape.nodes}x{shape.gpus_per_node}", f"{p.fast.fabric} vs {p.slow.fabric}",
                      f"{p.fast.observation.inter_gbit:g} / {o.inter_gbit:g}", _pct(p.measured),
                      _pct(p.predicted_fit),
                      "-" if p.predicted_fit is None else _pct(p.predicted_fit - p.measured)[:-1],

@@ -158,7 +158,7 @@ def _baseline(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     from .models import get_model
-    from .predict import predict_penalty
+    from .predict import JobShape, predict_penalty
 
     if args.model not in MODELS:
         raise _UserError(f"--model {args.model!r}: unknown model; known models: {', '.join(MODELS)}")
@@ -170,8 +170,8 @@ def _predict(args: argparse.Namespace) -> int:
         if not getattr(args, name) > 0:
             raise _UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     spec = get_model(args.model)
-    p = predict_penalty(spec, args.nodes, args.gpus_per_node, args.batch, args.seq, flops_per_s=args.flops_per_gpu,
-                        fast_gbit=args.fast_gbit, slow_gbit=args.slow_gbit)
+    p = predict_penalty(JobShape(spec, args.nodes, args.gpus_per_node, args.batch, args.seq),
+                        flops_per_s=args.flops_per_gpu, fast_gbit=args.fast_gbit, slow_gbit=args.slow_gbit)
     batch, seq = args.batch or spec.batch_size, args.seq or spec.seq_len
     print(f"{spec.name} on {args.nodes} node(s) x {args.gpus_per_node} GPU(s), batch {batch} x seq {seq} per GPU, "
           f"{args.flops_per_gpu / 1e12:g} TFLOP/s per GPU")

@@ -9,8 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .models import ModelSpec
-from .predict import DEFAULT_LINK_EFFICIENCY, Observation, Prediction, predict_step
+from .predict import DEFAULT_LINK_EFFICIENCY, JobShape, Observation, Prediction, predict_step
 
 __all__ = ["Calibration", "calibrate"]
 
@@ -32,12 +31,11 @@ class Calibration:
     def rms_error(self) -> float:
         return math.sqrt(sum(e * e for e in self.errors) / len(self.errors))
 
-    def predict(self, spec: ModelSpec, nodes: int, gpus_per_node: int = 1, batch: int | None = None,
-                seq: int | None = None, **options) -> Prediction:
+    def predict(self, shape: JobShape, **options) -> Prediction:
         """``predict_step`` with the fitted throughput, overhead and link efficiency."""
         options.setdefault("link_efficiency", self.link_efficiency)
         options.setdefault("overhead_s", self.overhead_s)
-        return predict_step(spec, nodes, gpus_per_node, batch, seq, flops_per_s=self.flops_per_s, **options)
+        return predict_step(shape, flops_per_s=self.flops_per_s, **options)
 
 
 def calibrate(
@@ -61,9 +59,9 @@ def calibrate(
         raise ValueError("calibration needs at least one observation")
     for o in obs:
         if not o.step_s > 0:
-            raise ValueError(f"observation of {o.spec.name} on {o.nodes} node(s) has step_s {o.step_s}")
+            raise ValueError(f"observation of {o.shape.spec.name} on {o.shape.nodes} node(s) has step_s {o.step_s}")
     measured = [o.step_s for o in obs]
-    multi = [i for i, o in enumerate(obs) if o.nodes > 1]
+    multi = [i for i, o in enumerate(obs) if o.shape.nodes > 1]
 
     def fit_overhead(theta: float) -> tuple[float, list[float]]:
         base = [o.predict(theta, 0.0, link_efficiency).step_s for o in obs]
@@ -75,7 +73,7 @@ def calibrate(
 
     def loss(log_theta: float) -> float:
         overhead, base = fit_overhead(math.exp(log_theta))
-        return sum(((base[i] + (overhead if obs[i].nodes > 1 else 0.0) - m) / m) ** 2
+        return sum(((base[i] + (overhead if obs[i].shape.nodes > 1 else 0.0) - m) / m) ** 2
                    for i, m in enumerate(measured))
 
     # Every step is at least its compute, so theta >= flops / step for each observation; the

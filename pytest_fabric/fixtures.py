@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 
 from .case import Case
-from .gates import GateOutcome, judge
+from .gates import GateOutcome, apply_verdict
 from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s, counted
 from .nights import identity_from_records, identity_mismatch
 from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
@@ -143,7 +143,7 @@ class CompareFixture:
         lines = self._item.stash.setdefault(VERDICTS_KEY, [])
         # In the output (JUnit system-out) whatever the verdict, and in a failure's message.
         lines.append(predicted)
-        line = judge(outcome, self._session.options.inconclusive, note=predicted)
+        line = apply_verdict(outcome, self._session.options.inconclusive, note=predicted)
         lines.insert(len(lines) - 1, line)
         return outcome
 
@@ -263,7 +263,7 @@ class CompareFixture:
                               result.interval, result.verdict, values, unit, f"[{case.id}]", gate.prior,
                               _set_aside(launches), extra)
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
-        self._item.stash.setdefault(VERDICTS_KEY, []).append(judge(outcome, o.inconclusive))
+        self._item.stash.setdefault(VERDICTS_KEY, []).append(apply_verdict(outcome, o.inconclusive))
         return outcome
 
 

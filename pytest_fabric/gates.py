@@ -16,31 +16,33 @@ from .stats import Interval, NoisePrior, Verdict, ahead_gate, within_gate
 
 
 @dataclass(frozen=True)
-class Figure:
+class NamedValue:
     """A named number for the gates, when it is not a training Measurement's tokens/s."""
 
     name: str
     value: float
 
 
-Value = Union[Measurement, Figure, float, int]
+Value = Union[Measurement, NamedValue, float, int]
+# The name of 0.1, kept for suites written against it.
+Figure = NamedValue
 
 
-def busbw(m: BandwidthMeasurement, op: str = "all_reduce") -> Figure:
+def busbw(m: BandwidthMeasurement, op: str = "all_reduce") -> NamedValue:
     """The busbw (Gbit/s) of ``op`` at its largest payload, named by the fabric, for the gates."""
-    return Figure(m.case.fabric, m.busbw_gbit(op))
+    return NamedValue(m.case.fabric, m.busbw_gbit(op))
 
 
 def _value(x: Value) -> float:
     if isinstance(x, Measurement):
         return x.tokens_per_s
-    return x.value if isinstance(x, Figure) else float(x)
+    return x.value if isinstance(x, NamedValue) else float(x)
 
 
 def _name(x: Value, default: str) -> str:
     if isinstance(x, Measurement):
         return x.case.fabric
-    return x.name if isinstance(x, Figure) else default
+    return x.name if isinstance(x, NamedValue) else default
 
 
 def _context(a: Value, b: Value) -> str:
@@ -118,7 +120,7 @@ class InconclusiveWarning(UserWarning):
 class GateOutcome:
     """A comparison as the gate decided it: the numbers every renderer shows.
 
-    ``interval`` is of ``a_name`` / ``b_name`` (tokens/s, or scaling efficiency for a regression
+    ``interval`` is of ``a_name`` / ``b_name`` (tokens/s, or the regression gate's measure for a regression
     gate); ``values`` are the two sides' estimates (``stats.configuration_value`` of the launches
     that counted); ``set_aside`` says which launches the gate did not count, and why.
     """
@@ -155,7 +157,7 @@ class GateOutcome:
                 "launch_noise": f"{self.noise.sigma:.6g}"}
 
 
-def judge(outcome: GateOutcome, inconclusive: str = "xfail", note: str | None = None) -> str:
+def apply_verdict(outcome: GateOutcome, inconclusive: str = "xfail", note: str | None = None) -> str:
     """Turn a decided comparison into the test's outcome.
 
     Pass returns the verdict line (for the report); fail is a pytest failure whose message carries

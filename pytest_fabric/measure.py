@@ -39,7 +39,7 @@ from .workload.result import CollectiveRow, CollectivesResult, TrainResult
 
 
 @dataclass(frozen=True)
-class Settings:
+class LaunchSettings:
     """Everything besides the case that decides what a launch measures."""
 
     gpus_per_node: int = 1
@@ -78,6 +78,10 @@ class Settings:
     def shape(self, model: str) -> tuple[int, int]:
         spec = get_model(model)
         return self.batch_size or spec.batch_size, self.seq_len or spec.seq_len
+
+
+# The name of 0.1, kept for suites written against it.
+Settings = LaunchSettings
 
 
 class MeasurementError(Exception):
@@ -216,7 +220,7 @@ Progress = Callable[[str], None]
 
 
 class Measurer:
-    def __init__(self, cluster: Cluster, settings: Settings, store: ResultStore, workdir: Path,
+    def __init__(self, cluster: Cluster, settings: LaunchSettings, store: ResultStore, workdir: Path,
                  progress: Progress | None = None, progress_every_s: float = 3.0) -> None:
         self.cluster = cluster
         self.settings = settings
@@ -379,7 +383,7 @@ class Measurer:
                 return [str(exc)]
         # Each node is judged with the NCCL settings its probe saw, i.e. what reached that node.
         return [p for node in self._nodes[case.fabric]
-                for p in preflight.judge(fabric, node, node.env or self.cluster.nccl_env(fabric),
+                for p in preflight.check_node(fabric, node, node.env or self.cluster.nccl_env(fabric),
                                          declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)]
 
     def _inventory(self, case: Case) -> NicInventory | None:

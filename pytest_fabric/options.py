@@ -17,7 +17,7 @@ from .cluster import CLUSTER_KINDS, cluster_kinds
 from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table, fabric_value
 from .cluster.ssh import STRICT_HOST_KEY_CHECKING
 from .gates import INCONCLUSIVE_POLICIES, REGRESSION_MEASURES
-from .measure import Settings
+from .measure import LaunchSettings
 from .models import DEFAULT_CPU_MODELS, MODELS
 from .references import References
 from .baselines import Baseline
@@ -297,7 +297,7 @@ class FabricOptions:
     hostfile: str | None
     ssh_config: str | None
     ssh_host_key_checking: str
-    settings: Settings
+    settings: LaunchSettings
     # The files named by --fabric-suite and --fabric-baseline; their owners read them
     # (``session.with_inputs``: References.load, baselines.Baseline.load), never parse().
     suite_path: str | None = None
@@ -355,7 +355,7 @@ def parse(config: pytest.Config) -> FabricOptions:
     if fsdp == 1 and device == "cpu":
         raise pytest.UsageError("--fsdp 1 needs GPUs (FSDP1 refuses to run without an accelerator); "
                                 "use --fsdp 2 on CPU")
-    settings = Settings(
+    settings = LaunchSettings(
         gpus_per_node=_int(config, "gpus-per-node", 1),
         steps=_int(config, "steps", 1),
         measure_s=_fraction_or_seconds(config, "measure-seconds", upper=None),

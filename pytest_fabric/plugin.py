@@ -8,6 +8,8 @@ The work lives in plain modules: session state in ``session``, the fixtures' obj
 
 from __future__ import annotations
 
+import warnings
+
 from typing import Any
 
 import pytest
@@ -18,7 +20,7 @@ from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .fixtures import CompareFixture, MeasureFixture
 from .junit import SECTION, gate_lines, measurement_lines, testcase_text
 from .matrix import expand
-from .measure import BandwidthMeasurement, Measurement, Settings
+from .measure import BandwidthMeasurement, Measurement, LaunchSettings
 from .references import References
 from .reporter import REPORTER_NAME, FabricReporter
 from .session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, OUTCOMES_KEY, SESSION_KEY, VERDICTS_KEY,
@@ -115,7 +117,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=off)
 
 
-def _measuring(s: Settings) -> str:
+def _measuring(s: LaunchSettings) -> str:
     if not s.measure_s:
         return f"{s.steps} measured steps"
     return f"at least {s.steps} measured steps, then to {s.step_precision:.0%} precision within {s.measure_s:g} s"
@@ -124,14 +126,19 @@ def _measuring(s: Settings) -> str:
 # -- parametrization -------------------------------------------------------------------------
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "fabric_link" in metafunc.fixturenames:
+    for name in ("fabric_bandwidth_case", "fabric_link"):
+        if name not in metafunc.fixturenames:
+            continue
+        if name == "fabric_link":
+            warnings.warn(FabricDeprecationWarning(
+                f"{metafunc.definition.nodeid}: the fixture fabric_link is now fabric_bandwidth_case"), stacklevel=1)
         # Collective bandwidth needs two nodes at least: one node never touches the fabric.
         session = metafunc.config.stash[SESSION_KEY]
         marker = metafunc.definition.get_closest_marker("fabric_matrix")
         excluded = marker.kwargs.get("exclude_fabrics", ()) if marker else ()  # e.g. the reference itself
         fabrics = [f for f in session.options.fabrics if f not in excluded]
         links = expand([BANDWIDTH], session.nodes, fabrics, min_nodes=2)
-        metafunc.parametrize("fabric_link", links, ids=[c.id for c in links])
+        metafunc.parametrize(name, links, ids=[c.id for c in links])
     if "fabric_case" not in metafunc.fixturenames:
         return
     session = metafunc.config.stash[SESSION_KEY]
@@ -183,9 +190,19 @@ def fabric_measure(fabric_session: FabricSession, request: pytest.FixtureRequest
 
 
 @pytest.fixture
-def fabric_link(request: pytest.FixtureRequest) -> Case:
+def fabric_bandwidth_case(request: pytest.FixtureRequest) -> Case:
     """One (nodes, fabric) for collective bandwidth; parametrized by ``pytest_generate_tests``."""
     return request.param
+
+
+@pytest.fixture
+def fabric_link(request: pytest.FixtureRequest) -> Case:
+    """The name of 0.1 for ``fabric_bandwidth_case`` (collecting a test that uses it warns)."""
+    return request.param
+
+
+class FabricDeprecationWarning(DeprecationWarning):
+    """A name of pytest-fabric 0.1 that still works, and what to write instead."""
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .models import ModelSpec, get_model
@@ -43,6 +43,7 @@ __all__ = [
     "BOUND_WORDS",
     "BYTES_PER_DTYPE",
     "ComparisonPrediction",
+    "JobShape",
     "Observation",
     "Penalty",
     "Prediction",
@@ -109,6 +110,54 @@ def fsdp_bytes_per_rank(params: float, world: int, param_bytes: float = 2, grad_
 
 
 @dataclass(frozen=True)
+class JobShape:
+    """What one step of a job computes and moves, whatever the link it runs on: the model, nodes and
+    ranks per node, tokens per rank (``batch`` x ``seq``, default the model's own shape), bytes per
+    parameter and per gradient (``dtype``, or ``param_bytes`` / ``grad_bytes`` where they differ:
+    bf16 parameters with fp32 gradient reduction are 2 and 4), and whether the forward is
+    recomputed (activation checkpointing). The one spelling of a job's shape: predictions, fits,
+    calibration and the audit all take one."""
+
+    spec: ModelSpec
+    nodes: int
+    gpus_per_node: int = 1
+    batch: int | None = None
+    seq: int | None = None
+    dtype: str = "bf16"
+    param_bytes: float | None = None
+    grad_bytes: float | None = None
+    activation_checkpointing: bool = False
+
+    def __hash__(self) -> int:  # ModelSpec holds a dict: hash by its name (equal shapes have equal names)
+        return hash((self.spec.name, self.nodes, self.gpus_per_node, self.batch, self.seq, self.dtype,
+                     self.param_bytes, self.grad_bytes, self.activation_checkpointing))
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens one rank processes per step."""
+        return (self.batch or self.spec.batch_size) * (self.seq or self.spec.seq_len)
+
+    @property
+    def bytes(self) -> tuple[float, float]:
+        """(bytes per parameter, bytes per gradient element)."""
+        return (bytes_per_param(self.dtype) if self.param_bytes is None else self.param_bytes,
+                bytes_per_param(self.dtype) if self.grad_bytes is None else self.grad_bytes)
+
+    def flops(self) -> float:
+        """FLOPs one rank computes per step (8N per token with the forward recomputed, else 6N)."""
+        seq = self.seq or self.spec.seq_len
+        f = self.tokens_per_rank * self.spec.flops_per_token(seq)
+        return f * (8.0 / 6.0 if self.activation_checkpointing else 1.0)
+
+    def with_nodes(self, nodes: int) -> JobShape:
+        return replace(self, nodes=nodes)
+
+
+@dataclass(frozen=True)
 class Prediction:
     step_s: float
     compute_s: float
@@ -159,33 +208,25 @@ def _bound(traffic_s: float, compute_s: float) -> str:
 
 
 def predict_step(
-    spec: ModelSpec,
-    nodes: int,
-    gpus_per_node: int = 1,
-    batch: int | None = None,
-    seq: int | None = None,
+    shape: JobShape,
     *,
     flops_per_s: float,
     inter_gbit: float | None = None,
     intra_gbit: float | None = None,
-    dtype: str = "bf16",
-    param_bytes: float | None = None,
-    grad_bytes: float | None = None,
     link_efficiency: float = DEFAULT_LINK_EFFICIENCY,
     overhead_s: float = 0.0,
-    activation_checkpointing: bool = False,
 ) -> Prediction:
-    """Predicted FSDP full-shard step of ``spec`` on ``nodes`` x ``gpus_per_node`` ranks.
+    """Predicted FSDP full-shard step of ``shape``: nodes x gpus_per_node ranks, batch x seq tokens
+    per rank per step.
 
-    ``batch`` x ``seq`` tokens per rank per step (default: the model's own shape).
     ``flops_per_s``: the compute throughput one rank achieves (not the datasheet peak).
     ``inter_gbit``: one node's aggregate NIC rate in Gbit/s (the fabric; required with > 1 node).
     ``intra_gbit``: per-GPU intra-node rate in Gbit/s (NVLink; H100 ~3600 per direction); None:
-    never the bottleneck. Both are scaled by ``link_efficiency``. ``dtype`` sets the bytes per
-    parameter and per gradient; ``param_bytes`` / ``grad_bytes`` override them (bf16 parameters
-    with fp32 gradient reduction: 2 and 4). ``overhead_s`` is added per step once the job spans
-    more than one node. Activation checkpointing recomputes the forward: 8N instead of 6N.
+    never the bottleneck. Both are scaled by ``link_efficiency``. ``overhead_s`` is added per step
+    once the job spans more than one node. Activation checkpointing recomputes the forward: 8N
+    instead of 6N.
     """
+    spec, nodes, gpus_per_node = shape.spec, shape.nodes, shape.gpus_per_node
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"nodes and gpus_per_node must be at least 1, got {nodes} and {gpus_per_node}")
     if flops_per_s <= 0:
@@ -194,10 +235,7 @@ def predict_step(
         raise ValueError(f"{nodes} nodes need a positive inter-node rate inter_gbit, got {inter_gbit}")
     if not 0 < link_efficiency <= 1:
         raise ValueError(f"link_efficiency must be in (0, 1], got {link_efficiency}")
-    batch = batch or spec.batch_size
-    seq = seq or spec.seq_len
-    pb = bytes_per_param(dtype) if param_bytes is None else param_bytes
-    gb = bytes_per_param(dtype) if grad_bytes is None else grad_bytes
+    pb, gb = shape.bytes
     world = nodes * gpus_per_node
     layers = spec.layers
     total, non_embedding = spec.param_count()
@@ -219,11 +257,8 @@ def predict_step(
     def scatter(params: float) -> float:
         return share * params * gb * spb
 
-    tokens = batch * seq
-    flops = tokens * spec.flops_per_token(seq)
-    if activation_checkpointing:
-        flops *= 8.0 / 6.0
-    compute_s = flops / flops_per_s
+    tokens = shape.tokens_per_rank
+    compute_s = shape.flops() / flops_per_s
     compute_l = compute_s / layers
     a_l, r_l = gather(layer_params), scatter(layer_params)
     # Exposed: the root unit's and the first layer's all-gather before any compute, the first
@@ -276,11 +311,7 @@ class Penalty:
 
 
 def predict_penalty(
-    spec: ModelSpec,
-    nodes: int,
-    gpus_per_node: int = 1,
-    batch: int | None = None,
-    seq: int | None = None,
+    shape: JobShape,
     *,
     flops_per_s: float,
     fast_gbit: float,
@@ -294,15 +325,13 @@ def predict_penalty(
     whose predicted slowdown is below it is labelled compute-bound (or single-node): a comparison
     there "cannot tell the fabrics apart", so it can only check that the slow fabric keeps up
     (``assert_within``), never that the fast one is worth having (``assert_ahead``). Other
-    ``options`` go to ``predict_step`` for both fabrics.
+    ``options`` (intra_gbit, link_efficiency, overhead_s) go to ``predict_step`` for both fabrics.
     """
-    fast = predict_step(spec, nodes, gpus_per_node, batch, seq, flops_per_s=flops_per_s,
-                        inter_gbit=fast_gbit, **options)
-    slow = predict_step(spec, nodes, gpus_per_node, batch, seq, flops_per_s=flops_per_s,
-                        inter_gbit=slow_gbit, **options)
+    fast = predict_step(shape, flops_per_s=flops_per_s, inter_gbit=fast_gbit, **options)
+    slow = predict_step(shape, flops_per_s=flops_per_s, inter_gbit=slow_gbit, **options)
     ratio = slow.tokens_per_s / fast.tokens_per_s
     slowdown = 1.0 - ratio
-    name = spec.name
+    name, nodes = shape.spec.name, shape.nodes
     if nodes == 1:
         label = "single-node"
         message = f"{name} on one node: no traffic crosses the fabric; cannot tell the fabrics apart"
@@ -326,33 +355,20 @@ def predict_penalty(
 
 @dataclass(frozen=True)
 class Observation:
-    """One measured configuration: what ran and its median step time."""
+    """One measured configuration: its shape, the links it ran on and its median step time."""
 
-    spec: ModelSpec
-    nodes: int
+    shape: JobShape
     step_s: float
     inter_gbit: float | None = None  # the link rate it ran on (emulated: fabric.emulated_mbit / 1000)
-    gpus_per_node: int = 1
-    batch: int | None = None
-    seq: int | None = None
     intra_gbit: float | None = None
-    dtype: str = "bf16"
-    param_bytes: float | None = None
-    grad_bytes: float | None = None
-    activation_checkpointing: bool = False
 
     def predict(self, flops_per_s: float, overhead_s: float, link_efficiency: float) -> Prediction:
-        return predict_step(
-            self.spec, self.nodes, self.gpus_per_node, self.batch, self.seq, flops_per_s=flops_per_s,
-            inter_gbit=self.inter_gbit, intra_gbit=self.intra_gbit, dtype=self.dtype,
-            param_bytes=self.param_bytes, grad_bytes=self.grad_bytes, link_efficiency=link_efficiency,
-            overhead_s=overhead_s, activation_checkpointing=self.activation_checkpointing)
+        return predict_step(self.shape, flops_per_s=flops_per_s, inter_gbit=self.inter_gbit,
+                            intra_gbit=self.intra_gbit, link_efficiency=link_efficiency, overhead_s=overhead_s)
 
     def flops(self) -> float:
         """FLOPs one rank computes per step."""
-        seq = self.seq or self.spec.seq_len
-        f = (self.batch or self.spec.batch_size) * seq * self.spec.flops_per_token(seq)
-        return f * (8.0 / 6.0 if self.activation_checkpointing else 1.0)
+        return self.shape.flops()
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,7 +402,7 @@ def fit_flops(observation: Observation, overhead_s: float = 0.0,
             break
     else:
         floor = predicted(hi)
-        rate = f" at {observation.inter_gbit:g} Gbit/s" if observation.nodes > 1 else ""
+        rate = f" at {observation.inter_gbit:g} Gbit/s" if observation.shape.nodes > 1 else ""
         raise ValueError(f"the measured step {step * 1000:.1f} ms is shorter than the predicted transfer and "
                          f"overhead alone ({floor * 1000:.1f} ms{rate}, {link_efficiency:.0%} link efficiency): "
                          f"the link rate or the traffic model does not fit this run")
@@ -493,11 +509,11 @@ def comparison_line(model: str, nodes: int, rates: Mapping[str, float | None],
         fast = a if rates[a] >= rates[b] else b
         r, tokens = (a_result, a_tokens) if fast == a else (b_result, b_tokens)
         param_bytes, grad_bytes = recorded_bytes(r)
-        prediction = predict_comparison(
-            get_model(model), nodes, getattr(r, "local_world_size", None) or gpus_per_node,
-            r.batch_size, r.seq_len, rates={a: rates[a], b: rates[b]}, fast_step_s=r.tokens_per_step / tokens,
-            flops_per_s=flops_per_rank, param_bytes=param_bytes, grad_bytes=grad_bytes,
-            activation_checkpointing=r.activation_checkpointing)
+        shape = JobShape(get_model(model), nodes, getattr(r, "local_world_size", None) or gpus_per_node,
+                         r.batch_size, r.seq_len, param_bytes=param_bytes, grad_bytes=grad_bytes,
+                         activation_checkpointing=r.activation_checkpointing)
+        prediction = predict_comparison(shape, rates={a: rates[a], b: rates[b]},
+                                        fast_step_s=r.tokens_per_step / tokens, flops_per_s=flops_per_rank)
         point, low, high, confidence = ratio
         # The measured slow/fast ratio from a/b (its bounds are positive).
         measured = (point, low, high, confidence) if fast == b else (1 / point, 1 / high, 1 / low, confidence)
@@ -507,11 +523,7 @@ def comparison_line(model: str, nodes: int, rates: Mapping[str, float | None],
 
 
 def predict_comparison(
-    spec: ModelSpec,
-    nodes: int,
-    gpus_per_node: int = 1,
-    batch: int | None = None,
-    seq: int | None = None,
+    shape: JobShape,
     *,
     rates: dict[str, float],
     fast_step_s: float | None = None,
@@ -524,8 +536,8 @@ def predict_comparison(
     The fabric with the higher rate is the fast one. The compute throughput is ``flops_per_s``
     when given; otherwise it is fitted to ``fast_step_s``, the fast fabric's measured step
     (``fit_flops``), so that the slow fabric's step, and so the penalty, is predicted out of
-    sample: nothing measured on the slow fabric goes into it. Other ``options`` go to
-    ``predict_step`` (dtype, param_bytes, grad_bytes, activation_checkpointing, ...).
+    sample: nothing measured on the slow fabric goes into it. Other ``options`` (intra_gbit,
+    overhead_s) go to ``predict_step``.
     """
     if len(rates) != 2:
         raise ValueError(f"a comparison has two fabrics, got {len(rates)}")
@@ -537,15 +549,14 @@ def predict_comparison(
     if flops_per_s is not None:
         source = "given"
     elif fast_step_s is not None:
-        obs = Observation(spec, nodes, fast_step_s, inter_gbit=fast_gbit if nodes > 1 else None,
-                          gpus_per_node=gpus_per_node, batch=batch, seq=seq, **options)
+        obs = Observation(shape, fast_step_s, inter_gbit=fast_gbit if shape.nodes > 1 else None,
+                          intra_gbit=options.get("intra_gbit"))
         flops_per_s = fit_flops(obs, link_efficiency=link_efficiency)
         source = f"fitted to {fast}'s measured step"
     else:
         raise ValueError("neither a compute throughput nor the fast fabric's measured step was given")
     penalty = None
-    if nodes > 1 and fast_gbit != slow_gbit:
-        penalty = predict_penalty(spec, nodes, gpus_per_node, batch, seq, flops_per_s=flops_per_s,
-                                  fast_gbit=fast_gbit, slow_gbit=slow_gbit, link_efficiency=link_efficiency,
-                                  **options)
-    return ComparisonPrediction(fast, slow, fast_gbit, slow_gbit, nodes, flops_per_s, source, penalty)
+    if shape.nodes > 1 and fast_gbit != slow_gbit:
+        penalty = predict_penalty(shape, flops_per_s=flops_per_s, fast_gbit=fast_gbit, slow_gbit=slow_gbit,
+                                  link_efficiency=link_efficiency, **options)
+    return ComparisonPrediction(fast, slow, fast_gbit, slow_gbit, shape.nodes, flops_per_s, source, penalty)

@@ -11,7 +11,7 @@ report from), so it needs no RDMA user-space tools:
 - ``/sys/module/nvidia_peermem`` (or the older ``/sys/kernel/mm/memory_peers/nv_mem``): GPUDirect
   RDMA through peer memory; DMA-BUF, the other way, leaves only ``/sys/kernel/dmabuf`` behind.
 
-``read_node`` collects those facts, ``judge`` turns them into problems. They run here
+``read_node`` collects those facts, ``check_node`` turns them into problems. They run here
 (``check``), or on every node of a remote job through its own launcher: ``probe_nodes`` starts
 ``python -m pytest_fabric.preflight --out DIR`` on each node the way ranks are started, and each
 writes its facts as ``DIR/<host>.json``. ``sysfs`` is a parameter so the checks run on recorded trees.
@@ -149,7 +149,7 @@ def inventory(fabric: Fabric, facts: NodeFacts) -> NicInventory | None:
     return NicInventory(len(ports), max(rates) if rates else None, source=f"sysfs of {facts.host}")
 
 
-def judge(fabric: Fabric, facts: NodeFacts, env: Mapping[str, str] | None = None, *,
+def check_node(fabric: Fabric, facts: NodeFacts, env: Mapping[str, str] | None = None, *,
           declared: NicInventory | None = None, require_gdr: bool = False) -> list[str]:
     """Problems that would stop ``fabric`` carrying a job on the node ``facts`` describe, or
     make it carry one silently degraded; empty when ready. ``env``: the NCCL environment the
@@ -251,7 +251,7 @@ def check(fabric: Fabric, gpus_per_node: int, env: Mapping[str, str] | None = No
     if network:
         inherited = {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}
         env = {**inherited, **fabric.nccl_env, **(env or {})}
-        problems += judge(fabric, read_node(sysfs), env, declared=declared, require_gdr=require_gdr)
+        problems += check_node(fabric, read_node(sysfs), env, declared=declared, require_gdr=require_gdr)
     return problems
 
 

@@ -18,10 +18,10 @@ from pytest_fabric.gates import assert_ahead, assert_at_least, busbw
 LINK_GATED_OPS = {"gloo": ["all_reduce"], "nccl": ["all_reduce", "all_gather", "reduce_scatter"]}
 
 
-def test_busbw_reaches_the_link_rate(fabric_link, fabric_measure, fabric_cluster):
+def test_busbw_reaches_the_link_rate(fabric_bandwidth_case, fabric_measure, fabric_cluster):
     if not fabric_cluster.realizes_fabrics:
         pytest.skip(f"the {fabric_cluster.name} cluster has no known link rate to compare with")
-    bw = fabric_measure.bandwidth(fabric_link)
+    bw = fabric_measure.bandwidth(fabric_bandwidth_case)
     link_gbit = bw.result.fabric["emulated_mbit"] / 1000
     for op in LINK_GATED_OPS[bw.result.backend]:
         assert_at_least(busbw(bw, op), 0.85 * link_gbit, f"{op} busbw >= 85% of the {link_gbit:g} Gbit/s link")
@@ -29,7 +29,7 @@ def test_busbw_reaches_the_link_rate(fabric_link, fabric_measure, fabric_cluster
 
 @pytest.mark.fabric_comparison
 @pytest.mark.fabric_matrix(exclude_fabrics=[REFERENCE_FABRIC])  # the reference is not compared with itself
-def test_reference_fabric_has_more_bandwidth(fabric_link, fabric_measure):
-    reference = fabric_measure.bandwidth(fabric_link.with_fabric(REFERENCE_FABRIC))
-    candidate = fabric_measure.bandwidth(fabric_link)
+def test_reference_fabric_has_more_bandwidth(fabric_bandwidth_case, fabric_measure):
+    reference = fabric_measure.bandwidth(fabric_bandwidth_case.with_fabric(REFERENCE_FABRIC))
+    candidate = fabric_measure.bandwidth(fabric_bandwidth_case)
     assert_ahead(busbw(reference), busbw(candidate), by=0.20, unit="Gbit/s busbw")

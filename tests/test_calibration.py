@@ -21,7 +21,7 @@ from helpers import REPO
 
 from pytest_fabric.calibration import EFFICIENCY_GRID, Configuration, configurations, study, study_lines
 from pytest_fabric.models import get_model
-from pytest_fabric.predict import Observation, predict_step
+from pytest_fabric.predict import JobShape, Observation, predict_step
 from pytest_fabric.nights import ResultsError, load_records
 from pytest_fabric.workload.result import RESULT_VERSION, TRAIN_FORMAT, TrainResult
 
@@ -46,9 +46,9 @@ def synthetic(flops=FLOPS, overhead=OVERHEAD, efficiency=EFFICIENCY, noise=0.0, 
         spec = get_model(model)
         for n in nodes:
             for fabric, gbit in (rates if n > 1 else [("any", None)]):
-                step = predict_step(spec, n, flops_per_s=flops, inter_gbit=gbit, dtype="fp32", overhead_s=overhead,
+                step = predict_step(JobShape(spec, n, dtype="fp32"), flops_per_s=flops, inter_gbit=gbit, overhead_s=overhead,
                                     link_efficiency=efficiency).step_s * (1 + rng.gauss(0, noise))
-                out.append(Configuration(fabric, Observation(spec, n, step, inter_gbit=gbit, dtype="fp32"), 3))
+                out.append(Configuration(fabric, Observation(JobShape(spec, n, dtype="fp32"), step, inter_gbit=gbit), 3))
     return out
 
 
@@ -60,9 +60,9 @@ class TestConfigurations:
                                               "qwen2-tiny n1x1 any", "qwen2-tiny n2x1 ib", "qwen2-tiny n2x1 eth"]
         assert all(c.launches == 2 for c in configs)
         eth = configs[2].observation
-        assert eth.inter_gbit == 0.4 and (eth.param_bytes, eth.grad_bytes) == (4, 4)
-        assert eth.step_s == pytest.approx(predict_step(get_model("llama-wide"), 2, flops_per_s=FLOPS,
-                                                        inter_gbit=0.4, dtype="fp32", overhead_s=OVERHEAD).step_s)
+        assert eth.inter_gbit == 0.4 and eth.shape.bytes == (4, 4)
+        assert eth.step_s == pytest.approx(predict_step(JobShape(get_model("llama-wide"), 2, dtype="fp32"),
+                                                        flops_per_s=FLOPS, inter_gbit=0.4, overhead_s=OVERHEAD).step_s)
 
     def test_rates_off_the_emulated_cluster(self):
         records = copy.deepcopy(load_records(FIXTURE))

@@ -13,7 +13,7 @@ from test_results import ETH_LAUNCHES, IB_LAUNCHES, geomean, junit_text, nights,
 
 from pytest_fabric.cli import main
 from pytest_fabric.models import get_model
-from pytest_fabric.predict import predict_penalty
+from pytest_fabric.predict import JobShape, predict_penalty
 from pytest_fabric.baselines import load_baseline
 from pytest_fabric.nights import load_results
 
@@ -146,7 +146,8 @@ def test_predict_prints_what_predict_computes(capsys):
                          "--batch", "1", "--seq", "4096", "--fast-gbit", "3200", "--slow-gbit", "200",
                          "--flops-per-gpu", "4e14")
     assert code == 0, err
-    p = predict_penalty(get_model("llama-3.1-70b"), 4, 8, 1, 4096, flops_per_s=4e14, fast_gbit=3200, slow_gbit=200)
+    p = predict_penalty(JobShape(get_model("llama-3.1-70b"), 4, 8, 1, 4096), flops_per_s=4e14, fast_gbit=3200,
+                        slow_gbit=200)
     lines = out.splitlines()
     assert lines[0] == "llama-3.1-70b on 4 node(s) x 8 GPU(s), batch 1 x seq 4096 per GPU, 400 TFLOP/s per GPU"
     assert lines[1].startswith(f"fast fabric (3200 Gbit/s per node): step {p.fast.step_s * 1000:.1f} ms, "

@@ -16,7 +16,7 @@ import pytest
 from test_junit import geomean, train_measurement, train_record
 
 from pytest_fabric.case import Case
-from pytest_fabric.measure import Settings
+from pytest_fabric.measure import LaunchSettings
 from pytest_fabric.baselines import Baseline
 from pytest_fabric.fixtures import CompareFixture
 from pytest_fabric.session import OUTCOMES_KEY, VERDICTS_KEY, FabricSession
@@ -61,7 +61,7 @@ class StandInSession(SimpleNamespace):
 
 def options(**kw):
     defaults = dict(repeats=3, max_repeats=6, inconclusive="xfail", launch_noise=None, baseline=None,
-                    regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=Settings(),
+                    regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=LaunchSettings(),
                     floor_tolerance=0.10)
     return SimpleNamespace(**{**defaults, **kw})
 
@@ -420,10 +420,10 @@ class ModelLaunches:
 
     def __init__(self, model, rates_gbit, flops_per_s=2e10, noise=0.005, seed=2):
         from pytest_fabric.models import get_model
-        from pytest_fabric.predict import predict_step
+        from pytest_fabric.predict import JobShape, predict_step
 
         self.spec = get_model(model)
-        self.steps = {f: predict_step(self.spec, 2, flops_per_s=flops_per_s, inter_gbit=g, dtype="fp32").step_s
+        self.steps = {f: predict_step(JobShape(self.spec, 2, dtype="fp32"), flops_per_s=flops_per_s, inter_gbit=g).step_s
                       for f, g in rates_gbit.items()}
         self.noise, self.rng = noise, random.Random(seed)
 
@@ -448,7 +448,7 @@ def predicting(model, rates_mbit, cluster="emulated", fabric_flops=None, inconcl
             for f in ("ib", "eth")}
     launches = ModelLaunches(model, gbit)
     opts = options(repeats=3, max_repeats=4, inconclusive=inconclusive, flops_per_rank=fabric_flops,
-                   settings=Settings(fabric_table=table))
+                   settings=LaunchSettings(fabric_table=table))
     item = SimpleNamespace(stash={})
     session = StandInSession(options=opts, cluster=SimpleNamespace(name=cluster))
     return CompareFixture(launches, session, item), item
@@ -514,7 +514,7 @@ def test_prediction_reads_real_measurements_as_the_store_records_them():
         case = Case("qwen2-tiny", 2, fabric)
         return [Measurement.from_record(case, train_record(case, tokens_per_s), launch=i) for i in range(3)]
 
-    session = StandInSession(options=options(settings=Settings(fabric_table=build_table())),
+    session = StandInSession(options=options(settings=LaunchSettings(fabric_table=build_table())),
                              cluster=SimpleNamespace(name="emulated"))
     interval = Interval(low=0.93, point=1700 / 1800, high=0.96, confidence=0.95, df=8.0, sigma=0.02,
                         launches=(3, 3))

@@ -8,7 +8,7 @@ from test_junit import outcome as gate_outcome
 from test_junit import train_measurement
 
 from pytest_fabric import Measurement, assert_ahead, assert_within, ratio
-from pytest_fabric.gates import InconclusiveWarning, judge
+from pytest_fabric.gates import InconclusiveWarning, apply_verdict
 from pytest_fabric.stats import Verdict
 
 
@@ -99,7 +99,7 @@ class TestJudge:
     """A comparison decided on repeated launches (``GateOutcome``) turned into the test's outcome."""
 
     def test_pass_returns_the_verdict_line(self):
-        line = judge(gate_outcome(Verdict.PASS), note="predicted: never shown on a pass")
+        line = apply_verdict(gate_outcome(Verdict.PASS), note="predicted: never shown on a pass")
         assert line.startswith("pass: eth/ib = 0.981, 98.75% CI [0.962, 1.001] over 3+4 launches; ")
         assert "required >= 0.950 (eth at most 5% slower)" in line
         assert "eth 981.0 vs ib 1000.0 tokens/s [m, 2 node(s)]" in line
@@ -107,33 +107,33 @@ class TestJudge:
         assert "predicted" not in line and "set aside" not in line
 
     def test_failure_carries_the_line_and_the_note_below_it(self):
-        msg = failure_message(judge, gate_outcome(Verdict.FAIL), note="predicted: eth 20% slower")
+        msg = failure_message(apply_verdict, gate_outcome(Verdict.FAIL), note="predicted: eth 20% slower")
         first, second = msg.splitlines()
         assert first.startswith("interval wholly below the threshold: eth/ib = 0.981, ")
         assert second == "predicted: eth 20% slower"
 
     def test_launches_set_aside_are_named_in_the_line(self):
         aside = ("m-n2-eth launch 1: 3 of 4 steps disturbed (cpu steal: 3)",)
-        line = judge(gate_outcome(Verdict.PASS, set_aside=aside))
+        line = apply_verdict(gate_outcome(Verdict.PASS, set_aside=aside))
         assert "over 3+4 launches (1 set aside: m-n2-eth launch 1: 3 of 4 steps disturbed (cpu steal: 3))" in line
 
     def test_extra_figure_follows_the_line(self):
         from dataclasses import replace
 
-        line = judge(replace(gate_outcome(), extra="raw tokens/s tonight/baseline = 0.700"))
+        line = apply_verdict(replace(gate_outcome(), extra="raw tokens/s tonight/baseline = 0.700"))
         assert line.endswith("; raw tokens/s tonight/baseline = 0.700")
 
     def test_inconclusive_xfails_by_default(self):
         with pytest.raises(pytest.xfail.Exception, match="^inconclusive after the launch budget: eth/ib = 0.981"):
-            judge(gate_outcome(Verdict.INCONCLUSIVE))
+            apply_verdict(gate_outcome(Verdict.INCONCLUSIVE))
 
     def test_inconclusive_can_fail(self):
-        msg = failure_message(judge, gate_outcome(Verdict.INCONCLUSIVE), "fail", note="predicted: x")
+        msg = failure_message(apply_verdict, gate_outcome(Verdict.INCONCLUSIVE), "fail", note="predicted: x")
         assert msg.startswith("inconclusive after the launch budget: ") and msg.endswith("\npredicted: x")
 
     def test_inconclusive_can_warn_and_pass(self):
         with pytest.warns(InconclusiveWarning, match="inconclusive after the launch budget"):
-            line = judge(gate_outcome(Verdict.INCONCLUSIVE), "warn", note="predicted: x")
+            line = apply_verdict(gate_outcome(Verdict.INCONCLUSIVE), "warn", note="predicted: x")
         assert line.startswith("inconclusive after the launch budget: eth/ib") and "predicted" not in line
 
     def test_fields_are_what_scripts_read(self):

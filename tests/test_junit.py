@@ -212,7 +212,7 @@ def test_a_gate_shows_its_verdict_lines_then_figures_and_gate_fields_after_a_bla
 
 @pytest.mark.parametrize("verdict", [Verdict.FAIL, Verdict.INCONCLUSIVE])
 def test_a_gate_that_did_not_pass_still_shows_its_verdict_line(verdict):
-    """judge() raises before the plugin records a failing or inconclusive gate's line."""
+    """apply_verdict() raises before the plugin records a failing or inconclusive gate's line."""
     ms = [train_measurement("m", 2, "ib", 1000.0), train_measurement("m", 2, "eth", 981.0)]
     human, _ = split_text(text_of(ms, ["predicted: eth 2% slower than ib"], [outcome(verdict)]))
     assert human[0].startswith(f"{verdict}: eth/ib = 0.981, 98.75% CI [0.962, 1.001]") and len(human) == 2

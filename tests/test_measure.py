@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_fabric import Case, MeasurementError, Settings
+from pytest_fabric import Case, MeasurementError, LaunchSettings
 from pytest_fabric.cluster import Cluster, LaunchRequest
 from pytest_fabric.cluster.base import OnThisMachine
 from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
@@ -58,7 +58,7 @@ class FakeCluster(Cluster):
 
 def measurer(tmp_path: Path, cluster: Cluster, **settings) -> Measurer:
     settings = {"steps": 3, "warmup_steps": 1, "batch_size": 2, "seq_len": 16, **settings}
-    return Measurer(cluster, Settings(**settings), ResultStore(tmp_path / "store"), tmp_path / "launches")
+    return Measurer(cluster, LaunchSettings(**settings), ResultStore(tmp_path / "store"), tmp_path / "launches")
 
 
 def test_each_configuration_is_launched_once(tmp_path):
@@ -266,7 +266,7 @@ def test_launches_on_this_machine_wait_for_another_sessions_launch(tmp_path):
     held_at = time.monotonic()
     cluster = FakeLocalCluster(lock_path)
     said: list[str] = []
-    m = Measurer(cluster, Settings(steps=3, warmup_steps=1, batch_size=2, seq_len=16), ResultStore(tmp_path / "s"),
+    m = Measurer(cluster, LaunchSettings(steps=3, warmup_steps=1, batch_size=2, seq_len=16), ResultStore(tmp_path / "s"),
                  tmp_path / "launches", progress=said.append)
     m.measure(Case("qwen2-tiny", 2, "eth"))
     assert holder.wait(timeout=10) == 0
@@ -280,7 +280,7 @@ def test_launches_on_this_machine_wait_for_another_sessions_launch(tmp_path):
 def test_a_free_machine_launches_at_once_without_a_message(tmp_path):
     cluster = FakeLocalCluster(tmp_path / "machine.lock")
     said: list[str] = []
-    m = Measurer(cluster, Settings(steps=3, warmup_steps=1, batch_size=2, seq_len=16), ResultStore(tmp_path / "s"),
+    m = Measurer(cluster, LaunchSettings(steps=3, warmup_steps=1, batch_size=2, seq_len=16), ResultStore(tmp_path / "s"),
                  tmp_path / "launches", progress=said.append)
     m.measure(Case("qwen2-tiny", 2, "eth"))
     assert len(cluster.started_at) == 1 and not any("waiting" in s for s in said)

@@ -11,6 +11,7 @@ from pytest_fabric.models import ModelSpec, get_model
 from pytest_fabric.cost import break_even_premium, break_even_price, cost_per_million_tokens
 from pytest_fabric.fit import calibrate
 from pytest_fabric.predict import (
+    JobShape,
     Observation,
     bytes_per_param,
     fit_flops,
@@ -48,7 +49,7 @@ class TestBytes:
         assert fsdp_bytes_per_rank(total, 16) / 1e9 == pytest.approx(42.9, abs=0.2)
 
     def test_prediction_moves_the_root_once_and_times_it_at_the_node_rate(self):
-        p = predict_step(HAND, nodes=2, gpus_per_node=2, flops_per_s=1e9, inter_gbit=1.0,
+        p = predict_step(JobShape(HAND, nodes=2, gpus_per_node=2), flops_per_s=1e9, inter_gbit=1.0,
                          link_efficiency=1.0)
         # Embeddings and head stay gathered through backward: 0.75 x (1192 x 6 + 160 x 4) = 5844.
         assert p.bytes_per_rank == pytest.approx(5844)
@@ -58,8 +59,8 @@ class TestBytes:
 
     def test_dtype_bytes(self):
         assert bytes_per_param("bf16") == 2 and bytes_per_param("fp32") == 4
-        fp32 = predict_step(HAND, 2, flops_per_s=1e9, inter_gbit=1.0, dtype="fp32")
-        bf16 = predict_step(HAND, 2, flops_per_s=1e9, inter_gbit=1.0, dtype="bf16")
+        fp32 = predict_step(JobShape(HAND, 2, dtype="fp32"), flops_per_s=1e9, inter_gbit=1.0)
+        bf16 = predict_step(JobShape(HAND, 2, dtype="bf16"), flops_per_s=1e9, inter_gbit=1.0)
         assert fp32.bytes_per_rank == pytest.approx(2 * bf16.bytes_per_rank)
         with pytest.raises(ValueError):
             bytes_per_param("int3")
@@ -67,7 +68,7 @@ class TestBytes:
 
 class TestStep:
     def test_compute_time_from_flops(self):
-        p = predict_step(HAND, nodes=1, flops_per_s=1e6)
+        p = predict_step(JobShape(HAND, nodes=1), flops_per_s=1e6)
         assert p.compute_s == pytest.approx(1 * 4 * HAND.flops_per_token(4) / 1e6)
         assert p.step_s == pytest.approx(p.compute_s)
         assert p.traffic_s == 0 and p.tokens_per_s == pytest.approx(4 / p.step_s)
@@ -75,7 +76,7 @@ class TestStep:
     @pytest.mark.parametrize(("model", "nodes", "gbit"), itertools.product(
         ["qwen2-tiny", "llama-wide", "qwen2.5-7b", "llama-3.1-70b"], [1, 2, 4, 8], [0.1, 0.4, 4.0, 100.0, 3200.0]))
     def test_bounds_hold(self, model, nodes, gbit):
-        p = predict_step(get_model(model), nodes, gpus_per_node=2, flops_per_s=CPU_FLOPS, inter_gbit=gbit,
+        p = predict_step(JobShape(get_model(model), nodes, gpus_per_node=2), flops_per_s=CPU_FLOPS, inter_gbit=gbit,
                          intra_gbit=1000.0, overhead_s=0.01)
         assert max(p.compute_s, p.comm_s) + p.exposed_s + p.overhead_s == pytest.approx(p.lower_s)
         assert p.compute_s + p.comm_s + p.exposed_s + p.overhead_s == pytest.approx(p.upper_s)
@@ -83,49 +84,49 @@ class TestStep:
         assert p.lower_s - rounding <= p.step_s <= p.upper_s + rounding
 
     def test_overhead_only_across_nodes(self):
-        one = predict_step(HAND, 1, flops_per_s=1e9, overhead_s=0.5)
-        two = predict_step(HAND, 2, flops_per_s=1e9, inter_gbit=1e6, overhead_s=0.5)
+        one = predict_step(JobShape(HAND, 1), flops_per_s=1e9, overhead_s=0.5)
+        two = predict_step(JobShape(HAND, 2), flops_per_s=1e9, inter_gbit=1e6, overhead_s=0.5)
         assert one.overhead_s == 0 and two.overhead_s == 0.5
         assert two.step_s == pytest.approx(one.step_s + 0.5, rel=1e-3)
 
     def test_tiny_model_with_many_tokens_is_compute_bound(self):
-        p = predict_step(get_model("qwen2-tiny"), 2, flops_per_s=CPU_FLOPS, inter_gbit=0.4, dtype="fp32")
+        p = predict_step(JobShape(get_model("qwen2-tiny"), 2, dtype="fp32"), flops_per_s=CPU_FLOPS, inter_gbit=0.4)
         assert p.bound == "compute"
         assert p.traffic_ratio < 0.01
 
     def test_wide_model_with_few_tokens_is_communication_bound(self):
-        p = predict_step(get_model("llama-wide"), 2, flops_per_s=CPU_FLOPS, inter_gbit=0.4, dtype="fp32")
+        p = predict_step(JobShape(get_model("llama-wide"), 2, dtype="fp32"), flops_per_s=CPU_FLOPS, inter_gbit=0.4)
         assert p.bound == "communication"
         assert p.step_s == pytest.approx(p.traffic_s, rel=0.05)
 
     def test_needs_a_fabric_rate_across_nodes(self):
         with pytest.raises(ValueError):
-            predict_step(HAND, 2, flops_per_s=1e9)
+            predict_step(JobShape(HAND, 2), flops_per_s=1e9)
 
 
 class TestPenalty:
     def test_compute_bound_cannot_tell_the_fabrics_apart(self):
-        pen = predict_penalty(get_model("qwen2-tiny"), 2, flops_per_s=CPU_FLOPS, fast_gbit=4.0, slow_gbit=0.4,
-                              dtype="fp32")
+        pen = predict_penalty(JobShape(get_model("qwen2-tiny"), 2, dtype="fp32"), flops_per_s=CPU_FLOPS, fast_gbit=4.0,
+                              slow_gbit=0.4)
         assert pen.label == "compute-bound"
         assert not pen.distinguishable
         assert "cannot tell the fabrics apart" in pen.message
         assert pen.ratio > 0.98
 
     def test_communication_bound_shows_the_fabric(self):
-        pen = predict_penalty(get_model("llama-wide"), 2, flops_per_s=CPU_FLOPS, fast_gbit=4.0, slow_gbit=0.4,
-                              dtype="fp32")
+        pen = predict_penalty(JobShape(get_model("llama-wide"), 2, dtype="fp32"), flops_per_s=CPU_FLOPS, fast_gbit=4.0,
+                              slow_gbit=0.4)
         assert pen.label == "communication-bound"
         assert pen.distinguishable
         assert pen.ratio < 0.5 and pen.advantage > 1.0
 
     def test_one_node_never_shows_the_fabric(self):
-        pen = predict_penalty(get_model("llama-wide"), 1, flops_per_s=CPU_FLOPS, fast_gbit=4.0, slow_gbit=0.4)
+        pen = predict_penalty(JobShape(get_model("llama-wide"), 1), flops_per_s=CPU_FLOPS, fast_gbit=4.0, slow_gbit=0.4)
         assert pen.label == "single-node" and pen.ratio == 1.0 and not pen.distinguishable
 
     @pytest.mark.parametrize("model", ["llama-wide", "qwen2.5-7b"])
     def test_penalty_grows_as_the_slow_link_slows(self, model):
-        ratios = [predict_penalty(get_model(model), 2, gpus_per_node=8 if model == "qwen2.5-7b" else 1,
+        ratios = [predict_penalty(JobShape(get_model(model), 2, gpus_per_node=8 if model == "qwen2.5-7b" else 1),
                                   flops_per_s=CPU_FLOPS if model == "llama-wide" else 400e12,
                                   fast_gbit=3200.0, slow_gbit=slow).ratio
                   for slow in (1600.0, 400.0, 100.0, 25.0, 5.0)]
@@ -134,7 +135,7 @@ class TestPenalty:
 
     def test_seven_b_on_tcp_ethernet_against_infiniband(self):
         # 8 x 400 Gb/s NDR per node against 100 GbE, H100s at 40% of peak: the slow fabric shows.
-        pen = predict_penalty(get_model("qwen2.5-7b"), 2, 8, 2, 2048, flops_per_s=0.4 * 989e12,
+        pen = predict_penalty(JobShape(get_model("qwen2.5-7b"), 2, 8, 2, 2048), flops_per_s=0.4 * 989e12,
                               fast_gbit=3200.0, slow_gbit=100.0, intra_gbit=3600.0)
         assert pen.fast.bound == "compute"
         assert pen.label == "communication-bound"
@@ -147,9 +148,9 @@ def synthetic(flops_per_s: float, overhead_s: float, efficiency: float, noise: f
                                ("qwen2-tiny", 2, 0.4), ("llama-wide", 2, 4.0), ("llama-wide", 2, 0.4),
                                ("llama-wide", 4, 2.0), ("qwen2-tiny", 4, 0.2)]:
         spec = get_model(model)
-        template = Observation(spec, nodes, 1.0, inter_gbit=gbit, dtype="fp32")
+        template = Observation(JobShape(spec, nodes, dtype="fp32"), 1.0, inter_gbit=gbit)
         step = template.predict(flops_per_s, overhead_s, efficiency).step_s * (1 + rng.gauss(0, noise))
-        obs.append(Observation(spec, nodes, step, inter_gbit=gbit, dtype="fp32"))
+        obs.append(Observation(JobShape(spec, nodes, dtype="fp32"), step, inter_gbit=gbit))
     return obs
 
 
@@ -168,14 +169,14 @@ class TestCalibrate:
         assert cal.rms_error < 0.06
 
     def test_without_multi_node_measurements_the_overhead_is_zero(self):
-        obs = [o for o in synthetic(2e10, 0.1, 0.9) if o.nodes == 1]
+        obs = [o for o in synthetic(2e10, 0.1, 0.9) if o.shape.nodes == 1]
         cal = calibrate(obs)
         assert cal.overhead_s == 0 and cal.flops_per_s == pytest.approx(2e10, rel=1e-3)
 
     def test_calibration_predicts(self):
         cal = calibrate(synthetic(2e10, 0.05, 0.9))
-        p = cal.predict(get_model("llama-wide"), 2, inter_gbit=1.0, dtype="fp32")
-        expected = predict_step(get_model("llama-wide"), 2, flops_per_s=2e10, inter_gbit=1.0, dtype="fp32",
+        p = cal.predict(JobShape(get_model("llama-wide"), 2, dtype="fp32"), inter_gbit=1.0)
+        expected = predict_step(JobShape(get_model("llama-wide"), 2, dtype="fp32"), flops_per_s=2e10, inter_gbit=1.0,
                                 overhead_s=0.05, link_efficiency=0.9)
         assert p.step_s == pytest.approx(expected.step_s, rel=1e-3)
 
@@ -187,30 +188,30 @@ class TestCalibrate:
 class TestComparison:
     def test_fit_flops_reproduces_the_measured_step(self):
         spec = get_model("llama-wide")
-        true = predict_step(spec, 2, flops_per_s=3e9, inter_gbit=2.0, dtype="fp32")
+        true = predict_step(JobShape(spec, 2, dtype="fp32"), flops_per_s=3e9, inter_gbit=2.0)
         assert true.bound != "communication"
-        obs = Observation(spec, 2, true.step_s, inter_gbit=2.0, dtype="fp32")
+        obs = Observation(JobShape(spec, 2, dtype="fp32"), true.step_s, inter_gbit=2.0)
         assert fit_flops(obs) == pytest.approx(3e9, rel=1e-6)
 
     def test_a_step_that_is_all_transfer_fits_the_smallest_throughput_that_hides_compute(self):
         spec = get_model("llama-wide")
-        true = predict_step(spec, 2, flops_per_s=3e10, inter_gbit=2.0, dtype="fp32")
-        theta = fit_flops(Observation(spec, 2, true.step_s, inter_gbit=2.0, dtype="fp32"))
+        true = predict_step(JobShape(spec, 2, dtype="fp32"), flops_per_s=3e10, inter_gbit=2.0)
+        theta = fit_flops(Observation(JobShape(spec, 2, dtype="fp32"), true.step_s, inter_gbit=2.0))
         assert theta < 3e10
-        again = predict_step(spec, 2, flops_per_s=theta, inter_gbit=2.0, dtype="fp32")
+        again = predict_step(JobShape(spec, 2, dtype="fp32"), flops_per_s=theta, inter_gbit=2.0)
         assert again.step_s == pytest.approx(true.step_s, rel=1e-6)
 
     def test_a_step_shorter_than_its_transfer_cannot_be_fitted(self):
         spec = get_model("llama-wide")
-        fast = predict_step(spec, 2, flops_per_s=1e30, inter_gbit=2.0, dtype="fp32")
+        fast = predict_step(JobShape(spec, 2, dtype="fp32"), flops_per_s=1e30, inter_gbit=2.0)
         with pytest.raises(ValueError, match="shorter than the predicted transfer"):
-            fit_flops(Observation(spec, 2, fast.step_s * 0.9, inter_gbit=2.0, dtype="fp32"))
+            fit_flops(Observation(JobShape(spec, 2, dtype="fp32"), fast.step_s * 0.9, inter_gbit=2.0))
 
     def test_penalty_predicted_from_the_fast_side_alone(self):
         spec = get_model("llama-wide")
-        fast = predict_step(spec, 2, flops_per_s=3e9, inter_gbit=2.0, dtype="fp32")
-        slow = predict_step(spec, 2, flops_per_s=3e9, inter_gbit=0.4, dtype="fp32")
-        cp = predict_comparison(spec, 2, rates={"eth": 0.4, "ib": 2.0}, fast_step_s=fast.step_s, dtype="fp32")
+        fast = predict_step(JobShape(spec, 2, dtype="fp32"), flops_per_s=3e9, inter_gbit=2.0)
+        slow = predict_step(JobShape(spec, 2, dtype="fp32"), flops_per_s=3e9, inter_gbit=0.4)
+        cp = predict_comparison(JobShape(spec, 2, dtype="fp32"), rates={"eth": 0.4, "ib": 2.0}, fast_step_s=fast.step_s)
         assert (cp.fast, cp.slow) == ("ib", "eth")
         assert cp.flops_per_s == pytest.approx(3e9, rel=1e-6)
         assert cp.slowdown == pytest.approx(1 - fast.step_s / slow.step_s, rel=1e-6)
@@ -221,25 +222,25 @@ class TestComparison:
 
     def test_compute_bound_label_follows_the_threshold(self):
         spec = get_model("qwen2-tiny")
-        cp = predict_comparison(spec, 2, rates={"ib": 2.0, "eth": 0.4}, flops_per_s=CPU_FLOPS, dtype="fp32")
+        cp = predict_comparison(JobShape(spec, 2, dtype="fp32"), rates={"ib": 2.0, "eth": 0.4}, flops_per_s=CPU_FLOPS)
         assert cp.penalty.slow.traffic_ratio < 0.5 and cp.compute_bound
         assert "compute-bound: cannot tell the fabrics apart" in cp.line()
-        wide = predict_comparison(get_model("llama-wide"), 2, rates={"ib": 2.0, "eth": 0.4},
-                                  flops_per_s=CPU_FLOPS, dtype="fp32")
+        wide = predict_comparison(JobShape(get_model("llama-wide"), 2, dtype="fp32"), rates={"ib": 2.0, "eth": 0.4},
+                                  flops_per_s=CPU_FLOPS)
         assert not wide.compute_bound and "compute-bound" not in wide.line()
 
     def test_one_node_and_equal_rates_predict_no_difference(self):
         spec = get_model("llama-wide")
-        one = predict_comparison(spec, 1, rates={"ib": 2.0, "eth": 0.4}, flops_per_s=CPU_FLOPS)
+        one = predict_comparison(JobShape(spec, 1), rates={"ib": 2.0, "eth": 0.4}, flops_per_s=CPU_FLOPS)
         assert one.penalty is None and "one node" in one.line() and one.compute_bound
-        same = predict_comparison(spec, 2, rates={"ib": 2.0, "eth": 2.0}, flops_per_s=CPU_FLOPS)
+        same = predict_comparison(JobShape(spec, 2), rates={"ib": 2.0, "eth": 2.0}, flops_per_s=CPU_FLOPS)
         assert same.slowdown == 0 and "both 2 Gbit/s" in same.line()
 
     def test_needs_a_throughput_or_a_step(self):
         with pytest.raises(ValueError, match="neither"):
-            predict_comparison(get_model("llama-wide"), 2, rates={"ib": 2.0, "eth": 0.4})
+            predict_comparison(JobShape(get_model("llama-wide"), 2), rates={"ib": 2.0, "eth": 0.4})
         with pytest.raises(ValueError, match="no link rate"):
-            predict_comparison(get_model("llama-wide"), 2, rates={"ib": 2.0, "eth": None}, flops_per_s=1e10)
+            predict_comparison(JobShape(get_model("llama-wide"), 2), rates={"ib": 2.0, "eth": None}, flops_per_s=1e10)
 
 
 class TestCost:

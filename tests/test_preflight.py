@@ -61,7 +61,7 @@ def test_too_few_gpus_and_single_node_skips_network():
 
 # -- the same facts the transport proof judges, learned before a launch -------------------------------
 
-from pytest_fabric.preflight import NodeFacts, inventory, judge, read_node  # noqa: E402
+from pytest_fabric.preflight import NodeFacts, inventory, check_node, read_node  # noqa: E402
 from pytest_fabric.nccl_evidence import NicInventory  # noqa: E402
 
 
@@ -80,18 +80,18 @@ def test_read_node_knows_ipoib_rates_gids_and_gdr():
 def test_eth_left_to_nccl_on_an_ipoib_node_is_refused():
     table = build_table(env_overrides=["eth.NCCL_SOCKET_IFNAME="])
     facts = read_node(SYSFS / "ib8_node", host="gpu-g01")
-    [problem] = judge(table["eth"], facts)
+    [problem] = check_node(table["eth"], facts)
     assert problem.startswith("fabric eth: NCCL_SOCKET_IFNAME is unset, so NCCL prefers ib0 on gpu-g01, "
                               "an IPoIB interface (type 32)")
     table = build_table(env_overrides=["eth.NCCL_SOCKET_IFNAME=ib"])
-    assert "NCCL_SOCKET_IFNAME=ib selects ib0" in judge(table["eth"], facts)[0]
+    assert "NCCL_SOCKET_IFNAME=ib selects ib0" in check_node(table["eth"], facts)[0]
     table = build_table(env_overrides=["eth.NCCL_SOCKET_IFNAME==eno1"])
-    assert judge(table["eth"], facts) == []
+    assert check_node(table["eth"], facts) == []
 
 
 def test_missing_and_slow_ports_against_the_declaration():
     facts = read_node(SYSFS / "ib8_node", host="gpu-g01")
-    problems = judge(FABRICS["ib"], facts, declared=NicInventory(8, 400))
+    problems = check_node(FABRICS["ib"], facts, declared=NicInventory(8, 400))
     assert problems[0] == ("fabric ib: 7 usable InfiniBand port(s) on gpu-g01, ini fabric_inventory declares 8: "
                            "mlx5_6:1 1: DOWN")
     assert problems[1].endswith("port(s) slower than the declared 400 Gbit/s on gpu-g01: mlx5_3:1 200 Gb/sec "
@@ -104,7 +104,7 @@ def test_missing_and_slow_ports_against_the_declaration():
 def test_a_fabric_setting_that_never_reached_the_node():
     facts = read_node(SYSFS / "ib8_node", host="gpu-g01")
     env = {k: v for k, v in FABRICS["eth"].nccl_env.items() if k != "NCCL_SOCKET_IFNAME"}
-    problems = judge(FABRICS["eth"], facts, env)
+    problems = check_node(FABRICS["eth"], facts, env)
     assert problems[0] == ("fabric eth: NCCL_SOCKET_IFNAME==eth0 did not reach the node on gpu-g01 (does the "
                            "launcher pass the fabric's environment to every rank?)")
     assert "NCCL prefers ib0" in problems[1]  # and what NCCL does without it
@@ -112,17 +112,17 @@ def test_a_fabric_setting_that_never_reached_the_node():
 
 def test_gdr_needs_peer_memory_or_dmabuf():
     facts = read_node(SYSFS / "ib8_node", host="gpu-g01")
-    [problem] = judge(FABRICS["ib"], facts, require_gdr=True)
+    [problem] = check_node(FABRICS["ib"], facts, require_gdr=True)
     assert "no GPUDirect RDMA on gpu-g01: nvidia_peermem is not loaded" in problem
-    assert judge(FABRICS["ib"], read_node(SYSFS / "ib_node"), require_gdr=True) == []
-    assert judge(FABRICS["roce"], read_node(SYSFS / "roce_node"), require_gdr=True) == []
+    assert check_node(FABRICS["ib"], read_node(SYSFS / "ib_node"), require_gdr=True) == []
+    assert check_node(FABRICS["roce"], read_node(SYSFS / "roce_node"), require_gdr=True) == []
 
 
 def test_roce_gid_index_must_be_routable_v2():
     facts = read_node(SYSFS / "roce_node", host="r760-n07")
-    assert judge(FABRICS["roce"], facts) == []  # the preset's index 3 is RoCE v2, IPv4-mapped
+    assert check_node(FABRICS["roce"], facts) == []  # the preset's index 3 is RoCE v2, IPv4-mapped
     for index, why in (("0", "IB/RoCE v1 GID fe80:"), ("1", "RoCE v2 GID fe80:"), ("2", "IB/RoCE v1 GID 0000:")):
-        [problem] = judge(FABRICS["roce"], facts, {**FABRICS["roce"].nccl_env, "NCCL_IB_GID_INDEX": index})
+        [problem] = check_node(FABRICS["roce"], facts, {**FABRICS["roce"].nccl_env, "NCCL_IB_GID_INDEX": index})
         assert problem.startswith(f"fabric roce: NCCL_IB_GID_INDEX={index} is {why}"), problem
 
 
@@ -144,8 +144,8 @@ def test_emulated_node_interfaces_are_real_ethernet(tmp_path):
         assert node.interfaces == {"lo": 772, IFNAME: 1} and node.ports == {}
         # The probe starts like a rank, so it sees the NCCL settings the ranks get.
         assert node.env["NCCL_SOCKET_IFNAME"] == f"={IFNAME}" and node.env["NCCL_NET"] == "Socket"
-        assert judge(FABRICS["eth"], node, {**FABRICS["eth"].nccl_env, "NCCL_SOCKET_IFNAME": f"={IFNAME}"}) == []
-        assert "needs an ACTIVE InfiniBand port on node" in judge(FABRICS["ib"], node)[0]
+        assert check_node(FABRICS["eth"], node, {**FABRICS["eth"].nccl_env, "NCCL_SOCKET_IFNAME": f"={IFNAME}"}) == []
+        assert "needs an ACTIVE InfiniBand port on node" in check_node(FABRICS["ib"], node)[0]
 
 
 def test_measurer_probes_remote_nodes_before_a_gpu_launch(tmp_path):
@@ -154,7 +154,7 @@ def test_measurer_probes_remote_nodes_before_a_gpu_launch(tmp_path):
     from pytest_fabric.case import Case
     from pytest_fabric.cluster.base import ClusterUnavailable
     from pytest_fabric.cluster.emulated import EmulatedCluster
-    from pytest_fabric.measure import MeasurementError, Measurer, Settings
+    from pytest_fabric.measure import MeasurementError, Measurer, LaunchSettings
     from pytest_fabric.store import ResultStore
 
     try:
@@ -162,7 +162,7 @@ def test_measurer_probes_remote_nodes_before_a_gpu_launch(tmp_path):
         cluster.prepare()
     except ClusterUnavailable as exc:
         needs(str(exc))
-    measurer = Measurer(cluster, Settings(device="cuda"), ResultStore(tmp_path / "store"), tmp_path / "runs")
+    measurer = Measurer(cluster, LaunchSettings(device="cuda"), ResultStore(tmp_path / "store"), tmp_path / "runs")
     with pytest.raises(MeasurementError) as failed:
         measurer.measure(Case("qwen2-tiny", 2, "ib"))
     assert "pre-flight failed: fabric ib needs an ACTIVE InfiniBand port on node0" in str(failed.value)

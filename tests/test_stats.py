@@ -25,9 +25,12 @@ from pytest_fabric.stats import (
     SequentialGate,
     Verdict,
     ahead_gate,
+    combined_noise,
     configuration_value,
     contrast_interval,
     decide,
+    fabric_time_reference,
+    fabric_time_sample,
     launch_estimate,
     location_interval,
     measuring_done,
@@ -722,3 +725,57 @@ class TestRobustBaseline:
     def test_needs_a_value(self):
         with pytest.raises(ValueError):
             robust_baseline([])
+
+
+# -- regression on the time the fabric adds to a step -------------------------------------------
+
+
+def _per_gpu(compute_s: float, fabric_s: float) -> float:
+    """log tokens/s/GPU of a step of ``compute_s`` + ``fabric_s`` seconds per token."""
+    return -math.log(compute_s + fabric_s)
+
+
+@pytest.mark.parametrize("speed", [0.8, 1.0, 1.25])
+def test_a_machine_drift_cancels_in_the_fabric_time(speed):
+    # Compute 2 ms per token on one node, plus 7 ms the fabric adds at n nodes; tonight's machine
+    # computes at ``speed`` times the baseline's, the fabric is unchanged.
+    nights = [(_per_gpu(2e-3, 7e-3), _per_gpu(2e-3, 0.0))] * 3
+    (reference, _), one_reference = fabric_time_reference(nights, DEFAULT_NOISE)
+    value, _ = fabric_time_sample((_per_gpu(2e-3 / speed, 7e-3), 0.0), (_per_gpu(2e-3 / speed, 0.0), 0.0),
+                                  one_reference)
+    assert value - reference == pytest.approx(0.0, abs=1e-12)
+    # The fabric adding 10% more time shows as its share of the step.
+    slower, _ = fabric_time_sample((_per_gpu(2e-3 / speed, 7.7e-3), 0.0), (_per_gpu(2e-3 / speed, 0.0), 0.0),
+                                   one_reference)
+    assert math.exp(slower - reference) == pytest.approx(9.0 / 9.7)
+
+
+def test_the_fabric_time_variance_is_the_delta_method_of_both_launches():
+    rng = random.Random(7)
+    multi, one, one_reference = (math.log(110.0), 0.01 ** 2), (math.log(450.0), 0.04 ** 2), math.log(430.0)
+    value, variance = fabric_time_sample(multi, one, one_reference)
+    draws = [fabric_time_sample((rng.gauss(multi[0], 0.01), 0.0), (rng.gauss(one[0], 0.04), 0.0), one_reference)[0]
+             for _ in range(20000)]
+    assert statistics.fmean(draws) == pytest.approx(value, abs=1e-3)
+    assert statistics.variance(draws) == pytest.approx(variance, rel=0.05)
+    # The one-node launch weighs in by its share of the step: a quarter of its noise, not all of it.
+    assert variance < 0.01 ** 2 + (0.04 / 2) ** 2
+
+
+def test_the_fabric_time_reference_takes_the_nights_pairs():
+    # Each night's machine speed moved both values; taken night by night the drift's part cancels.
+    prior = NoisePrior(0.002, 4.0)
+    nights = [(_per_gpu(2e-3 / f, 7e-3), _per_gpu(2e-3 / f, 0.0)) for f in (1.0, 0.9, 1.1, 0.95)]
+    (_, by_night), _ = fabric_time_reference(nights, prior)
+    apart_terms = (reference_term([math.exp(m) for m, _ in nights], prior),
+                   reference_term([math.exp(o) for _, o in nights], prior))
+    (_, apart), _ = fabric_time_reference((), prior, apart=apart_terms)
+    assert by_night < apart / 4
+    with pytest.raises(ValueError, match="at least one night"):
+        fabric_time_reference((), prior)
+
+
+def test_combined_noise_adds_weighted_variances_on_the_weaker_evidence():
+    noise = combined_noise([(1.0, NoisePrior(0.01, 10.0, "a")), (0.25, NoisePrior(0.04, 4.0, "b"))])
+    assert noise.sigma == pytest.approx(math.sqrt(0.01 ** 2 + 0.01 ** 2)) and noise.df == 4.0
+    assert noise.source == "a; b"

@@ -15,7 +15,7 @@ import pytest
 from pytest_fabric.cluster.base import Cluster
 from pytest_fabric.cluster.supervisor import LaunchOutcome
 from pytest_fabric.case import Case
-from pytest_fabric.measure import Measurer, Settings
+from pytest_fabric.measure import Measurer, LaunchSettings
 from pytest_fabric.store import ResultStore
 from pytest_fabric.nccl_evidence import NicInventory
 from pytest_fabric.workload.result import TrainResult, write_result
@@ -50,7 +50,7 @@ class RecordedGpuCluster(Cluster):
 
 
 def measure(tmp_path, sample, fabric, **settings):
-    measurer = Measurer(RecordedGpuCluster(sample), Settings(**settings), ResultStore(tmp_path / "store"),
+    measurer = Measurer(RecordedGpuCluster(sample), LaunchSettings(**settings), ResultStore(tmp_path / "store"),
                         tmp_path / "runs")
     return measurer.measure(Case("qwen2-tiny", 2, fabric))
 
@@ -82,12 +82,12 @@ def test_gdr_is_required_unless_accepted(tmp_path):
 
 def test_declared_inventory_reaches_the_proof_and_asks_nccl_for_speeds(tmp_path):
     cluster = RecordedGpuCluster("ib_missing_port")
-    settings = Settings(inventory={"ib": NicInventory(nics=8, gbit_per_nic=400)})
+    settings = LaunchSettings(inventory={"ib": NicInventory(nics=8, gbit_per_nic=400)})
     measurer = Measurer(cluster, settings, ResultStore(tmp_path / "store"), tmp_path / "runs")
     m = measurer.measure(Case("qwen2-tiny", 2, "ib"))
     assert "NCCL used 1 HCA port(s) on gpu-g01, the node has 8" in m.result.transport_problem
     assert cluster.subsystems == ["INIT,BOOTSTRAP,ENV,NET,GRAPH"]
     # Without a known speed NCCL is not asked for its GRAPH dump.
     plain = RecordedGpuCluster("ib")
-    m = Measurer(plain, Settings(), ResultStore(tmp_path / "s2"), tmp_path / "r2").measure(Case("qwen2-tiny", 2, "ib"))
+    m = Measurer(plain, LaunchSettings(), ResultStore(tmp_path / "s2"), tmp_path / "r2").measure(Case("qwen2-tiny", 2, "ib"))
     assert m.result.transport_problem is None and plain.subsystems == ["INIT,BOOTSTRAP,ENV,NET"]

@@ -2,7 +2,7 @@
 and in the saved night; a night that decides nothing exits non-zero; regression gates are collected
 only with a baseline.
 
-The plugin runs in-process through ``pytester`` with gates decided by ``gates.judge`` on a
+The plugin runs in-process through ``pytester`` with gates decided by ``gates.apply_verdict`` on a
 ``GateOutcome`` stashed as ``CompareFixture`` stashes it: every hook between the gate and the file
 is the real one, only the launches are left out (tests of those live in test_compare.py).
 """
@@ -24,7 +24,7 @@ from pytest_fabric.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, cou
 # A suite whose gates are decided without launches: the verdict comes from the parameter.
 GATE_SUITE = """
     import pytest
-    from pytest_fabric.gates import judge
+    from pytest_fabric.gates import apply_verdict
     from pytest_fabric.session import OUTCOMES_KEY, VERDICTS_KEY
     from pytest_fabric.stats import Verdict
     from test_junit import outcome
@@ -35,7 +35,7 @@ GATE_SUITE = """
             gate = outcome(Verdict(verdict))
             request.node.stash.setdefault(OUTCOMES_KEY, []).append(gate)
             request.node.stash.setdefault(VERDICTS_KEY, []).append(
-                judge(gate, fabric_session.options.inconclusive))
+                apply_verdict(gate, fabric_session.options.inconclusive))
         return run
 
     @pytest.mark.parametrize("verdict", {verdicts})
@@ -176,12 +176,25 @@ def test_a_link_test_can_leave_out_the_reference_instead_of_skipping_it(pytester
         import pytest
 
         @pytest.mark.fabric_matrix(exclude_fabrics=["ib"])
-        def test_link(fabric_link):
+        def test_link(fabric_bandwidth_case):
             pass
     """)
     ids = [line for line in pytester.runpytest("--collect-only", "-q", "--fabrics", "ib,eth,roce").outlines
            if "::" in line]
     assert ids == ["test_links.py::test_link[collectives-n2-eth]", "test_links.py::test_link[collectives-n2-roce]"]
+
+
+def test_the_fixture_name_of_0_1_still_collects_with_a_deprecation_warning(pytester):
+    pytester.makepyfile(test_links="""
+        def test_link(fabric_link):
+            assert fabric_link.nodes >= 2
+    """)
+    result = pytester.runpytest("--collect-only", "-q", "--fabrics", "ib,eth", "-W", "error::DeprecationWarning")
+    assert result.ret != 0  # the warning is raised as an error: it was emitted
+    result = pytester.runpytest("--collect-only", "-q", "--fabrics", "ib,eth")
+    ids = [line for line in result.outlines if line.startswith("test_links.py::")]
+    assert ids == ["test_links.py::test_link[collectives-n2-ib]", "test_links.py::test_link[collectives-n2-eth]"]
+    assert "fabric_link is now fabric_bandwidth_case" in result.stdout.str()
 
 
 def test_bad_undecided_night_value_is_a_usage_error(pytester):
