@@ -164,12 +164,12 @@ def _slug(text: str) -> str:
 
 
 def _matplotlib_figure():
-    """matplotlib's NamedValue class, or None: object-oriented API, Agg canvas, no global pyplot state."""
+    """matplotlib's Figure class, or None: object-oriented API, Agg canvas, no global pyplot state."""
     try:
-        from matplotlib.figure import NamedValue
+        from matplotlib.figure import Figure
     except ImportError:
         return None
-    return NamedValue
+    return Figure
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
         doc.para("These numbers come from set-ups that differ; compare them with care.")
         doc.bullets(warnings)
 
-    NamedValue = _matplotlib_figure()
+    Figure = _matplotlib_figure()
     by_model = _by_model(run)
     tables = build_tables(run, _records(runs))
     doc.heading("Throughput")
@@ -337,7 +337,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     else:
         doc.para(f"tokens/s of the whole job, mean over launches; deltas against {ref}. "
                  "One node never crosses the fabric: its measurement serves every fabric (n/a).")
-    if by_model and NamedValue is None:
+    if by_model and Figure is None:
         notes.append(NO_MATPLOTLIB)
         doc.para(NO_MATPLOTLIB)
     verdict_rows = _verdicts_by_row(run)
@@ -358,9 +358,9 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
                 "; ".join(verdict_rows.get((model, nodes), [])) or "-",
             ])
         doc.table(header, body)
-        if NamedValue is not None:
+        if Figure is not None:
             png = directory / PLOTS_DIR / f"{_slug(model)}-per-gpu.png"
-            _plot_per_gpu(NamedValue, png, model, rows, fabrics)
+            _plot_per_gpu(Figure, png, model, rows, fabrics)
             plots.append(png)
             doc.image(f"{PLOTS_DIR}/{png.name}", f"{model}: tokens/s per GPU versus nodes, each launch a point, "
                                                  "the value with its 95% interval")
@@ -374,9 +374,9 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
                  "the launch budget), error (could not be measured) or skipped.")
         doc.table(["test", "outcome", "gate", "ratio", "interval", "threshold", "detail"],
                   [_verdict_cells(v, tables) for v in run.verdicts])
-        if tables.gates and NamedValue is not None:
+        if tables.gates and Figure is not None:
             png = directory / PLOTS_DIR / "gates.png"
-            _plot_gates(NamedValue, png, tables.gates)
+            _plot_gates(Figure, png, tables.gates)
             plots.append(png)
             doc.image(f"{PLOTS_DIR}/{png.name}", "each gate's ratio with its interval against its threshold")
 
@@ -389,10 +389,10 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
                   [[str(b.nodes), b.fabric, f"{b.link_gbit:g}" if b.link_gbit else "-",
                     *(f"{b.busbw_gbit[op]:.3f}" if op in b.busbw_gbit else "-" for op in ops),
                     f"{b.payload_bytes / 2**20:g}"] for b in links])
-        if NamedValue is not None and tables.busbw:
+        if Figure is not None and tables.busbw:
             for op in sorted({r.op for r in tables.busbw}):
                 png = directory / PLOTS_DIR / f"busbw-{_slug(op)}.png"
-                _plot_busbw(NamedValue, png, op, [r for r in tables.busbw if r.op == op])
+                _plot_busbw(Figure, png, op, [r for r in tables.busbw if r.op == op])
                 plots.append(png)
                 doc.image(f"{PLOTS_DIR}/{png.name}", f"{op}: busbw versus payload per fabric, the link rate dashed")
 
@@ -474,11 +474,11 @@ def cost_lines(run: SavedRun, prices: Mapping[str, float]) -> list[str]:
     return out
 
 
-def _plot_per_gpu(NamedValue, png: Path, model: str, rows: dict[int, dict[str, CaseResult]],
+def _plot_per_gpu(Figure, png: Path, model: str, rows: dict[int, dict[str, CaseResult]],
                   fabrics: Sequence[str]) -> None:
     """Each launch a point, the value with its 95% interval; the y-axis fits the data (from 0 it
     would flatten the gap the gates judge)."""
-    fig = NamedValue(figsize=(6.4, 4.0), dpi=100)
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
     ax = fig.add_subplot()
     shift = {f: (i - (len(fabrics) - 1) / 2) * 0.06 for i, f in enumerate(fabrics)}
     for i, fabric in enumerate(fabrics):
@@ -504,10 +504,10 @@ def _plot_per_gpu(NamedValue, png: Path, model: str, rows: dict[int, dict[str, C
     _save_png(fig, png)
 
 
-def _plot_gates(NamedValue, png: Path, gates: Sequence[GateRow]) -> None:
+def _plot_gates(Figure, png: Path, gates: Sequence[GateRow]) -> None:
     """One row per gate: its ratio with the interval, and its threshold as a red tick."""
     colors = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange", "error": "tab:gray"}
-    fig = NamedValue(figsize=(7.2, 1.2 + 0.45 * len(gates)), dpi=100)
+    fig = Figure(figsize=(7.2, 1.2 + 0.45 * len(gates)), dpi=100)
     ax = fig.add_subplot()
     for y, g in enumerate(gates):
         ax.errorbar([g.ratio], [y], xerr=[[g.ratio - g.low], [g.high - g.ratio]], marker="o", capsize=4,
@@ -521,8 +521,8 @@ def _plot_gates(NamedValue, png: Path, gates: Sequence[GateRow]) -> None:
     _save_png(fig, png)
 
 
-def _plot_busbw(NamedValue, png: Path, op: str, rows: Sequence[Any]) -> None:
-    fig = NamedValue(figsize=(6.4, 4.0), dpi=100)
+def _plot_busbw(Figure, png: Path, op: str, rows: Sequence[Any]) -> None:
+    fig = Figure(figsize=(6.4, 4.0), dpi=100)
     ax = fig.add_subplot()
     for i, key in enumerate(sorted({(r.nodes, r.fabric) for r in rows})):
         mine = sorted((r for r in rows if (r.nodes, r.fabric) == key), key=lambda r: r.bytes)
@@ -580,8 +580,8 @@ def write_trend(runs: Sequence[SavedRun], directory: Path | str) -> Written:
         body.append([cid, *(f"{v:.1f}" if v is not None else "-" for v in values), change])
     doc.table(["case", *labels, "last vs first"], body)
 
-    NamedValue = _matplotlib_figure()
-    if NamedValue is None and case_ids:
+    Figure = _matplotlib_figure()
+    if Figure is None and case_ids:
         notes.append(NO_MATPLOTLIB)
         doc.para(NO_MATPLOTLIB)
     elif case_ids:
@@ -592,7 +592,7 @@ def write_trend(runs: Sequence[SavedRun], directory: Path | str) -> Written:
             groups.setdefault((c.model, c.fabric), []).append(cid)
         for (model, fabric), ids in sorted(groups.items()):
             png = directory / PLOTS_DIR / f"trend-{_slug(model)}-{_slug(fabric)}.png"
-            _plot_trend(NamedValue, png, f"{model} on {fabric}", labels, runs, ids)
+            _plot_trend(Figure, png, f"{model} on {fabric}", labels, runs, ids)
             plots.append(png)
             doc.image(f"{PLOTS_DIR}/{png.name}", f"{model} on {fabric}: tokens/s per night")
     return _write(directory, doc, "trend", plots, notes)
@@ -602,13 +602,13 @@ def _sort_key(c: CaseResult) -> tuple[str, int, str]:
     return c.model, c.nodes, c.fabric
 
 
-def _plot_trend(NamedValue, png: Path, title: str, labels: Sequence[str], runs: Sequence[SavedRun],
+def _plot_trend(Figure, png: Path, title: str, labels: Sequence[str], runs: Sequence[SavedRun],
                 case_ids: Sequence[str]) -> None:
     """tokens/s per night per node count: the baseline band (robust center of the nights, +-10%, the
     default regression threshold) shaded, nights whose gates failed for the case marked with a red x."""
     from .stats import robust_baseline
 
-    fig = NamedValue(figsize=(max(6.4, 0.9 * len(labels)), 4.0), dpi=100)
+    fig = Figure(figsize=(max(6.4, 0.9 * len(labels)), 4.0), dpi=100)
     ax = fig.add_subplot()
     xs = list(range(len(labels)))
     for i, cid in enumerate(case_ids):

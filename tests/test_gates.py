@@ -140,3 +140,10 @@ class TestJudge:
         fields = gate_outcome(Verdict.FAIL, set_aside=("a", "b")).fields()
         assert fields["verdict"] == "fail" and fields["set_aside"] == "2" and fields["launches"] == "3+4"
         assert all(isinstance(v, str) for v in fields.values())
+
+
+def test_the_names_of_0_1_still_import():
+    # Suites written against 0.1 import Figure and Settings: the renamed classes answer to them.
+    from pytest_fabric import Figure, LaunchSettings, NamedValue, Settings
+
+    assert Figure is NamedValue and Settings is LaunchSettings
