@@ -274,3 +274,7 @@ def _set_aside(launches: Sequence[Measurement]) -> tuple[str, ...]:
 
 class FabricIdentityWarning(UserWarning):
     """Two runs being compared ran on different hardware or software."""
+
+
+class FabricDeprecationWarning(DeprecationWarning):
+    """A name of pytest-fabric 0.1 that still works, and what to write instead."""

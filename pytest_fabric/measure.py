@@ -75,6 +75,13 @@ class LaunchSettings:
     def fabric(self, name: str) -> Fabric:
         return get_fabric(name, self.fabric_table)
 
+    def measuring(self) -> str:
+        """How long a launch measures, in words (the session's header line)."""
+        if not self.measure_s:
+            return f"{self.steps} measured steps"
+        return (f"at least {self.steps} measured steps, then to {self.step_precision:.0%} precision within "
+                f"{self.measure_s:g} s")
+
     def shape(self, model: str) -> tuple[int, int]:
         spec = get_model(model)
         return self.batch_size or spec.batch_size, self.seq_len or spec.seq_len

@@ -17,10 +17,10 @@ import pytest
 from . import options as fabric_options
 from .case import BANDWIDTH, Case
 from .cluster import Cluster, ClusterUnavailable, make_cluster
-from .fixtures import CompareFixture, MeasureFixture
+from .fixtures import CompareFixture, FabricDeprecationWarning, MeasureFixture
 from .junit import SECTION, gate_lines, measurement_lines, testcase_text
 from .matrix import expand
-from .measure import BandwidthMeasurement, Measurement, LaunchSettings
+from .measure import BandwidthMeasurement, Measurement
 from .references import References
 from .reporter import REPORTER_NAME, FabricReporter
 from .session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, OUTCOMES_KEY, SESSION_KEY, VERDICTS_KEY,
@@ -96,7 +96,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"fabric: cluster {session.cluster.describe()}; nodes up to {session.nodes} x {o.settings.gpus_per_node} per node",
         f"fabric: fabrics {', '.join(o.fabrics)}"
         + (f" (emulated links: {rates})" if session.cluster.realizes_fabrics else ""),
-        f"fabric: models {', '.join(o.models)}; {o.settings.warmup_steps} warm-up + {_measuring(o.settings)}; "
+        f"fabric: models {', '.join(o.models)}; {o.settings.warmup_steps} warm-up + {o.settings.measuring()}; "
         f"results in {session.directory}",
     ]
     if session.note:
@@ -115,12 +115,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if off:
         items[:] = [item for item in items if item.get_closest_marker("fabric_regression") is None]
         config.hook.pytest_deselected(items=off)
-
-
-def _measuring(s: LaunchSettings) -> str:
-    if not s.measure_s:
-        return f"{s.steps} measured steps"
-    return f"at least {s.steps} measured steps, then to {s.step_precision:.0%} precision within {s.measure_s:g} s"
 
 
 # -- parametrization -------------------------------------------------------------------------
@@ -199,10 +193,6 @@ def fabric_bandwidth_case(request: pytest.FixtureRequest) -> Case:
 def fabric_link(request: pytest.FixtureRequest) -> Case:
     """The name of 0.1 for ``fabric_bandwidth_case`` (collecting a test that uses it warns)."""
     return request.param
-
-
-class FabricDeprecationWarning(DeprecationWarning):
-    """A name of pytest-fabric 0.1 that still works, and what to write instead."""
 
 
 @pytest.fixture
