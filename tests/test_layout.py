@@ -1,0 +1,114 @@
+"""The package's shape, as the README's layout section states it: no import cycle, the lower half
+(``cluster/``, ``workload/``) never imports the upper half, the rank programs never import pytest,
+and ``plugin.py`` is glue (hooks, fixtures and their registration, nothing else).
+
+Read from the source with ``ast`` (module-level imports: an import inside a function is a deliberate
+lazy one), so a change that breaks a rule fails here, whatever runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pytest_fabric"
+LOWER = ("pytest_fabric.cluster", "pytest_fabric.workload")
+# Leaf modules the lower half may use: data, catalogs and helpers that import nothing above them.
+LEAVES = {"pytest_fabric", "pytest_fabric.atomic", "pytest_fabric.case", "pytest_fabric.fabrics",
+          "pytest_fabric.models", "pytest_fabric.redact", "pytest_fabric.stats"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """Modules of the package (and outside names, as written) ``name`` imports at module level."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                full = f"{target}.{alias.name}"
+                found.add(full if full in MODULES else target)
+    return found
+
+
+GRAPH = {name: {m for m in _imports(name) if m in MODULES and m != name} for name in MODULES}
+
+
+def test_the_layout_is_read_from_the_whole_package():
+    assert {"pytest_fabric.plugin", "pytest_fabric.cluster.base", "pytest_fabric.workload.train"} <= set(MODULES)
+    assert "pytest_fabric.session" in GRAPH["pytest_fabric.plugin"]
+
+
+def test_no_import_cycle():
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(GRAPH[node]):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, stack)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [])
+    assert cycles == []
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith(LOWER)))
+def test_the_lower_half_never_imports_upwards(name):
+    upwards = {m for m in GRAPH[name] if not m.startswith(LOWER) and m not in LEAVES}
+    assert upwards == set(), f"{name} imports {sorted(upwards)}"
+    # ... nor do the leaves it leans on.
+    for leaf in GRAPH[name] & LEAVES:
+        assert {m for m in GRAPH[leaf] if m not in LEAVES} == set(), leaf
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("pytest_fabric.workload")))
+def test_rank_programs_never_import_pytest(name):
+    assert not {m for m in _imports(name) if m == "pytest" or m.startswith("pytest.") or m.startswith("_pytest")}
+
+
+def _is_fixture(node: ast.FunctionDef) -> bool:
+    for d in node.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        if isinstance(target, ast.Attribute) and target.attr == "fixture":
+            return True
+    return False
+
+
+def test_plugin_holds_hooks_and_fixtures_only():
+    tree = ast.parse(MODULES["pytest_fabric.plugin"].read_text())
+    others = []
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            others.append(f"class {node.name}")
+        elif isinstance(node, ast.FunctionDef) and not (node.name.startswith("pytest_") or _is_fixture(node)):
+            others.append(f"def {node.name}")
+    assert others == []
