@@ -22,8 +22,8 @@ from .gates import GateOutcome, apply_verdict
 from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s, counted
 from .nights import identity_from_records, identity_mismatch
 from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
-from .stats import (Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate, combined_noise,
-                    contrast_interval, fabric_time_reference, fabric_time_sample, reference_term, within_gate)
+from .stats import (Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate, contrast_interval,
+                    fabric_time_reference, fabric_time_sample, reference_term, within_gate)
 
 
 class MeasureFixture:
@@ -177,14 +177,15 @@ class CompareFixture:
         mode = o.regression_on
         if case.nodes == 1 or not baseline.values.get(one.id):
             mode = "tokens"
-        past = reference_term(baseline.values[case.id], self._session.noise([case]))
+        noise_n = self._session.noise([case])
+        past = reference_term(baseline.values[case.id], noise_n)
         gpus_n, gpus_1 = baseline.gpus.get(case.id, 1), baseline.gpus.get(one.id, 1)
         nights = [(math.log(multi / gpus_n), math.log(single / gpus_1))
                   for multi, single in baseline.paired(case.id, one.id)]
 
         def raw(tonight: list[Measurement], confidence: float) -> Interval:
-            return contrast_interval([(+1, [m.sample() for m in counted(tonight)])], self._session.noise([case]),
-                                     confidence, (-past[0], past[1]))
+            return contrast_interval([(+1, [m.sample() for m in counted(tonight)])], noise_n, confidence,
+                                     (-past[0], past[1]))
 
         def efficiency(runs_one: list[Measurement], tonight: list[Measurement]) -> tuple[float, float]:
             """(tonight's, the baseline's) scaling efficiency: n-node over one-node tokens/s/GPU."""
@@ -202,18 +203,11 @@ class CompareFixture:
                     f"tonight {configuration_tokens_per_s(tonight):.1f} vs baseline {math.exp(past[0]):.1f}")
 
         if mode == "fabric-time":
-            noise_n, noise_1 = self._session.noise([case]), self._session.noise([one])
-            if len(nights) >= 2:
-                a = math.exp(statistics.fmean(m for m, _ in nights) - statistics.fmean(s for _, s in nights))
-                prior = combined_noise([(1.0, noise_n), (a, noise_1)])
-                reference, one_reference = fabric_time_reference(nights, prior)
-            else:  # a single saved night, or nights that measured only one of the two: the values apart
-                per_gpu_n = [v / gpus_n for v in baseline.values[case.id]]
-                per_gpu_1 = [v / gpus_1 for v in baseline.values[one.id]]
-                apart = (reference_term(per_gpu_n, noise_n), reference_term(per_gpu_1, noise_1))
-                a = math.exp(apart[0][0] - apart[1][0])
-                prior = combined_noise([(1.0, noise_n), (a, noise_1)])
-                reference, one_reference = fabric_time_reference((), prior, apart=apart)
+            # A single saved night, or nights that measured only one of the two: the values apart.
+            apart = None if len(nights) >= 2 else ([v / gpus_n for v in baseline.values[case.id]],
+                                                   [v / gpus_1 for v in baseline.values[one.id]])
+            reference, one_reference, prior = fabric_time_reference(noise_n, self._session.noise([one]),
+                                                                    nights, apart)
             gate = self._gate(threshold, direction, (case, one), prior=prior)
             (runs_one, tonight), result = self._launch_until_decided(
                 (one, case), (-1, +1), gate, per_gpu=True, fixed=(-reference[0], reference[1]),

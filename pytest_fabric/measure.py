@@ -391,7 +391,7 @@ class Measurer:
         # Each node is judged with the NCCL settings its probe saw, i.e. what reached that node.
         return [p for node in self._nodes[case.fabric]
                 for p in preflight.check_node(fabric, node, node.env or self.cluster.nccl_env(fabric),
-                                         declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)]
+                                              declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)]
 
     def _inventory(self, case: Case) -> NicInventory | None:
         """The NICs NCCL should have used: the ini's declaration, else the fewest any node showed."""

@@ -9,7 +9,6 @@ The work lives in plain modules: session state in ``session``, the fixtures' obj
 from __future__ import annotations
 
 import warnings
-
 from typing import Any
 
 import pytest

@@ -366,32 +366,37 @@ def fabric_time_sample(multi: tuple[float, float], one: tuple[float, float],
     return -math.log(d), (um / d) ** 2 * wm + (u1 / d) ** 2 * w1
 
 
-def fabric_time_reference(nights: Sequence[tuple[float, float]], prior: NoisePrior | None = None,
-                          apart: tuple[tuple[float, float], tuple[float, float]] | None = None,
-                          ) -> tuple[tuple[float, float], float]:
+def fabric_time_reference(noise_n: NoisePrior, noise_1: NoisePrior,
+                          nights: Sequence[tuple[float, float]] = (),
+                          apart: tuple[Sequence[float], Sequence[float]] | None = None,
+                          ) -> tuple[tuple[float, float], float, NoisePrior]:
     """The baseline's side of a fabric-time regression: ((log tokens/s/GPU of its n-node
-    configuration, variance), log tokens/s/GPU of its one-node one), as ``contrast_interval``'s
-    ``fixed`` term (negated by the caller) and ``fabric_time_sample``'s ``one_reference``.
+    configuration, variance), log tokens/s/GPU of its one-node one, the launch noise of a round's
+    value), as ``contrast_interval``'s ``fixed`` term (negated by the caller),
+    ``fabric_time_sample``'s ``one_reference`` and the gate's prior.
 
     ``nights``: (log n-node, log one-node) tokens/s/GPU of each baseline night that measured both.
     The variance is that of z = log n-node - a log one-node over the nights (a = U_1 / U_n, the
     derivative of the contrast in the one-node term), so what moved both of a night's values
-    cancels as far as it should; moderated by ``prior`` like ``reference_term``. ``apart``:
-    instead of nights, each side's ``reference_term`` (a single saved night): their variances add.
+    cancels as far as it should; moderated by the prior like ``reference_term``. ``apart``:
+    instead of nights, each side's tokens/s/GPU values (a single saved night), each taken by
+    ``reference_term`` with its own noise: their variances add. The prior is the two
+    configurations' launch noise (``noise_n``, ``noise_1``) weighted 1 and a (``combined_noise``).
     """
-    prior = prior or DEFAULT_NOISE
     if apart is not None:
-        (ln, vn), (l1, v1) = apart
-        a = math.exp(ln - l1)
-        return (ln, vn + a * a * v1), l1
-    if not nights:
+        (ln, vn), (l1, v1) = reference_term(apart[0], noise_n), reference_term(apart[1], noise_1)
+    elif nights:
+        ln = statistics.fmean(m for m, _ in nights)
+        l1 = statistics.fmean(o for _, o in nights)
+    else:
         raise ValueError("a fabric-time reference needs at least one night with both configurations")
-    ln = statistics.fmean(m for m, _ in nights)
-    l1 = statistics.fmean(o for _, o in nights)
     a = math.exp(ln - l1)
+    prior = combined_noise([(1.0, noise_n), (a, noise_1)])
+    if apart is not None:
+        return (ln, vn + a * a * v1), l1, prior
     s2, df = pooled_noise([[m - a * o for m, o in nights]])
     var_one = (prior.df * prior.sigma ** 2 + df * s2) / (prior.df + df)
-    return (ln, var_one / len(nights)), l1
+    return (ln, var_one / len(nights)), l1, prior
 
 
 def combined_noise(parts: Sequence[tuple[float, NoisePrior]]) -> NoisePrior:

@@ -740,7 +740,7 @@ def test_a_machine_drift_cancels_in_the_fabric_time(speed):
     # Compute 2 ms per token on one node, plus 7 ms the fabric adds at n nodes; tonight's machine
     # computes at ``speed`` times the baseline's, the fabric is unchanged.
     nights = [(_per_gpu(2e-3, 7e-3), _per_gpu(2e-3, 0.0))] * 3
-    (reference, _), one_reference = fabric_time_reference(nights, DEFAULT_NOISE)
+    (reference, _), one_reference, _ = fabric_time_reference(DEFAULT_NOISE, DEFAULT_NOISE, nights)
     value, _ = fabric_time_sample((_per_gpu(2e-3 / speed, 7e-3), 0.0), (_per_gpu(2e-3 / speed, 0.0), 0.0),
                                   one_reference)
     assert value - reference == pytest.approx(0.0, abs=1e-12)
@@ -766,13 +766,12 @@ def test_the_fabric_time_reference_takes_the_nights_pairs():
     # Each night's machine speed moved both values; taken night by night the drift's part cancels.
     prior = NoisePrior(0.002, 4.0)
     nights = [(_per_gpu(2e-3 / f, 7e-3), _per_gpu(2e-3 / f, 0.0)) for f in (1.0, 0.9, 1.1, 0.95)]
-    (_, by_night), _ = fabric_time_reference(nights, prior)
-    apart_terms = (reference_term([math.exp(m) for m, _ in nights], prior),
-                   reference_term([math.exp(o) for _, o in nights], prior))
-    (_, apart), _ = fabric_time_reference((), prior, apart=apart_terms)
+    (_, by_night), _, _ = fabric_time_reference(prior, prior, nights)
+    values = ([math.exp(m) for m, _ in nights], [math.exp(o) for _, o in nights])
+    (_, apart), _, _ = fabric_time_reference(prior, prior, apart=values)
     assert by_night < apart / 4
     with pytest.raises(ValueError, match="at least one night"):
-        fabric_time_reference((), prior)
+        fabric_time_reference(prior, prior)
 
 
 def test_combined_noise_adds_weighted_variances_on_the_weaker_evidence():
