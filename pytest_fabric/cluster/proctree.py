@@ -39,9 +39,10 @@ def children_map() -> dict[int, list[int]]:
     return children
 
 
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants, read from /proc now (before anything is killed)."""
-    children = children_map()
+def process_tree(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """``pid`` and all its descendants, read from /proc now (before anything is killed), or from
+    ``children`` (a ``children_map`` already read)."""
+    children = children_map() if children is None else children
     tree, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -51,10 +52,12 @@ def process_tree(pid: int) -> list[int]:
 
 
 def _descendants(roots: Iterable[int]) -> dict[int, str]:
-    """{pid: start time} of ``roots`` and everything below them; the start time tells a reused pid."""
+    """{pid: start time} of ``roots`` and everything below them (one read of /proc for them all);
+    the start time tells a reused pid."""
+    children = children_map()
     found: dict[int, str] = {}
     for root in roots:
-        for pid in process_tree(root):
+        for pid in process_tree(root, children):
             if pid not in found and (s := _stat(pid)) is not None:
                 found[pid] = s[2]
     return found
