@@ -155,7 +155,7 @@ def baseline_noise(baseline: Mapping[str, Any], case_ids: Sequence[str] = ()) ->
     if not (df > 0 and math.isfinite(sigma)):
         return None
     return NoisePrior(min(max(sigma, MIN_LEARNED_NOISE), 0.5), df,
-                      f"learned from {nights} nights of {what}, {df:g} df")
+                      f"learned from {nights} nights of {what}", nights=nights if isinstance(nights, int) else 0)
 
 
 @dataclass(frozen=True)

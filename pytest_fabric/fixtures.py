@@ -19,11 +19,12 @@ import pytest
 
 from .case import Case
 from .gates import GateOutcome, apply_verdict
-from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s, counted
+from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s
 from .nights import identity_from_records, identity_mismatch
 from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
-from .stats import (Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate, contrast_interval,
-                    fabric_time_reference, fabric_time_sample, reference_term, within_gate)
+from .stats import (STALL_MARGIN, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate,
+                    configuration_value, contrast_interval, fabric_time_reference, fabric_time_sample,
+                    reference_term, within_gate)
 
 
 class MeasureFixture:
@@ -63,9 +64,9 @@ class MeasureFixture:
 class CompareFixture:
     """Gates decided on repeated, interleaved launches (reference, candidate, reference, ...).
 
-    ``--repeats`` launches per side first (launches set aside as disturbed are replaced), then one
-    pair more while the interval of the ratio straddles the threshold, up to ``--max-repeats``
-    per side; launches are cached per index, so a reference measured for one comparison serves
+    ``--repeats`` launches per side first, then one pair more while the interval of the ratio
+    straddles the threshold, up to ``--max-repeats`` per side (a launch disturbed as a whole counts
+    with a small weight, so a large effect decides even then, and a small one buys more launches); launches are cached per index, so a reference measured for one comparison serves
     the next one too. The interval is ``stats.contrast_interval`` of the launches' values (each a
     robust value of its steps, with its own precision), with the session's launch-noise prior.
     """
@@ -87,43 +88,33 @@ class CompareFixture:
               prior: NoisePrior | None = None) -> SequentialGate:
         o = self._session.options
         return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats,
-                              prior=prior or self._session.noise(cases))
+                              prior=prior or self._session.noise(cases), family=self._session.family())
 
     def _launch_until_decided(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate,
                               per_gpu: bool = False, fixed: tuple[float, float] = (0.0, 0.0),
-                              combine: Callable[[Sequence[Measurement]], tuple[float, float]] | None = None,
+                              combine: Callable[[Sequence[Measurement]], tuple[float, float, float]] | None = None,
                               ) -> tuple[list[list[Measurement]], Look]:
-        """Launch every case once per round (interleaved, in ``cases`` order) until ``--repeats``
-        rounds have no disturbed launch and a look decides, or the budget is spent.
+        """Launch every case once per round until ``--repeats`` rounds are in and a look decides, or
+        the budget is spent.
 
         The gate judges sum_j signs[j] x log tokens/s of cases[j] (per GPU with ``per_gpu``) plus
         ``fixed``, blocked by round: launches of one round ran back to back, so a drift of the
-        machine that hits both cancels. A round with a launch set aside is left out whole.
-        ``combine``: instead of the signed sum, each round's launches make one (log value,
-        variance) sample; rounds with a launch set aside then decide nothing."""
+        machine that hits both cancels. Which case launches first alternates by round (``round_order``),
+        so an order effect (the second launch of a round warmer, or colder) cancels too. Every launch
+        counts: one disturbed as a whole with its small weight (``stats.contrast_interval``).
+        ``combine``: instead of the signed sum, each round's launches make one sample."""
         o = self._session.options
         runs: list[list[Measurement]] = [[] for _ in cases]
         while True:
             index = len(runs[0])
-            for case, launches in zip(cases, runs):
-                launches.append(self._measure(case, launch=index))
+            for j in round_order(index, len(cases)):
+                runs[j].append(self._measure(cases[j], launch=index))
             spent = index + 1 >= o.max_repeats
-            rounds = [r for r in zip(*runs) if not any(m.set_aside for m in r)]
-            if not spent and len(rounds) < o.repeats:
-                continue  # a disturbed launch is replaced before the first look
-            if rounds:
-                groups = ([(+1.0, [combine(r) for r in rounds])] if combine else
-                          [(sign, [r[j].sample(per_gpu) for r in rounds]) for j, sign in enumerate(signs)])
-                result = gate.look(groups, fixed, blocked=True, launches=index + 1)
-            elif combine:
-                result = gate.look([(+1.0, [combine(r) for r in zip(*runs)])], fixed, launches=index + 1)
-                result = replace(result, verdict=Verdict.INCONCLUSIVE)
-            else:
-                groups = [(sign, [m.sample(per_gpu) for m in counted(launches)]) for sign, launches in zip(signs, runs)]
-                result = gate.look(groups, fixed, launches=index + 1)
-                if any(all(m.set_aside for m in launches) for launches in runs):
-                    # Only disturbed launches on a side: their figures stand in the output, but decide nothing.
-                    return runs, replace(result, verdict=Verdict.INCONCLUSIVE)
+            if not spent and index + 1 < o.repeats:
+                continue
+            groups = ([(+1.0, [combine(r) for r in zip(*runs)])] if combine else
+                      [(sign, [m.sample(per_gpu) for m in launches]) for sign, launches in zip(signs, runs)])
+            result = gate.look(groups, fixed, blocked=True, launches=index + 1)
             if result.verdict is not Verdict.INCONCLUSIVE or spent:
                 return runs, result
 
@@ -135,8 +126,9 @@ class CompareFixture:
         outcome = GateOutcome(
             a.fabric, b.fabric, threshold, requirement, look.interval, look.verdict,
             (configuration_tokens_per_s(runs_a), configuration_tokens_per_s(runs_b)), "tokens/s",
-            f"[{a.model}, {a.nodes} node(s)]", gate.prior, _set_aside(runs_a + runs_b))
-        predicted = self._session.predicted(a, b, counted(runs_a), counted(runs_b), outcome.interval)
+            f"[{a.model}, {a.nodes} node(s)]", gate.prior, _down_weighted(runs_a + runs_b),
+            stall_note([(a.fabric, runs_a), (b.fabric, runs_b)]), gate.family)
+        predicted = self._session.predicted(a, b, runs_a, runs_b, outcome.interval)
         # Measured, floor and predicted side by side.
         predicted = "\n".join([predicted, *(self._session.floor_line(runs) for runs in (runs_a, runs_b))])
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
@@ -184,7 +176,7 @@ class CompareFixture:
                   for multi, single in baseline.paired(case.id, one.id)]
 
         def raw(tonight: list[Measurement], confidence: float) -> Interval:
-            return contrast_interval([(+1, [m.sample() for m in counted(tonight)])], noise_n, confidence,
+            return contrast_interval([(+1, [m.sample() for m in tonight])], noise_n, confidence,
                                      (-past[0], past[1]))
 
         def efficiency(runs_one: list[Measurement], tonight: list[Measurement]) -> tuple[float, float]:
@@ -255,15 +247,39 @@ class CompareFixture:
             extra = "; ".join(filter(None, [extra, f"DIFFERENT SET-UP: {'; '.join(mismatch)}"]))
         outcome = GateOutcome("tonight", "baseline", threshold, f"{what} at most {rel:.0%} below the baseline",
                               result.interval, result.verdict, values, unit, f"[{case.id}]", gate.prior,
-                              _set_aside(launches), extra)
+                              _down_weighted(launches),
+                              "; ".join(filter(None, [stall_note([("tonight", tonight)]), extra])), gate.family)
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
         self._item.stash.setdefault(VERDICTS_KEY, []).append(apply_verdict(outcome, o.inconclusive))
         return outcome
 
 
-def _set_aside(launches: Sequence[Measurement]) -> tuple[str, ...]:
-    """One description per launch the gate did not count."""
-    return tuple(f"{m.case.id} launch {m.launch + 1}: {m.set_aside}" for m in launches if m.set_aside)
+def round_order(index: int, n: int) -> list[int]:
+    """The order the ``n`` cases of round ``index`` (0-based) launch in: as given in even rounds,
+    reversed in odd ones (the reference first in rounds 1, 3, 5, the candidate in 2, 4, 6)."""
+    order = list(range(n))
+    return order[::-1] if index % 2 else order
+
+
+def _down_weighted(launches: Sequence[Measurement]) -> tuple[str, ...]:
+    """One description per launch the gate counted with a small weight, and why."""
+    return tuple(f"{m.case.id} launch {m.launch + 1}: {m.down_weighted}" for m in launches if m.down_weighted)
+
+
+def stall_note(sides: Sequence[tuple[str, Sequence[Measurement]]]) -> str:
+    """"eth steps stall: mean 8% below the fast steps" for each side whose configuration's mean
+    throughput sits more than ``stats.STALL_MARGIN`` below its fast steps (the 25% quantile): the
+    cost a stalling fabric puts on the job, which the fast steps alone would hide."""
+    notes = []
+    for name, launches in sides:
+        if not launches:
+            continue
+        mean = configuration_tokens_per_s(launches)
+        fast = configuration_value([m.result.tokens_per_step / m.estimate.fast_step_s for m in launches],
+                                   [m.weight for m in launches])
+        if 1 - mean / fast > STALL_MARGIN:
+            notes.append(f"{name} steps stall: mean {1 - mean / fast:.0%} below the fast steps")
+    return "; ".join(notes)
 
 
 class FabricIdentityWarning(UserWarning):

@@ -121,8 +121,9 @@ class GateOutcome:
     """A comparison as the gate decided it: the numbers every renderer shows.
 
     ``interval`` is of ``a_name`` / ``b_name`` (tokens/s, or the regression gate's measure for a regression
-    gate); ``values`` are the two sides' estimates (``stats.configuration_value`` of the launches
-    that counted); ``set_aside`` says which launches the gate did not count, and why.
+    gate); ``values`` are the two sides' estimates (``stats.configuration_value`` of the same launches,
+    with the same weights, so that the ratio shown is the ratio of the values shown); ``set_aside``
+    lists the launches counted with a small weight (disturbed as a whole), and why.
     """
 
     a_name: str
@@ -135,17 +136,26 @@ class GateOutcome:
     unit: str
     context: str  # "[qwen2-tiny, 2 node(s)]"
     noise: NoisePrior
-    set_aside: tuple[str, ...] = ()
+    set_aside: tuple[str, ...] = ()  # the launches counted with a small weight, and why
     extra: str = ""  # a second figure shown beside the gated one (raw tokens/s of a regression)
+    family: int = 1  # gates sharing the night's allowance for false failures (Bonferroni)
+
+    def noise_text(self) -> str:
+        """The noise the interval used, its source and degrees of freedom: on every verdict line."""
+        iv = self.interval
+        text = (f"launch noise {iv.sigma * 100:.1f}% on {iv.df:g} df (prior {self.noise.sigma * 100:.1f}%: "
+                f"{self.noise.source}, {self.noise.df:g} df; tonight {iv.data_df} df)")
+        return text + (f"; {iv.noise_note}" if iv.noise_note else "")
 
     def line(self) -> str:
         iv = self.interval
         launches = "+".join(map(str, iv.launches))
-        aside = f" ({len(self.set_aside)} set aside: {'; '.join(self.set_aside)})" if self.set_aside else ""
+        aside = (f" ({len(self.set_aside)} down-weighted: {'; '.join(self.set_aside)})" if self.set_aside else "")
+        family = f"; failures judged over {self.family} gates (Bonferroni)" if self.family > 1 else ""
         return (f"{self.a_name}/{self.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, "
                 f"{iv.high:.3f}] over {launches} launches{aside}; required >= {self.threshold:.3f} "
                 f"({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} {self.values[1]:.1f} "
-                f"{self.unit} {self.context}; launch noise {self.noise.sigma * 100:.1f}% ({self.noise.source})"
+                f"{self.unit} {self.context}; {self.noise_text()}{family}"
                 + (f"; {self.extra}" if self.extra else ""))
 
     def fields(self) -> dict[str, str]:
@@ -153,8 +163,9 @@ class GateOutcome:
         iv = self.interval
         return {"verdict": str(self.verdict), "ratio": f"{iv.point:.6g}", "ci_low": f"{iv.low:.6g}",
                 "ci_high": f"{iv.high:.6g}", "confidence": f"{iv.confidence:.6g}", "threshold": f"{self.threshold:.6g}",
-                "launches": "+".join(map(str, iv.launches)), "set_aside": str(len(self.set_aside)),
-                "launch_noise": f"{self.noise.sigma:.6g}"}
+                "launches": "+".join(map(str, iv.launches)), "down_weighted": str(len(self.set_aside)),
+                "launch_noise": f"{iv.sigma:.6g}", "noise_df": f"{iv.df:g}", "noise_source": self.noise.source,
+                "family": str(self.family)}
 
 
 def apply_verdict(outcome: GateOutcome, inconclusive: str = "xfail", note: str | None = None) -> str:

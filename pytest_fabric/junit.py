@@ -13,8 +13,8 @@ What the testsuite carries (properties, which every JUnit family allows): run-wi
 cluster, nodes, repeats policy, device, project version, the count of each outcome) and, over
 every launch of the run, each configuration's machine lines ``fabric.<case id>.<name>``: its
 figure (the one the gate judged, ``stats.configuration_value`` of the launches that counted),
-``launch_tokens_per_s`` per launch and ``launch_set_aside`` flagging (1) those the gates did not
-count. A reader reads the machine lines (suite properties first, then testcases), never the
+``launch_tokens_per_s`` per launch and ``launch_weight`` (1, or small for a launch disturbed as a
+whole, which counts down-weighted). A reader reads the machine lines (suite properties first, then testcases), never the
 sentences. Per-testcase properties are added where the family allows them (xunit1/legacy:
 Jenkins ``keepProperties``); the xunit2 schema (pytest's default, junit-10.xsd) has none.
 
@@ -71,9 +71,9 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
             f"{p}.tokens_per_s_per_gpu": f"{value / first.gpus:.3f}",
             f"{p}.step_s": f"{r.tokens_per_step / value:.6f}",
             f"{p}.launches": str(len(ms)),
-            f"{p}.launches_set_aside": str(sum(1 for m in ms if m.set_aside)),
+            f"{p}.launches_down_weighted": str(sum(1 for m in ms if m.down_weighted)),
             f"{p}.launch_tokens_per_s": ",".join(f"{m.tokens_per_s:.3f}" for m in ms),
-            f"{p}.launch_set_aside": ",".join("1" if m.set_aside else "0" for m in ms),
+            f"{p}.launch_weight": ",".join(f"{m.weight:.4g}" for m in ms),
             f"{p}.steps": ",".join(str(m.estimate.steps) for m in ms),
             f"{p}.gpus": str(first.gpus),
             f"{p}.cluster": first.cluster,
@@ -94,9 +94,9 @@ def gate_lines(outcome: GateOutcome) -> dict[str, str]:
 
 # What a testcase's system-out carries per configuration; the rest is in the suite properties.
 _TESTCASE_NAMES = ("tokens_per_s",)
-# A gate's fields left out of its testcase's output for its length: its launch noise, which the
-# verdict's saved night and xunit1 properties keep (the suite properties give the session's prior).
-_LEFT_OUT_GATE_FIELDS = ("launch_noise",)
+# A gate's fields left out of its testcase's output for its length (the verdict line above them
+# says them in words; the saved night and xunit1 properties keep them as fields).
+_LEFT_OUT_GATE_FIELDS = ("noise_df", "noise_source", "family")
 
 
 # Lines whose parenthesised details (how a prediction was made, the floor's bytes and tolerance)
@@ -138,10 +138,10 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
                 value = configuration_tokens_per_s(group)
                 values[(first.case.model, first.case.nodes, first.case.fabric)] = value
                 if len(group) > 1:
-                    aside = sum(1 for m in group if m.set_aside)
+                    aside = sum(1 for m in group if m.down_weighted)
                     lines.append(f"{first.case.id}: {value:.1f} tokens/s over {len(group)} launches "
                                  f"({', '.join(f'{m.tokens_per_s:.1f}' for m in group)}"
-                                 + (f"; {aside} set aside" if aside else "") + f"), {first.gpus} GPU(s)")
+                                 + (f"; {aside} down-weighted" if aside else "") + f"), {first.gpus} GPU(s)")
                     continue
             lines.append(first.summary())
         for (model, nodes, fabric), value in values.items():
@@ -357,17 +357,22 @@ def load_junit(path: Path) -> SavedRun:
     return SavedRun(identity, cases, links, verdicts, [], path, "junit")
 
 
-def _launch_values(lines: Mapping[str, str], path: Path) -> tuple[list[float], list[bool]] | None:
-    """(each launch's tokens/s, whether the gates set it aside) from one testcase's machine lines."""
+def _launch_values(lines: Mapping[str, str], path: Path) -> tuple[list[float], list[float]] | None:
+    """(each launch's tokens/s, its weight) from one testcase's machine lines. Files written before
+    0.4 flag launches the gates set aside (``launch_set_aside``): weight 0, left out."""
     text = lines.get("launch_tokens_per_s")
     if text is None:
         return None
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
+        weights = [float(w) for w in lines.get("launch_weight", "").split(",") if w.strip()]
     except ValueError:
-        raise ResultsError(f"{path}: launch_tokens_per_s={text!r} is not a comma-separated list of numbers") from None
-    flags = [f.strip() == "1" for f in lines.get("launch_set_aside", "").split(",") if f.strip()]
-    return values, flags if len(flags) == len(values) else [False] * len(values)
+        raise ResultsError(f"{path}: launch_tokens_per_s={text!r} or launch_weight is not a comma-separated list "
+                           f"of numbers") from None
+    if len(weights) != len(values) or not all(w > 0 for w in weights):
+        flags = [f.strip() == "1" for f in lines.get("launch_set_aside", "").split(",") if f.strip()]
+        weights = [0.0 if a else 1.0 for a in flags] if len(flags) == len(values) else [1.0] * len(values)
+    return values, weights
 
 
 def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, tuple[list[float], list[bool]]],
@@ -393,10 +398,12 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
                                             max(size for size, _ in busbw.values()), mbit / 1000 if mbit else None)
             elif "tokens_per_s" in m:
                 gpus = int(m.get("gpus", "1"))
-                values, aside = launches.get(cid) or ([float(m["tokens_per_s"])], [False])
-                # The launches the gates counted (all of them when every one was set aside).
-                values = [v for v, a in zip(values, aside) if not a] or values
-                cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values])
+                values, weights = launches.get(cid) or ([float(m["tokens_per_s"])], [1.0])
+                # A weight of 0: a launch a file before 0.4 set aside (all of them when every one was).
+                kept = [(v, w) for v, w in zip(values, weights) if w > 0] or [(v, 1.0) for v in values]
+                values, weights = [v for v, _ in kept], [w for _, w in kept]
+                cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values],
+                                        weights)
         except ValueError as exc:
             raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "
                                f"fabric.{cid}.tokens_per_s=<number> and fabric.{cid}.gpus=<integer>") from None

@@ -34,6 +34,7 @@ from .stats import LaunchEstimate, configuration_value, launch_estimate
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from .workload import faults
+from .workload.signals import reference_probe, slow_phase
 from .workload.config import CollectivesConfig, TrainConfig
 from .workload.result import CollectiveRow, CollectivesResult, TrainResult
 
@@ -99,9 +100,10 @@ class MeasurementError(Exception):
 class Measurement:
     """One training launch of a case: the rank program's result and the launch's value.
 
-    The value is ``stats.launch_estimate`` of the measured steps (their median once warm-up-like
-    and disturbed steps are set aside), and every figure here (tokens/s, per GPU, MFU) derives from
-    it: one number per launch, computed in one place.
+    The value is ``stats.launch_estimate`` of the measured steps (their mean once warm-up-like
+    and disturbed steps are set aside: what the job pays), and every figure here (tokens/s, per GPU,
+    MFU) derives from it: one number per launch, computed in one place. A launch disturbed as a
+    whole counts with a small weight (``down_weighted`` says why), never silently in or out.
     """
 
     case: Case
@@ -134,14 +136,22 @@ class Measurement:
         return self.result.mfu(self.tokens_per_s)
 
     @property
-    def set_aside(self) -> str:
-        """Why the whole launch is set aside by the gates ("" when it counts)."""
+    def down_weighted(self) -> str:
+        """Why the whole launch counts with a small weight ("" when it counts fully)."""
         return self.estimate.disturbed
 
-    def sample(self, per_gpu: bool = False) -> tuple[float, float]:
-        """(log tokens/s, its within-launch variance): what a launch contributes to a contrast."""
+    # The name before 0.4, when a disturbed launch was left out.
+    set_aside = down_weighted
+
+    @property
+    def weight(self) -> float:
+        return self.estimate.weight
+
+    def sample(self, per_gpu: bool = False) -> tuple[float, float, float]:
+        """(log tokens/s, its within-launch variance, its extra variance as a disturbed launch):
+        what a launch contributes to a contrast."""
         value = self.tokens_per_s_per_gpu if per_gpu else self.tokens_per_s
-        return math.log(value), self.estimate.log_se ** 2
+        return math.log(value), self.estimate.log_se ** 2, self.estimate.extra_var
 
     @property
     def label(self) -> str:
@@ -149,14 +159,8 @@ class Measurement:
 
     def summary(self) -> str:
         shared = f" [one node: shared with {self.shared_with}]" if self.shared_with else ""
-        e = self.estimate
-        if e.disturbed:
-            how = f"median of all {e.steps - e.warmup_like} steady steps; launch set aside: {e.disturbed}"
-        else:
-            how = f"median of {e.used} of {e.steps} steps" + (f", {e.set_aside_steps} set aside" if e.set_aside_steps
-                                                                else "")
         return (f"{self.case.id}: {self.tokens_per_s:.1f} tokens/s, {self.tokens_per_s_per_gpu:.1f} tokens/s/GPU, "
-                f"step {self.step_s * 1000:.1f} ms ({how}), {self.gpus} GPU(s){shared}")
+                f"step {self.step_s * 1000:.1f} ms ({self.estimate.describe()}), {self.gpus} GPU(s){shared}")
 
     def to_record(self) -> dict[str, Any]:
         return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict()}
@@ -169,24 +173,49 @@ class Measurement:
         """
         measured_for = Case(**record["case"])
         result = TrainResult.from_dict(record["result"], f"result of {measured_for.id}")
-        return cls(case=case, result=result,
-                   estimate=launch_estimate(result.step_s, result.signals.disturbed or None),
+        return cls(case=case, result=result, estimate=result_estimate(result),
                    cluster=str(record.get("cluster", "")), launch=launch,
                    shared_with=measured_for.fabric if measured_for != case else None)
 
 
+def result_estimate(result: TrainResult) -> LaunchEstimate:
+    """A training result's launch value (``stats.launch_estimate``): its steps, their disturbance
+    flags, and the slow phase its CPU probes show against the session's reference. The one place a
+    launch's value is taken from a result (measurements, calibration, the benchmarks)."""
+    sig = result.signals
+    return launch_estimate(result.step_s, sig.disturbed or None,
+                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s), loss=step_loss(result))
+
+
+def step_loss(result: TrainResult) -> list[float]:
+    """Per measured step, the share of its time a disturbance took: steal and other processes' CPU
+    time over the step (the worst node's cores, counted as if one core: an upper bound), or a CPU
+    probe slower than the launch's median (1 - median / probe); 0 where nothing was recorded."""
+    sig, n = result.signals, len(result.step_s)
+    probes = sorted(p for p in sig.probe_s if p > 0)
+    median = probes[(len(probes) - 1) // 2] if probes else 0.0  # the lower median, as signals.judge_launch
+    out = []
+    for i, step in enumerate(result.step_s):
+        cpu = ((sig.steal_s[i] if i < len(sig.steal_s) else 0.0)
+               + (sig.foreign_s[i] if i < len(sig.foreign_s) else 0.0)) / step
+        probe = sig.probe_s[i] if i < len(sig.probe_s) else 0.0
+        slowed = 1 - median / probe if median and probe > median else 0.0
+        out.append(min(1.0, max(cpu, slowed)))
+    return out[:n]
+
+
 def counted(launches: Sequence[Measurement]) -> list[Measurement]:
-    """The launches a configuration's value rests on: those not set aside as disturbed (all of
-    them when every one was, so that a value still exists; the verdict line says so)."""
-    kept = [m for m in launches if not m.set_aside]
-    return kept or list(launches)
+    """The launches a configuration's value rests on: all of them (a disturbed one with its small
+    weight). Kept for suites written against 0.3, when disturbed launches were left out."""
+    return list(launches)
 
 
 def configuration_tokens_per_s(launches: Sequence[Measurement], per_gpu: bool = False) -> float:
-    """A configuration's tokens/s (per GPU) from its launches: ``stats.configuration_value`` of the
-    counted launches. The one number the gates, the terminal, JUnit and saved nights show."""
-    ms = counted(launches)
-    return configuration_value([m.tokens_per_s_per_gpu if per_gpu else m.tokens_per_s for m in ms])
+    """A configuration's tokens/s (per GPU) from its launches: ``stats.configuration_value``, each
+    launch weighted by ``Measurement.weight``. The one number the gates, the terminal, JUnit and
+    saved nights show."""
+    return configuration_value([m.tokens_per_s_per_gpu if per_gpu else m.tokens_per_s for m in launches],
+                               [m.weight for m in launches])
 
 
 @dataclass
@@ -239,6 +268,7 @@ class Measurer:
         # Pre-flight facts of the nodes, by fabric: read once per session (locally or by a probe
         # through the launcher), then the inventory the transport proof compares NCCL's NICs with.
         self._nodes: dict[str, list[preflight.NodeFacts]] = {}
+        self._probe_reference = 0.0  # the fastest CPU probe seen this session (0: not yet probed)
 
     def key(self, case: Case) -> str:
         """Cache key: the case plus every setting that changes the measurement."""
@@ -346,10 +376,24 @@ class Measurer:
                                              inventory=inventory, env_logged=True)
             result.transport = facts.summary()
             result.transport_problem = problem
+        if isinstance(result, TrainResult):
+            self._judge_speed(result)
         result.cluster = self.cluster.describe()
         result.launch_s = round(outcome.elapsed_s, 2)
         result.run_dir = str(run_dir)
         return {"case": asdict(case), "cluster": self.cluster.name, "result": result.to_dict()}
+
+    def _judge_speed(self, result: TrainResult) -> None:
+        """Record the session's full-speed CPU probe with the result (the harness's own probe at the
+        first launch, then the fastest any launch showed), so that a launch run in a slow phase of
+        the machine is known as such for good (``stats.launch_estimate``, ``signals.slow_phase``)."""
+        probes = [p for p in result.signals.probe_s if p > 0]
+        if not probes:
+            return
+        if not self._probe_reference:
+            self._probe_reference = reference_probe()
+        self._probe_reference = min(self._probe_reference, min(probes))
+        result.signals.probe_reference_s = self._probe_reference
 
     @contextmanager
     def _machine_slot(self, case: Case) -> Iterator[None]:

@@ -29,7 +29,7 @@ from typing import Any
 from .atomic import write_text
 from .fabrics import FABRICS
 from .case import BANDWIDTH, Case
-from .measure import BandwidthMeasurement, Measurement, counted
+from .measure import BandwidthMeasurement, Measurement
 from .redact import redact_data
 from .stats import configuration_value
 
@@ -78,20 +78,32 @@ class CaseResult:
     gpus: int
     tokens_per_s: list[float]
     tokens_per_s_per_gpu: list[float]
+    # Each launch's weight (``stats.LaunchEstimate.weight``: 1, small for a launch disturbed as a
+    # whole); None: all 1 (files written before 0.4, which left disturbed launches out instead).
+    weights: list[float] | None = None
 
     @property
     def id(self) -> str:
         return Case(self.model, self.nodes, self.fabric).id
 
     @property
+    def launches(self) -> int:
+        return len(self.tokens_per_s)
+
+    @property
+    def down_weighted(self) -> int:
+        """Launches that counted with a small weight (disturbed as a whole)."""
+        return sum(1 for w in self.weights or () if w < 1.0)
+
+    @property
     def mean(self) -> float:
-        """The configuration's value: ``stats.configuration_value`` of its launches (the number the
-        gates judged and the terminal and JUnit showed)."""
-        return configuration_value(self.tokens_per_s)
+        """The configuration's value: ``stats.configuration_value`` of its launches with their
+        weights (the number the gates judged and the terminal and JUnit showed)."""
+        return configuration_value(self.tokens_per_s, self.weights)
 
     @property
     def mean_per_gpu(self) -> float:
-        return configuration_value(self.tokens_per_s_per_gpu)
+        return configuration_value(self.tokens_per_s_per_gpu, self.weights)
 
 
 @dataclass
@@ -235,10 +247,10 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
                 raise ResultsError(f"{where}: record {key!r} is malformed ({type(exc).__name__}: {exc}); "
                                    "expected result.step_s, tokens_per_step and world_size") from None
             launches.setdefault(m.case.id, []).append(m)
-    # The launches the gates counted (disturbed ones set aside), so that a saved night's value is the
-    # one its gates judged.
+    # Every launch with its weight, so that a saved night's value is the one its gates judged.
     cases = {cid: CaseResult(ms[0].case.model, ms[0].case.nodes, ms[0].case.fabric, ms[0].gpus,
-                             [m.tokens_per_s for m in counted(ms)], [m.tokens_per_s_per_gpu for m in counted(ms)])
+                             [m.tokens_per_s for m in ms], [m.tokens_per_s_per_gpu for m in ms],
+                             [m.weight for m in ms])
              for cid, ms in launches.items()}
     return cases, links, errors
 
@@ -289,7 +301,8 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
         "version": FORMAT_VERSION,
         "identity": full,
         "cases": {cid: {"model": c.model, "nodes": c.nodes, "fabric": c.fabric, "gpus": c.gpus,
-                        "tokens_per_s": c.tokens_per_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu}
+                        "tokens_per_s": c.tokens_per_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu,
+                        **({"weights": c.weights} if c.weights else {})}
                   for cid, c in sorted(cases.items())},
         "bandwidth": {lid: {"nodes": b.nodes, "fabric": b.fabric, "busbw_gbit": b.busbw_gbit,
                             "payload_bytes": b.payload_bytes, "link_gbit": b.link_gbit}
@@ -415,7 +428,8 @@ def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
         where = f"{path}: case {cid!r}"
         cases[cid] = CaseResult(_field(c, "model", str, where), _field(c, "nodes", int, where),
                                 _field(c, "fabric", str, where), _field(c, "gpus", int, where),
-                                _numbers(c, "tokens_per_s", where), _numbers(c, "tokens_per_s_per_gpu", where))
+                                _numbers(c, "tokens_per_s", where), _numbers(c, "tokens_per_s_per_gpu", where),
+                                _numbers(c, "weights", where) if "weights" in c else None)
     links = {}
     for lid, b in _field(data, "bandwidth", dict, str(path)).items():
         where = f"{path}: bandwidth {lid!r}"

@@ -21,7 +21,7 @@ from .measure import LaunchSettings
 from .models import DEFAULT_CPU_MODELS, MODELS
 from .references import References
 from .baselines import Baseline
-from .stats import NoisePrior
+from .stats import DEFAULT_NOISE, FAMILY_RULES, NoisePrior
 from .workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from .nccl_evidence import parse_inventory
 
@@ -80,6 +80,9 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
                       "step: tonight's n-node step less the same night's one-node step, on the baseline's "
                       "one-node step, so a faster or slower machine cancels), scaling (n-node over one-node "
                       "tokens/s/GPU) or tokens (raw tokens/s) (default fabric-time)", "fabric-time"),
+    ("family-wise", "how the night's gates share the allowance for false failures: bonferroni (a failure must "
+                    "hold at the error allowance over the number of gates collected) or none (each gate alone) "
+                    "(default bonferroni)", "bonferroni"),
     ("launch-noise", "launch-to-launch variation the gates assume before a night's own launches, as a fraction "
                      "(e.g. 0.03); default: learned by the --fabric-baseline, else 0.02", None),
     ("regression-threshold", "fail a configuration whose tokens/s fell more than this fraction below its "
@@ -110,7 +113,7 @@ _LINELISTS = [
 _CHOICES = {"inconclusive": INCONCLUSIVE_POLICIES, "undecided-night": ("fail", "pass"),
             "ssh-host-key-checking": STRICT_HOST_KEY_CHECKING, "device": DEVICES,
             "fsdp": tuple(str(v) for v in FSDP_VERSIONS), "mixed-precision": MIXED_PRECISION,
-            "regression-on": REGRESSION_MEASURES}
+            "regression-on": REGRESSION_MEASURES, "family-wise": FAMILY_RULES}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -318,6 +321,7 @@ class FabricOptions:
     # Per-rank FLOP/s the comparison predictions assume; None: fitted to the faster side's step.
     flops_per_rank: float | None = None
     regression_on: str = REGRESSION_MEASURES[0]
+    family_wise: str = FAMILY_RULES[0]  # stats.FAMILY_RULES
     # Declared launch-to-launch noise; None: the baseline's learned one, else stats.DEFAULT_NOISE.
     launch_noise: NoisePrior | None = None
     # How far a step may appear to beat the physical floor before it is an error (floor.py).
@@ -414,6 +418,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         prices=_prices(config, table),
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),
         regression_on=_choice(config, "regression-on"),
+        family_wise=_choice(config, "family-wise"),
         launch_noise=_launch_noise(config),
         floor_tolerance=_fraction_or_seconds(config, "floor-tolerance", upper=1.0),
     )
@@ -435,4 +440,5 @@ def _launch_noise(config: pytest.Config) -> NoisePrior | None:
         return None
     sigma = _fraction_or_seconds(config, "launch-noise", upper=0.5)
     # Declared by the user: as much weight as a few nights of launches.
-    return NoisePrior(sigma, 8.0, f"declared --launch-noise {value}")
+    # A guess, weighted as the declared default is: a night's own rounds soon outweigh it.
+    return NoisePrior(sigma, DEFAULT_NOISE.df, f"declared --launch-noise {value}")

@@ -116,6 +116,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=off)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The night's family of gates: the comparison tests that remain selected."""
+    fabric = session.config.stash[SESSION_KEY]
+    fabric.gates = sum(1 for item in session.items if "fabric_compare" in getattr(item, "fixturenames", ()))
+
+
 # -- parametrization -------------------------------------------------------------------------
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

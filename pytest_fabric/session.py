@@ -50,6 +50,11 @@ class FabricSession:
     outputs: dict[str, str] = field(default_factory=dict)  # nodeid -> testcase text (controller)
     _measurer: Measurer | None = None
     _prepared: bool = False
+    gates: int = 0  # comparison tests collected this session (the night's family of gates)
+
+    def family(self) -> int:
+        """How many gates a failure's error allowance is shared over (--family-wise)."""
+        return max(1, self.gates) if self.options.family_wise == "bonferroni" else 1
 
     def prepared_cluster(self) -> Cluster:
         if not self._prepared:

@@ -6,11 +6,17 @@ Revels 2016): a step is slowed by something else taking the CPU, the VM running 
 while, a GPU clocking down; nothing makes a step faster than the job allows. So:
 
 - **Inside a launch** (``launch_estimate``): leading warm-up-like steps are dropped
-  (``steady_window``), steps the node's signals mark as disturbed are set aside
-  (``workload.signals``), and the launch's value is a low quantile of the clean steps
-  (``LOCATION_QUANTILE``, the 25% quantile: it resists upward excursions), with a
-  distribution-free interval from order statistics that gives the launch's own precision. The rank program measures until that precision is reached, within a
-  time cap (``measuring_done``), as pyperf and BenchmarkTools calibrate their loops.
+  (``steady_window``), steps the node's signals mark as disturbed (something outside the job took
+  the CPU or slowed the GPU: ``workload.signals``) are set aside, and the launch's value is the
+  **mean** of the clean steps: tokens over the time they took, what a training job pays. (Before
+  0.4 it was the 25% quantile, which resists noise but throws away exactly the cost of a fabric
+  that stalls some steps: a flapping link, congestion bursts, retransmits. It is kept as the
+  fast-steps diagnostic, ``fast_step_s``; the verdict line says when the mean sits more than
+  ``STALL_MARGIN`` above it.) Its precision comes from batch means of the successive steps
+  (``mean_standard_error``), and the rank program measures until that precision is reached, within
+  a time cap (``measuring_done``), as pyperf and BenchmarkTools calibrate their loops. A launch
+  disturbed as a whole (most steps, or a slow phase of the machine) is weighed down
+  (``DISTURBED_SIGMA``), never dropped: weight, not veto.
 - **Across launches** (``contrast_interval``): every comparison is a contrast of log
   tokens/s between groups of launches (candidate vs reference; tonight's multi-node vs one-node
   vs a baseline's), blocked by round: the launches of one round ran back to back, so the
@@ -70,12 +76,10 @@ __all__ = [
 # 1.4826 x MAD estimates the standard deviation of normally distributed values.
 MAD_TO_SIGMA = 1.4826
 
-# The launch's value is this quantile of its clean steady steps. Noise on shared machines is additive
-# and one-sided (excursions upward from a floor), so a low quantile estimates the undisturbed step
-# far more stably than the median or the mean. Measured on this project's emulated cluster
-# (README, "How verdicts are decided"): between launch pairs of an A/A comparison the log values
-# of the 25% quantile differed with a spread of 1.4%, the median's 2.6%, the mean's 2.0%; the
-# minimum (2.0%) rests on one step; a lower quantile needs more steps for its own interval.
+# The quantile ``location_interval`` takes by default (the fast-steps diagnostic; the launch's value
+# is the mean, ``launch_estimate``). Measured on this project's emulated cluster: between launch
+# pairs of an A/A comparison the log values of the 25% quantile differed with a spread of 1.4%, the
+# mean's 2.0%: the quantile is steadier, and blind to steps that stall.
 LOCATION_QUANTILE = 0.25
 
 # A launch needs this many clean steps for a value of its own; with fewer it is set aside.
@@ -183,14 +187,14 @@ def _reason_kind(reason: str) -> str:
 
 
 def measuring_done(step_s: Sequence[float], disturbed: Sequence[str] | None, *, min_steps: int, max_steps: int,
-                   measure_s: float, precision: float, q: float = LOCATION_QUANTILE) -> str:
+                   measure_s: float, precision: float, q: float | None = None) -> str:
     """Why measuring may stop now ("" to go on): the rank programs call this after every step.
 
-    "precision": at least ``min_steps`` clean steady steps and the launch's value known to
-    ``precision`` (half-width of its 95% interval over the value); "time cap": ``measure_s``
+    "precision": at least ``min_steps`` clean steady steps and the launch's value (their mean) known
+    to ``precision`` (half-width of its 95% interval over the value); "time cap": ``measure_s``
     seconds of measured steps spent (with at least ``min_steps`` steps); "step cap": ``max_steps``.
     Deterministic in its inputs, so every rank, given the same all-reduced step times, stops at
-    the same step.
+    the same step. (``q`` is ignored: the value is the mean since 0.4.)
     """
     n = len(step_s)
     if n >= max_steps:
@@ -199,71 +203,156 @@ def measuring_done(step_s: Sequence[float], disturbed: Sequence[str] | None, *, 
         return ""
     clean, _, _ = _clean(step_s, disturbed)
     if len(clean) >= min_steps:
-        loc, low, high = location_interval(clean, q)
-        if low is not None and high is not None and (high - low) / 2 <= precision * loc:
+        mean = statistics.fmean(clean)
+        if _Z95 * mean_standard_error(clean) <= precision * mean:
             return "precision"
     if sum(step_s) >= measure_s:
         return "time cap"
     return ""
 
 
+def mean_standard_error(values: Sequence[float]) -> float:
+    """Standard error of the mean of successive, possibly correlated steps.
+
+    Steps are not independent: a slow phase of the machine or a congested link lasts several steps.
+    With 20 steps or more, batch means (Fishman; the method simulation output analysis and
+    pyperf-style runners use): the steps cut into about sqrt(n) consecutive batches (at least 4), the
+    spread of the batch means over sqrt(batches). With fewer, the naive s / sqrt(n) inflated by the
+    lag-1 autocorrelation r (clipped to [0, 0.8]): sqrt((1 + r) / (1 - r)), the AR(1) effective
+    sample size. 0.0 for a single step.
+    """
+    x = [float(v) for v in values]
+    n = len(x)
+    if n < 2:
+        return 0.0
+    mean = statistics.fmean(x)
+    if n >= 20:
+        batches = max(4, int(math.sqrt(n)))
+        size = n // batches
+        means = [statistics.fmean(x[i * size:(i + 1) * size]) for i in range(batches)]
+        return statistics.stdev(means) / math.sqrt(batches)
+    var = statistics.variance(x)
+    if var == 0.0:
+        return 0.0
+    r = sum((x[i] - mean) * (x[i + 1] - mean) for i in range(n - 1)) / ((n - 1) * var)
+    r = min(max(r, 0.0), 0.8)
+    return math.sqrt(var / n) * math.sqrt((1 + r) / (1 - r))
+
+
+# A launch's mean more than this far above its fast steps (the 25% quantile) means some steps
+# stall: the verdict line says so, since a stalling fabric costs the job the difference.
+STALL_MARGIN = 0.05
+# The fast-steps diagnostic: this quantile of the clean steady steps.
+FAST_QUANTILE = 0.25
+# Weight, not veto: a launch disturbed as a whole counts, as a launch with extra launch-to-launch
+# noise (log scale) would: at least this much, or as much as the disturbance measured (what other
+# processes and steal took of its steps, a slowed CPU, a slow phase): next to clean launches (2%
+# noise) it weighs 4% as much or less; alone, it still decides an effect far beyond its threshold
+# and beyond what disturbed it, never a small one.
+DISTURBED_SIGMA = 0.10
+# The noise against which a launch's weight is set (its weight: WEIGHT_SIGMA^2 / (WEIGHT_SIGMA^2 +
+# extra)): a property of the launch alone, so every output weighs a configuration's launches alike.
+WEIGHT_SIGMA = 0.02
+
+
 @dataclass(frozen=True)
 class LaunchEstimate:
     """One launch's value and what went into it."""
 
-    step_s: float  # the quantile of the clean steady steps: the launch's step time
-    log_se: float  # standard error of log(step_s) from the launch's own steps
+    step_s: float  # the mean of the clean steady steps: the launch's step time (what the job pays)
+    log_se: float  # standard error of log(step_s) from the launch's own steps (batch means)
     steps: int  # measured steps
     used: int  # clean steady steps the value rests on
     warmup_like: int  # leading steps the steady window dropped
     set_aside: dict[str, int] = field(default_factory=dict)  # disturbed steps by cause
-    # Why the whole launch is set aside ("" when it is not): too few clean steps.
+    # Why the whole launch is down-weighted ("" when it is not): too few clean steps, most steps
+    # disturbed, or the machine in a slow phase for the whole launch.
     disturbed: str = ""
+    fast_step_s: float = 0.0  # the 25% quantile of the same steps: the fast steps, a diagnostic
+    # How far the disturbance may have moved the value (log scale), when disturbed as a whole.
+    disturbance: float = 0.0
 
     @property
     def set_aside_steps(self) -> int:
         return sum(self.set_aside.values())
 
+    @property
+    def extra_var(self) -> float:
+        """Extra variance (log scale) the gates give this launch when disturbed as a whole: the larger
+        of ``DISTURBED_SIGMA`` and the measured disturbance, squared."""
+        return max(DISTURBED_SIGMA, self.disturbance) ** 2 if self.disturbed else 0.0
+
+    @property
+    def weight(self) -> float:
+        """The launch's weight in its configuration's value: 1 clean, about 0.04 disturbed."""
+        return WEIGHT_SIGMA ** 2 / (WEIGHT_SIGMA ** 2 + self.extra_var)
+
+    @property
+    def stall(self) -> float:
+        """How far the mean sits above the fast steps (0.08: the mean step 8% longer)."""
+        return self.step_s / self.fast_step_s - 1.0 if self.fast_step_s > 0 else 0.0
+
     def tokens_per_s(self, tokens_per_step: int) -> float:
         return tokens_per_step / self.step_s
 
+    def describe(self) -> str:
+        """How the value was taken, in words (the measurement summary)."""
+        if self.disturbed:
+            return f"mean of {self.used} of {self.steps} steps; launch down-weighted: {self.disturbed}"
+        aside = f", {self.set_aside_steps} disturbed set aside" if self.set_aside_steps else ""
+        return f"mean of {self.used} of {self.steps} steps{aside}; fast steps {self.fast_step_s * 1000:.1f} ms"
+
 
 def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = None,
-                    q: float = LOCATION_QUANTILE) -> LaunchEstimate:
-    """The launch's value (``LOCATION_QUANTILE`` of its clean steady steps) and its own precision.
+                    q: float | None = None, slow_phase: float = 0.0,
+                    loss: Sequence[float] | None = None) -> LaunchEstimate:
+    """The launch's value (the mean of its clean steady steps: tokens over the time they took, what
+    the job pays) and its own precision (``mean_standard_error``, in logs).
 
-    The standard error of log(value) comes from the order-statistic interval of the quantile
-    (half-width / 1.96, in logs); with too few steps for that interval, from the MAD of the log
-    step times (x the quantile's asymptotic factor / sqrt(n)). A launch with fewer than
-    ``MIN_CLEAN_STEPS`` clean steps, or more than half of its steps disturbed, is marked
-    ``disturbed``: its value falls back to all steady steps, and the gates set it aside.
+    A launch with fewer than ``MIN_CLEAN_STEPS`` clean steps, more than half of its steps
+    disturbed, or run in a slow phase of the machine (``slow_phase`` > 0: its fastest CPU probe that
+    much slower than the session's, as ``workload.signals.slow_phase`` judged) is marked ``disturbed``:
+    its value falls back to all steady steps when too few are clean, and the gates weigh it down
+    (``DISTURBED_SIGMA``) instead of dropping it. The 25% quantile (``fast_step_s``) is kept as a
+    diagnostic: the mean far above it says some steps stall.
+
+    ``loss``: per step, the share of its time the disturbance took (0..1; ``measure.result_estimate``
+    reads it from the signals). A launch disturbed as a whole carries as ``disturbance`` how far
+    that may have moved its value: the log ratio of all steady steps' mean to the clean steps' mean
+    where enough are clean, else -log(1 - mean loss of the disturbed steps), and log(1 + slow_phase).
     """
     if not step_s:
         raise ValueError("a launch with no step times has no value")
     clean, reasons, start = _clean(step_s, disturbed)
     steady = len(step_s) - start
-    why = ""
+    why = []
     if len(clean) < MIN_CLEAN_STEPS or sum(reasons.values()) > MAX_DISTURBED_SHARE * steady:
         if reasons:
-            why = (f"{sum(reasons.values())} of {steady} steps disturbed ("
-                   + ", ".join(f"{kind}: {n}" for kind, n in reasons.most_common()) + ")")
+            why.append(f"{sum(reasons.values())} of {steady} steps disturbed ("
+                       + ", ".join(f"{kind}: {n}" for kind, n in reasons.most_common()) + ")")
         else:
-            why = f"only {len(clean)} steady steps (at least {MIN_CLEAN_STEPS} needed)"
+            why.append(f"only {len(clean)} steady steps (at least {MIN_CLEAN_STEPS} needed)")
         if len(clean) < MIN_CLEAN_STEPS:
             clean = [float(t) for t in step_s[start:]]
-    loc, low, high = location_interval(clean, q)
-    if low is not None and high is not None and low > 0:
-        log_se = (math.log(high) - math.log(low)) / (2 * _Z95)
-    else:
-        logs = [math.log(t) for t in clean]
-        center = statistics.median(logs)
-        spread = MAD_TO_SIGMA * _mad(logs, center) if len(logs) > 1 else 0.0
-        # The q quantile's asymptotic standard error for normal data: sqrt(q (1 - q)) / phi(z_q) sigma / sqrt(n)
-        # (1.2533 for the median, 1.3626 for the 25% quantile).
-        normal = statistics.NormalDist()
-        factor = math.sqrt(q * (1 - q)) / normal.pdf(normal.inv_cdf(q))
-        log_se = factor * spread / math.sqrt(len(logs))
-    return LaunchEstimate(loc, log_se, len(step_s), len(clean), start, dict(reasons), why)
+    if slow_phase > 0:
+        why.append(f"machine slow {slow_phase:.0%} for the whole launch (its fastest CPU probe against the "
+                   f"session's)")
+    mean = statistics.fmean(clean)
+    log_se = mean_standard_error(clean) / mean
+    fast = _quantile(sorted(clean), FAST_QUANTILE)
+    magnitude = 0.0
+    if why:
+        steady_times = [float(t) for t in step_s[start:]]
+        flags = (list(disturbed) if disturbed else [""] * len(step_s))[start:]
+        clean_only = [t for t, d in zip(steady_times, flags) if not d]
+        if len(clean_only) >= MIN_CLEAN_STEPS:
+            magnitude = abs(math.log(statistics.fmean(steady_times) / statistics.fmean(clean_only)))
+        elif loss:
+            lost = [min(max(float(x), 0.0), 0.95) for x, d in zip(list(loss)[start:], flags) if d]
+            magnitude = -math.log(1 - statistics.fmean(lost)) if lost else 0.0
+        magnitude = max(magnitude, math.log1p(slow_phase))
+    return LaunchEstimate(mean, log_se, len(step_s), len(clean), start, dict(reasons), "; ".join(why), fast,
+                          magnitude)
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,6 +373,7 @@ class NoisePrior:
     sigma: float
     df: float
     source: str = "declared"
+    nights: int = 0  # learned from this many nights (0: declared)
 
     def __post_init__(self) -> None:
         if not (0 < self.sigma < 1 and self.df > 0):
@@ -311,16 +401,21 @@ def pooled_noise(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
     return (ss / df if df else 0.0), df
 
 
-def configuration_value(launch_values: Sequence[float]) -> float:
-    """One configuration's value from its launches' values: their geometric mean.
+def configuration_value(launch_values: Sequence[float], weights: Sequence[float] | None = None) -> float:
+    """One configuration's value from its launches' values: their (weighted) geometric mean.
 
-    The contrasts judge means of log values, so this is the estimate every verdict rests on; the
-    terminal, JUnit, reports, saved nights and baselines show the same number.
+    ``weights``: each launch's ``LaunchEstimate.weight`` (1 for a clean launch, about 0.04 for one
+    disturbed as a whole); default all 1. The contrasts judge the same weighted means of log values,
+    so this is the estimate every verdict rests on; the terminal, JUnit, reports, saved nights and
+    baselines show the same number.
     """
     values = [float(v) for v in launch_values]
     if not values or not all(v > 0 and math.isfinite(v) for v in values):
         raise ValueError(f"launch values must be positive and finite, got {values}")
-    return math.exp(statistics.fmean(math.log(v) for v in values))
+    w = [1.0] * len(values) if weights is None else [float(x) for x in weights]
+    if len(w) != len(values) or not all(x > 0 for x in w):
+        raise ValueError(f"one positive weight per launch value needed, got {weights} for {len(values)} values")
+    return math.exp(sum(x * math.log(v) for x, v in zip(w, values)) / sum(w))
 
 
 def reference_term(values: Sequence[float], prior: NoisePrior | None = None) -> tuple[float, float]:
@@ -353,17 +448,19 @@ def reference_term(values: Sequence[float], prior: NoisePrior | None = None) -> 
 # efficiency. Everything below is on log tokens/s/GPU, variances by the delta method.
 
 
-def fabric_time_sample(multi: tuple[float, float], one: tuple[float, float],
-                       one_reference: float) -> tuple[float, float]:
-    """One round's (log tokens/s/GPU, within-launch variance) of the n-node launch ``multi`` with
-    its one-node step (the same round's ``one``) replaced by the baseline's (``one_reference``, log
-    tokens/s/GPU): log 1 / (u_n - u_1 + U_1). The added time is kept at least 5% of the step
-    (a round whose one-node launch is slower than its n-node one by more than the baseline's
-    whole one-node step is noise, not a faster fabric)."""
-    (lm, wm), (l1, w1) = multi, one
+def fabric_time_sample(multi: Sequence[float], one: Sequence[float],
+                       one_reference: float) -> tuple[float, float, float]:
+    """One round's (log tokens/s/GPU, within-launch variance, extra variance) of the n-node launch
+    ``multi`` with its one-node step (the same round's ``one``) replaced by the baseline's
+    (``one_reference``, log tokens/s/GPU): log 1 / (u_n - u_1 + U_1). ``multi`` and ``one`` are
+    ``Measurement.sample`` tuples; variances carry through by the delta method. The added time is
+    kept at least 5% of the step (a round whose one-node launch is slower than its n-node one by
+    more than the baseline's whole one-node step is noise, not a faster fabric)."""
+    (lm, wm, em), (l1, w1, e1) = _parts(multi), _parts(one)
     um, u1, ub = math.exp(-lm), math.exp(-l1), math.exp(-one_reference)
     d = max(um - u1 + ub, 0.05 * um)
-    return -math.log(d), (um / d) ** 2 * wm + (u1 / d) ** 2 * w1
+    a, b = (um / d) ** 2, (u1 / d) ** 2
+    return -math.log(d), a * wm + b * w1, a * em + b * e1
 
 
 def fabric_time_reference(noise_n: NoisePrior, noise_1: NoisePrior,
@@ -404,7 +501,8 @@ def combined_noise(parts: Sequence[tuple[float, NoisePrior]]) -> NoisePrior:
     ((w_i, prior_i)): sigma^2 = sum w_i^2 sigma_i^2, resting on the least-supported part's df."""
     sigma = math.sqrt(sum(w * w * p.sigma ** 2 for w, p in parts))
     sources = list(dict.fromkeys(p.source for _, p in parts))
-    return NoisePrior(min(max(sigma, 1e-6), 0.99), min(p.df for _, p in parts), "; ".join(sources))
+    return NoisePrior(min(max(sigma, 1e-6), 0.99), min(p.df for _, p in parts), "; ".join(sources),
+                      nights=min(p.nights for _, p in parts))
 
 
 @dataclass(frozen=True)
@@ -418,6 +516,10 @@ class Interval:
     df: float  # degrees of freedom of the t quantile: the prior's plus the launches'
     sigma: float  # launch-to-launch standard deviation (log scale) the interval used
     launches: tuple[int, ...]  # launches in each group, in the contrast's order
+    # What the interval's noise rests on when it is not simply the prior moderated by the launches:
+    # the prior widened for one launch per side, or set aside because tonight's rounds disagree.
+    noise_note: str = ""
+    data_df: int = 0  # degrees of freedom from tonight's launches (the rest: the prior's)
 
     def contains(self, x: float) -> bool:
         return self.low <= x <= self.high
@@ -431,8 +533,36 @@ class Interval:
                 f"{'+'.join(map(str, self.launches))} launches)")
 
 
+# One launch per side has no launch-to-launch spread of its own: its interval is the prior's alone.
+# A prior learned from at least this many nights of the configurations is trusted for that...
+MIN_LEARNED_NIGHTS = 3
+# ... any other (the declared default, a user's --launch-noise, a baseline of fewer nights) is
+# widened to at least this launch noise with this few degrees of freedom, so that only an effect
+# far beyond the threshold (ib 3-5x ahead of eth) decides on one launch, never a small one.
+UNLEARNED_SIGMA = 0.10
+UNLEARNED_DF = 3.0
+# Tonight's rounds are checked against the prior (an F-test of their spread over the prior's
+# variance); beyond this one-sided p the prior is set aside and the interval rests on the rounds.
+PRIOR_CHECK_P = 0.01
+
+
+def _parts(sample: Sequence[float]) -> tuple[float, float, float]:
+    """(log value, within-launch variance, extra variance) of a sample given as 2 or 3 numbers."""
+    return (float(sample[0]), float(sample[1]), float(sample[2]) if len(sample) > 2 else 0.0)
+
+
+def one_launch_prior(prior: NoisePrior) -> NoisePrior:
+    """The prior a contrast of one launch per side uses: ``prior`` itself when learned from at least
+    ``MIN_LEARNED_NIGHTS`` nights, else widened (``UNLEARNED_SIGMA``, ``UNLEARNED_DF``)."""
+    if prior.nights >= MIN_LEARNED_NIGHTS:
+        return prior
+    return NoisePrior(max(prior.sigma, UNLEARNED_SIGMA), min(prior.df, UNLEARNED_DF),
+                      f"{prior.source}, widened to {max(prior.sigma, UNLEARNED_SIGMA):.0%}: one launch per side "
+                      f"decides a small effect only on a noise learned from {MIN_LEARNED_NIGHTS} nights", prior.nights)
+
+
 def contrast_interval(
-    groups: Sequence[tuple[float, Sequence[tuple[float, float]]]],
+    groups: Sequence[tuple[float, Sequence[Sequence[float]]]],
     prior: NoisePrior = DEFAULT_NOISE,
     confidence: float = 0.95,
     fixed: tuple[float, float] = (0.0, 0.0),
@@ -440,57 +570,80 @@ def contrast_interval(
 ) -> Interval:
     """Interval of exp(sum_g c_g mean_g + fixed_log) for groups of launches of one configuration each.
 
-    ``groups``: (coefficient, [(log value, within-launch variance), ...]). A ratio candidate /
-    reference of tokens/s is [(+1, candidate), (-1, reference)]; a scaling efficiency tonight
-    against a baseline adds the one-node groups with the opposite signs. ``fixed``: (log value,
-    variance) of a term known from elsewhere (a baseline built from many nights).
+    ``groups``: (coefficient, [(log value, within-launch variance[, extra variance]), ...]). A ratio
+    candidate / reference of tokens/s is [(+1, candidate), (-1, reference)]; a scaling efficiency
+    tonight against a baseline adds the one-node groups with the opposite signs. ``fixed``: (log
+    value, variance) of a term known from elsewhere (a baseline built from many nights).
+
+    **Weight, not veto**: a launch disturbed as a whole carries extra variance e
+    (``LaunchEstimate.extra_var``); each group's mean_g is weighted by 1 / (WEIGHT_SIGMA^2 + e), the
+    weights ``configuration_value`` uses, so the ratio shown is the ratio of the values shown.
 
     The variance of one launch's log value is never taken as less than the prior's sigma^2 or
     the launches' own within-launch variance w (a launch cannot be known better than its steps
-    allow): the prior's part is max(sigma0^2, w), with the prior's weight df0.
+    allow): the prior's part is max(sigma0^2, w), with the prior's weight df0. Tonight's part comes
+    from the clean launches only (disturbed ones would inflate it by their own extra):
 
-    Unblocked: the launches' variance is pooled over the groups (each around its own mean):
-    s2 = (df0 max(sigma0^2, w) + df s2_launches) / (df0 + df); the contrast's variance is
-    s2 sum_g c_g^2 / k_g.
+    - unblocked: pooled over the groups (each around its own mean), df = sum (k_g - 1);
+    - ``blocked`` (every group the same length k, launch i of each group run in the same round): the
+      contrast per round, c_i = sum_g c_g x_gi, over the rounds whose launches are all clean, its
+      spread divided by sum_g c_g^2 per launch (rounds - 1 df). Slow drifts of the machine that hit
+      both launches of a round cancel (Kalibera & Jones' advice: compare within the level that
+      varies most).
 
-    ``blocked`` (every group the same length k, launch i of each group run in the same round, one
-    after the other): the contrast is computed per round, c_i = sum_g c_g x_gi, and its variance
-    from the spread of the c_i (k - 1 df), moderated by the prior's sum_g c_g^2 max(sigma0^2, w).
-    Slow drifts of the machine that hit both launches of a round cancel (Kalibera & Jones' advice:
-    compare within the level that varies most).
-
-    Degrees of freedom df0 + df; quantile Student's t (scipy).
+    Moderated: s2 = (df0 floor + df s2_tonight) / (df0 + df), unless tonight's spread is too large for
+    the prior (F = s2_tonight / floor beyond its ``PRIOR_CHECK_P`` quantile): then s2 = s2_tonight on
+    df alone, and ``noise_note`` says so. With one launch in every group (no spread tonight) the
+    prior is ``one_launch_prior``'s. The contrast's variance is sum_g c_g^2 sum_i omega_gi^2 (s2 +
+    e_gi) + fixed variance; Student's t on the degrees of freedom used.
     """
+    from scipy.stats import f as f_dist
     from scipy.stats import t as student_t
 
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if not groups or any(not samples for _, samples in groups):
         raise ValueError("every group of a contrast needs at least one launch")
+    parts = [(c, [_parts(s) for s in samples]) for c, samples in groups]
+    note = ""
+    if all(len(samples) == 1 for _, samples in parts):
+        widened = one_launch_prior(prior)
+        if widened is not prior:
+            note = f"one launch per side: launch noise widened to {widened.sigma:.0%} ({widened.df:g} df)"
+        prior = widened
     estimate = fixed[0]
-    for c, samples in groups:
-        estimate += c * statistics.fmean(v for v, _ in samples)
-    within = statistics.fmean(w for _, samples in groups for _, w in samples)
+    omegas = []
+    for c, samples in parts:
+        w = [1.0 / (WEIGHT_SIGMA ** 2 + e) for _, _, e in samples]
+        omega = [x / sum(w) for x in w]
+        omegas.append(omega)
+        estimate += c * sum(o * v for o, (v, _, _) in zip(omega, samples))
+    within = statistics.fmean(w for _, samples in parts for _, w, _ in samples)
     floor = max(prior.sigma ** 2, within)
-    weights = sum(c * c for c, _ in groups)
+    weights = sum(c * c for c, _ in parts)
     if blocked:
-        k = len(groups[0][1])
-        if any(len(samples) != k for _, samples in groups):
+        k = len(parts[0][1])
+        if any(len(samples) != k for _, samples in parts):
             raise ValueError("a blocked contrast needs the same number of launches in every group")
-        per_round = [sum(c * samples[i][0] for c, samples in groups) for i in range(k)]
+        clean_rounds = [i for i in range(k) if all(samples[i][2] == 0.0 for _, samples in parts)]
+        per_round = [sum(c * samples[i][0] for c, samples in parts) for i in clean_rounds]
         s2_rounds, df = pooled_noise([per_round])
-        s2 = (prior.df * weights * floor + df * s2_rounds) / (prior.df + df)
-        variance = s2 / k + fixed[1]
-        sigma = math.sqrt(s2 / weights)  # per launch, as if the rounds' noise were shared evenly
+        s2_tonight = s2_rounds / weights
     else:
-        s2_launches, df = pooled_noise([[v for v, _ in samples] for _, samples in groups])
-        s2 = (prior.df * floor + df * s2_launches) / (prior.df + df)
-        variance = s2 * sum(c * c / len(samples) for c, samples in groups) + fixed[1]
-        sigma = math.sqrt(s2)
+        s2_tonight, df = pooled_noise([[v for v, _, e in samples if e == 0.0] for _, samples in parts])
+    s2 = (prior.df * floor + df * s2_tonight) / (prior.df + df)
     dof = prior.df + df
+    if df >= 2 and s2_tonight > floor:
+        p = float(f_dist.sf(s2_tonight / floor, df, prior.df))
+        if p < PRIOR_CHECK_P:
+            note = (f"tonight's launches vary {math.sqrt(s2_tonight):.1%}, beyond the prior's {math.sqrt(floor):.1%} "
+                    f"(F = {s2_tonight / floor:.1f}, p = {p:.2g}): the prior set aside")
+            s2, dof = s2_tonight, float(df)
+    variance = sum(c * c * sum(o * o * (s2 + e) for o, (_, _, e) in zip(omega, samples))
+                   for (c, samples), omega in zip(parts, omegas)) + fixed[1]
     half = float(student_t.ppf(1 - (1 - confidence) / 2, dof)) * math.sqrt(variance)
     return Interval(math.exp(estimate - half), math.exp(estimate), math.exp(estimate + half), confidence, dof,
-                    sigma, tuple(len(samples) for _, samples in groups))
+                    math.sqrt(s2), tuple(len(samples) for _, samples in parts), note, df)
 
 
 # --------------------------------------------------------------------------------------------
@@ -633,6 +786,9 @@ def _boundary(previous: _Continuation | None, t: float, share: float) -> tuple[f
 # (1 - CONFIDENCE) / 2 = 5%: the two one-sided tests at 5% of equivalence testing (Schuirmann's
 # TOST, whose interval is the two-sided 90% one), spent over the looks below.
 CONFIDENCE = 0.90
+# How a night's gates share the allowance for false failures (--family-wise), the default first:
+# "bonferroni": a failure must hold at alpha / m over the m gates of the night; "none": each alone.
+FAMILY_RULES = ("bonferroni", "none")
 
 
 @dataclass
@@ -659,6 +815,10 @@ class SequentialGate:
     budget: int = 6
     confidence: float = CONFIDENCE
     prior: NoisePrior = DEFAULT_NOISE
+    # Gates judged in the same night: a failure must hold at the error allowance over this many
+    # (Bonferroni on the failing side; ``FAMILY_RULES``), so that a night of many gates keeps its
+    # chance of any false failure at the stated rate.
+    family: int = 1
     looks: list[Look] = field(default_factory=list)
     _times: tuple[float, ...] = field(default=(), init=False, repr=False)  # information fractions looked at
 
@@ -700,7 +860,16 @@ class SequentialGate:
         spent = max(len(s) for _, s in groups) if launches is None else launches
         confidence, self._times = self._next(spent)
         interval = contrast_interval(groups, self.prior, min(confidence, 1 - 1e-12), fixed, blocked)
-        look = Look(spent, interval, decide(interval, self.threshold, self.direction))
+        verdict = decide(interval, self.threshold, self.direction)
+        if verdict is Verdict.FAIL and self.family > 1:
+            # Bonferroni over the night's gates, on the failing side: a failure needs the interval
+            # whose error allowance is the look's over the number of gates to lie beyond the threshold.
+            wide = contrast_interval(groups, self.prior, min(1 - (1 - confidence) / self.family, 1 - 1e-12),
+                                     fixed, blocked)
+            verdict = decide(wide, self.threshold, self.direction)
+            if verdict is not Verdict.FAIL:
+                verdict = Verdict.INCONCLUSIVE
+        look = Look(spent, interval, verdict)
         self.looks.append(look)
         return look
 

@@ -1,7 +1,8 @@
 """The terminal's tables: throughput per model x nodes x fabric, and collective bandwidth.
 
-Each configuration shows its value (``measure.configuration_tokens_per_s``: the geometric mean of
-its counted launches), the number its gates judged and JUnit records (``junit.py``).
+Each configuration shows its value (``measure.configuration_tokens_per_s``: the weighted geometric
+mean of its launches), the number its gates judged and JUnit records (``junit.py``), with its launch
+count and how many of them were down-weighted.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
             tps = {f: configuration_tokens_per_s(ms) for f, ms in runs.items()}
             gpus = next(iter(runs.values()))[0].gpus
             cells = [str(nodes), str(gpus)]
-            cells += [(f"{tps[f]:.1f}" + (f" ({len(runs[f])})" if len(runs[f]) > 1 else "")) if f in tps else "-"
-                      for f in cols]
+            cells += [(f"{tps[f]:.1f}" + _count(runs[f])) if f in tps else "-" for f in cols]
             for f in cols:
                 if f == ref:
                     continue
@@ -50,7 +50,17 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
         out.append(f"{model}:")
         for r in [header, *body]:
             out.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    if any(m.down_weighted for rows in table.values() for runs in rows.values() for ms in runs.values() for m in ms):
+        out.append("(n, k dw): n launches, k of them disturbed as a whole and counted with a small weight")
     return out
+
+
+def _count(launches: Sequence[Measurement]) -> str:
+    """" (6)", " (6, 1 dw)" (one launch down-weighted: disturbed as a whole), "" for a single clean launch."""
+    dw = sum(1 for m in launches if m.down_weighted)
+    if len(launches) == 1 and not dw:
+        return ""
+    return f" ({len(launches)}" + (f", {dw} dw" if dw else "") + ")"
 
 
 def bandwidth_table(measurements: Iterable[BandwidthMeasurement]) -> list[str]:

@@ -51,13 +51,14 @@ def outcome_of(report: Any, gates: Sequence[GateOutcome] = (), errored: bool = F
 
 def verdict_line(g: GateOutcome) -> str:
     """A gate's verdict for its testcase's output: word, ratio, interval, launches, threshold and both
-    sides' numbers, short enough for a dashboard (which launches were set aside, and why, and the
-    launch noise are in the failure message and the suite properties)."""
+    sides' numbers and the launch noise with its source, short enough for a dashboard (which
+    launches were down-weighted, and why, is in the failure message and the suite properties)."""
     iv = g.interval
-    aside = f", {len(g.set_aside)} set aside" if g.set_aside else ""
+    aside = f", {len(g.set_aside)} down-weighted" if g.set_aside else ""
     return (f"{g.verdict}: {g.a_name}/{g.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, "
             f"{iv.high:.3f}] over {'+'.join(map(str, iv.launches))} launches{aside}; required >= {g.threshold:.3f} "
-            f"({g.requirement}); {g.a_name} {g.values[0]:.1f} vs {g.b_name} {g.values[1]:.1f} {g.unit} {g.context}"
+            f"({g.requirement}); {g.a_name} {g.values[0]:.1f} vs {g.b_name} {g.values[1]:.1f} {g.unit} {g.context}; "
+            f"noise {iv.sigma * 100:.1f}% on {iv.df:g} df ({g.noise.source})"
             + (f"; {g.extra}" if g.extra else ""))
 
 
@@ -78,7 +79,8 @@ def gate_record(g: GateOutcome) -> dict[str, Any]:
     return {"a": g.a_name, "b": g.b_name, "context": g.context, "outcome": str(g.verdict), "ratio": iv.point,
             "ci_low": iv.low, "ci_high": iv.high, "confidence": iv.confidence, "threshold": g.threshold,
             "requirement": g.requirement, "a_value": g.values[0], "b_value": g.values[1], "unit": g.unit,
-            "launches": list(iv.launches), "set_aside": len(g.set_aside), "launch_noise": g.noise.sigma}
+            "launches": list(iv.launches), "down_weighted": len(g.set_aside), "launch_noise": iv.sigma,
+            "noise_df": iv.df, "noise_source": g.noise.source, "noise_note": iv.noise_note, "family": g.family}
 
 
 def counts(words: Iterable[str]) -> dict[str, int]:

@@ -21,7 +21,7 @@ from pytest_fabric.case import Case
 from pytest_fabric.gates import GateOutcome
 from pytest_fabric.junit import add_to_junit, gate_lines, junit_names, load_junit, measurement_lines, suite_properties
 from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
-from pytest_fabric.measure import BandwidthMeasurement, Measurement
+from pytest_fabric.measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from pytest_fabric.stats import Interval, NoisePrior, Verdict
 from pytest_fabric.workload.result import CollectiveRow, CollectivesResult, StepSignals, TrainResult
 
@@ -31,10 +31,11 @@ DISTURBANCE = "cpu steal 40 ms"
 
 def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, steps: int = 4,
                  disturbed: int = 0, tokens_per_step: int | None = None, cluster: str = "emulated",
-                 versions: dict | None = None, **result_fields) -> dict:
+                 versions: dict | None = None, lost: float = 0.0, **result_fields) -> dict:
     """A store record (``{"case", "cluster", "result"}``) of one training launch of ``case`` whose
     ``steps`` measured steps all take the time that gives ``tokens_per_s``; the last ``disturbed``
-    of them carry a disturbance flag (more than half: the launch is set aside)."""
+    of them carry a disturbance flag (more than half: the launch is down-weighted), and other
+    processes took ``lost`` of each of their step's time."""
     world = case.nodes * gpus_per_node
     tokens_per_step = tokens_per_step or 64 * world
     step = tokens_per_step / tokens_per_s
@@ -42,7 +43,9 @@ def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, ste
     fields = dict(
         model=case.model, world_size=world, hosts=[f"node{i}" for i in range(case.nodes)],
         local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
-        step_s=[step] * steps, warmup_step_s=[step * 3], signals=StepSignals(disturbed=flags if disturbed else []),
+        step_s=[step] * steps, warmup_step_s=[step * 3],
+        signals=StepSignals(disturbed=flags, foreign_s=[step * lost if f else 0.0 for f in flags],
+                            steal_s=[0.0] * steps) if disturbed else StepSignals(),
         stopped="precision", versions=dict(VERSIONS if versions is None else versions),
         fabric={"name": case.fabric, "emulated_mbit": 2000, "nccl_env": {}, "crosses_fabric": case.crosses_fabric},
         cluster="emulated (network namespaces on this machine)")
@@ -89,9 +92,9 @@ def test_one_launch_gives_its_own_figures():
     assert lines[f"{p}.tokens_per_s"] == "800.000"
     assert lines[f"{p}.tokens_per_s_per_gpu"] == "400.000"
     assert lines[f"{p}.step_s"] == "0.250000"
-    assert lines[f"{p}.launches"] == "1" and lines[f"{p}.launches_set_aside"] == "0"
+    assert lines[f"{p}.launches"] == "1" and lines[f"{p}.launches_down_weighted"] == "0"
     assert lines[f"{p}.launch_tokens_per_s"] == "800.000"
-    assert lines[f"{p}.launch_set_aside"] == "0"
+    assert lines[f"{p}.launch_weight"] == "1"
     assert lines[f"{p}.steps"] == "4"
     assert lines[f"{p}.gpus"] == "2"
     assert lines[f"{p}.cluster"] == "emulated"
@@ -116,30 +119,31 @@ def test_the_configuration_figure_is_the_geometric_mean_of_its_launches():
     assert float(lines[f"{p}.tokens_per_s_per_gpu"]) == pytest.approx(value / 2, abs=1e-3)
     assert float(lines[f"{p}.step_s"]) == pytest.approx(128 / value, abs=1e-6)
     assert lines[f"{p}.launch_tokens_per_s"] == "1000.000,1100.000,900.000"
-    assert lines[f"{p}.launch_set_aside"] == "0,0,0"
-    assert lines[f"{p}.launches"] == "3" and lines[f"{p}.launches_set_aside"] == "0"
+    assert lines[f"{p}.launch_weight"] == "1,1,1"
+    assert lines[f"{p}.launches"] == "3" and lines[f"{p}.launches_down_weighted"] == "0"
     assert lines[f"{p}.steps"] == "4,5,6"
 
 
-def test_disturbed_launches_are_listed_and_counted_but_not_in_the_figure():
+def test_disturbed_launches_are_listed_counted_and_weighed_down_in_the_figure():
     ms = [train_measurement("m", 2, "ib", 1000.0, launch=0),
-          train_measurement("m", 2, "ib", 500.0, launch=1, disturbed=3),  # 3 of 4 steps: set aside
-          train_measurement("m", 2, "ib", 1210.0, launch=2, disturbed=1)]  # 1 of 4: counts
-    assert [bool(m.set_aside) for m in ms] == [False, True, False]
+          train_measurement("m", 2, "ib", 500.0, launch=1, disturbed=3),  # 3 of 4 steps: down-weighted
+          train_measurement("m", 2, "ib", 1210.0, launch=2, disturbed=1)]  # 1 of 4: counts fully
+    assert [bool(m.down_weighted) for m in ms] == [False, True, False]
     lines = measurement_lines(ms)
     p = "fabric.m-n2-ib"
-    assert lines[f"{p}.launches_set_aside"] == "1"
+    assert lines[f"{p}.launches_down_weighted"] == "1"
     assert lines[f"{p}.launches"] == "3"
-    assert lines[f"{p}.launch_tokens_per_s"] == "1000.000,500.000,1210.000"  # every launch, also the one set aside
-    assert lines[f"{p}.launch_set_aside"] == "0,1,0"  # ...and which one it was
-    assert float(lines[f"{p}.tokens_per_s"]) == pytest.approx(geomean([1000.0, 1210.0]), abs=1e-3)
+    assert lines[f"{p}.launch_tokens_per_s"] == "1000.000,500.000,1210.000"  # every launch
+    weights = [float(w) for w in lines[f"{p}.launch_weight"].split(",")]
+    assert weights[0] == weights[2] == 1.0 and 0 < weights[1] < 0.05  # ...and which one weighs little
+    expected = math.exp((math.log(1000.0) + weights[1] * math.log(500.0) + math.log(1210.0)) / (2 + weights[1]))
+    assert float(lines[f"{p}.tokens_per_s"]) == pytest.approx(expected, abs=1e-3)
 
 
-def test_when_every_launch_is_set_aside_the_figure_still_exists():
+def test_when_every_launch_is_disturbed_the_figure_is_their_mean():
     ms = [train_measurement("m", 2, "ib", v, launch=i, disturbed=4) for i, v in enumerate([400.0, 900.0])]
     lines = measurement_lines(ms)
-    assert lines["fabric.m-n2-ib.launches_set_aside"] == "2"
-    assert lines["fabric.m-n2-ib.launch_set_aside"] == "1,1"
+    assert lines["fabric.m-n2-ib.launches_down_weighted"] == "2"
     assert float(lines["fabric.m-n2-ib.tokens_per_s"]) == pytest.approx(600.0, abs=1e-3)
 
 
@@ -167,8 +171,11 @@ def test_gate_lines_name_the_comparison_and_carry_every_field():
         f"{p}.confidence": "0.9875",
         f"{p}.threshold": "0.95",
         f"{p}.launches": "3+4",
-        f"{p}.set_aside": "1",
-        f"{p}.launch_noise": "0.02",
+        f"{p}.down_weighted": "1",
+        f"{p}.launch_noise": "0.0158",
+        f"{p}.noise_df": "8",
+        f"{p}.noise_source": "declared default",
+        f"{p}.family": "1",
     }
 
 
@@ -198,11 +205,13 @@ def test_a_gate_shows_its_verdict_lines_then_figures_and_gate_fields_after_a_bla
     human, machine = split_text(text)
     # The verdict line carries both fabrics' numbers: no per-configuration sentence repeats them.
     assert human == ["pass: eth/ib = 0.981, 98.75% CI [0.962, 1.001] over 3+4 launches; required >= 0.950 (eth at "
-                     "most 5% slower); eth 981.0 vs ib 1000.0 tokens/s [m, 2 node(s)]", predicted]
+                     "most 5% slower); eth 981.0 vs ib 1000.0 tokens/s [m, 2 node(s)]; noise 1.6% on 8 df "
+                     "(declared default)", predicted]
     assert machine and all(MACHINE_LINE.match(line) for line in machine), machine
     assert machine[:2] == ["fabric.m-n2-ib.tokens_per_s=1000.000", "fabric.m-n2-eth.tokens_per_s=800.000"]
     gate = {line.partition("=")[0].rpartition(".")[2] for line in machine[2:]}
-    assert gate == {"verdict", "ratio", "ci_low", "ci_high", "confidence", "threshold", "launches", "set_aside"}
+    assert gate == {"verdict", "ratio", "ci_low", "ci_high", "confidence", "threshold", "launches", "down_weighted",
+                    "launch_noise"}
     # Run-wide facts are suite properties, not repeated per testcase.
     props = suite_properties(ms, {"fabric.nodes": "2"})
     assert props["fabric.m-n2-ib.gpus"] == "2" and props["fabric.version.torch"] == "2.13.0"
@@ -232,15 +241,17 @@ def test_repeated_launches_give_one_human_line_with_the_value_and_each_launch():
           for i, v in enumerate([1000.0, 400.0, 1210.0])]
     ms.append(train_measurement("m", 2, "eth", 880.0))
     human, machine = split_text(text_of(ms))
-    value = geomean([1000.0, 1210.0])
-    assert human[0] == (f"m-n2-ib: {value:.1f} tokens/s over 3 launches (1000.0, 400.0, 1210.0; 1 set aside), "
+    w = ms[1].weight  # the disturbed launch's small weight
+    value = math.exp((math.log(1000.0) + w * math.log(400.0) + math.log(1210.0)) / (2 + w))
+    assert 0 < w < 0.05
+    assert human[0] == (f"m-n2-ib: {value:.1f} tokens/s over 3 launches (1000.0, 400.0, 1210.0; 1 down-weighted), "
                         "2 GPU(s)")
     # The ratio line uses the configuration's value, the one the gates judged.
     assert f"eth/ib tokens/s ratio (m, 2 nodes): {880.0 / value:.3f}" in "\n".join(human)
     assert machine == [f"fabric.m-n2-ib.tokens_per_s={value:.3f}", "fabric.m-n2-eth.tokens_per_s=880.000"]
     props = suite_properties(ms, {})
     assert props["fabric.m-n2-ib.launch_tokens_per_s"] == "1000.000,400.000,1210.000"
-    assert props["fabric.m-n2-ib.launches_set_aside"] == "1"
+    assert props["fabric.m-n2-ib.launches_down_weighted"] == "1"
 
 
 def test_without_the_reference_fabric_there_is_no_ratio():
@@ -354,8 +365,10 @@ def test_a_testcase_text_added_to_junit_stays_valid_and_reads_back(pytester, jun
     assert case.find("system-out").text.endswith(text)  # escaped on the way in, whole on the way out
 
     night = load_junit(xml)
-    # The launches the gates counted: the one set aside (flagged in launch_set_aside) is left out.
-    assert night.cases["m-n2-ib"].tokens_per_s == [1000.0, 1020.0]
+    # Every launch, with its weight: the disturbed one counts, weighed down (launch_weight).
+    assert night.cases["m-n2-ib"].tokens_per_s == [1000.0, 1020.0, 300.0]
+    assert night.cases["m-n2-ib"].weights[:2] == [1.0, 1.0] and 0 < night.cases["m-n2-ib"].weights[2] < 0.05
+    assert night.cases["m-n2-ib"].mean == pytest.approx(configuration_tokens_per_s(ib), rel=1e-4)
     assert night.cases["m-n2-eth"].tokens_per_s == [981.0, 979.5, 990.25]
     assert night.cases["m-n2-eth"].gpus == 2
     assert night.identity["hosts"] == ["node0", "node1"]
@@ -412,4 +425,5 @@ def test_a_gate_reads_back_as_fields_not_prose(tmp_path):
     (verdict,) = load_junit(tmp_path / "j.xml").verdicts
     (fields,) = verdict["gates"]
     assert fields == {"a": "roce.v2", "b": "ib", "outcome": "inconclusive", "ratio": 0.981, "ci_low": 0.962,
-                      "ci_high": 1.0013, "confidence": 0.9875, "threshold": 0.95, "launches": [3, 4], "set_aside": 0.0}
+                      "ci_high": 1.0013, "confidence": 0.9875, "threshold": 0.95, "launches": [3, 4],
+                      "down_weighted": 0.0, "launch_noise": 0.0158}

@@ -413,18 +413,23 @@ def disturbed_record(model: str, nodes: int, fabric: str, tokens_per_s: float) -
     return record
 
 
-def test_a_launch_set_aside_does_not_count_in_the_value_read_back(tmp_path):
+def test_a_down_weighted_launch_counts_with_its_weight_in_the_value_read_back(tmp_path):
     """CaseResult.mean is documented as 'the number the gates judged and the terminal and JUnit
-    showed': a launch the gates set aside must not move it, read from JUnit or from a saved night."""
+    showed': a launch the gates weighed down moves it by its weight alone, read from JUnit or from
+    a saved night."""
     from pytest_fabric.junit import add_to_junit
     from pytest_fabric.measure import configuration_tokens_per_s
 
     ms = launches("qwen2-tiny", 2, "ib", IB_LAUNCHES)
     aside = Measurement.from_record(Case("qwen2-tiny", 2, "ib"), disturbed_record("qwen2-tiny", 2, "ib", 900.0),
                                     launch=3)
-    assert aside.set_aside and not any(m.set_aside for m in ms)
+    assert aside.down_weighted and not any(m.down_weighted for m in ms)
     judged = configuration_tokens_per_s([*ms, aside])
-    assert judged == pytest.approx(geomean(IB_LAUNCHES), rel=1e-12)
+    w = aside.weight
+    assert 0 < w < 0.05
+    expected = math.exp((sum(math.log(v) for v in IB_LAUNCHES) + w * math.log(aside.tokens_per_s))
+                        / (len(IB_LAUNCHES) + w))
+    assert judged == pytest.approx(expected, rel=1e-12) and judged != pytest.approx(geomean(IB_LAUNCHES), rel=1e-4)
     path = tmp_path / "junit.xml"
     path.write_text(junit_skeleton("test_x[qwen2-tiny-n2-ib]"))
     add_to_junit(path, {"suites/test_x.py::test_x[qwen2-tiny-n2-ib]": text_of([*ms, aside])}, {})

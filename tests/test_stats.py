@@ -15,6 +15,13 @@ import pytest
 import pytest_fabric.stats as stats_module
 from pytest_fabric.stats import (
     CONFIDENCE,
+    DISTURBED_SIGMA,
+    MIN_LEARNED_NIGHTS,
+    UNLEARNED_DF,
+    UNLEARNED_SIGMA,
+    configuration_value,
+    STALL_MARGIN,
+    mean_standard_error,
     DEFAULT_NOISE,
     LOCATION_QUANTILE,
     Interval,
@@ -171,10 +178,11 @@ class TestLocationInterval:
 
 
 class TestLaunchEstimate:
-    def test_value_is_the_low_quantile_of_the_steady_steps(self):
+    def test_value_is_the_mean_of_the_steady_steps_and_the_fast_steps_a_diagnostic(self):
         est = launch_estimate([5.0, 1.2, 1.0, 0.9, 1.1, 1.0, 1.0])
         assert isinstance(est, LaunchEstimate)
-        assert est.step_s == pytest.approx(q25([1.2, 1.0, 0.9, 1.1, 1.0, 1.0]))
+        assert est.step_s == pytest.approx(statistics.fmean([1.2, 1.0, 0.9, 1.1, 1.0, 1.0]))
+        assert est.fast_step_s == pytest.approx(q25([1.2, 1.0, 0.9, 1.1, 1.0, 1.0]))
         assert (est.steps, est.used, est.warmup_like) == (7, 6, 1)
         assert est.set_aside == {} and est.set_aside_steps == 0
         assert est.disturbed == ""
@@ -183,14 +191,14 @@ class TestLaunchEstimate:
         steady = [1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.0, 1.01]
         est = launch_estimate([8.0, 4.0] + steady)
         assert est.warmup_like == 2
-        assert est.step_s == pytest.approx(q25(steady))
+        assert est.step_s == pytest.approx(statistics.fmean(steady))
 
     def test_disturbed_steps_are_set_aside_and_counted_by_cause(self):
         times = [1.0, 1.01, 3.0, 0.99, 2.5, 1.0, 1.02, 0.98, 1.0, 1.6]
         flags = ["", "", "cpu steal 40 ms", "", "cpu steal 12 ms", "", "", "", "", "gpu clock 1200 MHz"]
         est = launch_estimate(times, flags)
         clean = [t for t, f in zip(times, flags) if not f]
-        assert est.step_s == pytest.approx(q25(clean))
+        assert est.step_s == pytest.approx(statistics.fmean(clean))
         assert (est.steps, est.used, est.warmup_like) == (10, 7, 0)
         assert est.set_aside_steps == 3
         # The figures are dropped from the cause: two steal steps are one kind, counted twice.
@@ -214,9 +222,11 @@ class TestLaunchEstimate:
         assert est.disturbed != ""
         assert "cpu steal" in est.disturbed
         assert est.set_aside_steps == 4
-        # With too few clean steps the value falls back to all steady steps.
+        # With too few clean steps the value falls back to all steady steps, and the launch counts
+        # with a small weight (its extra noise at least DISTURBED_SIGMA).
         assert est.used == 6
-        assert est.step_s == pytest.approx(q25(times))
+        assert est.step_s == pytest.approx(statistics.fmean(times))
+        assert est.extra_var >= DISTURBED_SIGMA ** 2 and est.weight < 0.05
 
     def test_mostly_disturbed_launch_is_marked_even_with_enough_clean_steps(self):
         times = [1.0] * 10
@@ -234,17 +244,48 @@ class TestLaunchEstimate:
         ses = [launch_estimate(lognormal(1.0, 0.05, n, rng)).log_se for n in (10, 40, 160, 640)]
         assert all(se > 0 for se in ses)
         assert ses == sorted(ses, reverse=True)
-        # The median of n lognormal steps: standard error about 1.2533 sigma / sqrt(n) in logs.
-        assert ses[-1] == pytest.approx(1.2533 * 0.05 / math.sqrt(640), rel=0.5)
+        # The mean of n independent lognormal steps: standard error about sigma / sqrt(n) in logs.
+        assert ses[-1] == pytest.approx(0.05 / math.sqrt(640), rel=0.5)
 
-    def test_log_se_falls_back_to_the_mad_with_few_steps(self):
-        times = [1.0, 1.1, 0.9, 1.05, 0.95]  # five: no order-statistic interval
-        logs = [math.log(t) for t in times]
-        center = statistics.median(logs)
-        mad = statistics.median(abs(x - center) for x in logs)
-        est = launch_estimate(times)
-        # The 25% quantile's asymptotic factor sqrt(q (1 - q)) / phi(z_q) = 1.3626.
-        assert est.log_se == pytest.approx(1.3626 * 1.4826 * mad / math.sqrt(5), rel=1e-4)
+    def test_log_se_of_correlated_steps_is_wider_than_the_naive_one(self):
+        # A slow phase lasting several steps (AR(1), r = 0.7): batch means (n >= 20) and the lag-1
+        # correction (n < 20) both widen the naive s / sqrt(n), as they must for the interval to hold.
+        rng = random.Random(5)
+        for n in (12, 64):
+            x, steps = 0.0, []
+            for _ in range(n):
+                x = 0.7 * x + rng.gauss(0, 0.03)
+                steps.append(math.exp(x))
+            naive = statistics.stdev(steps) / math.sqrt(n) / statistics.fmean(steps)
+            assert launch_estimate(steps).log_se > 1.2 * naive
+
+    def test_the_mean_standard_error_covers_the_true_mean_of_correlated_steps(self):
+        # AR(1) steps around 1.0, r = 0.5, 30 steps: the 95% interval from batch means covers 1.0
+        # about 95% of the time (at least 88% of 300 launches), where the naive one would not.
+        rng = random.Random(11)
+        covered = naive_covered = 0
+        for _ in range(300):
+            x, steps = 0.0, []
+            for _ in range(30):
+                x = 0.5 * x + rng.gauss(0, 0.02)
+                steps.append(1.0 + x)
+            mean = statistics.fmean(steps)
+            # 30 steps: 5 batches of 6, Student's t on 4 df.
+            covered += abs(mean - 1.0) <= 2.776 * mean_standard_error(steps)
+            naive_covered += abs(mean - 1.0) <= 1.96 * statistics.stdev(steps) / math.sqrt(30)
+        assert covered / 300 >= 0.88 and naive_covered < covered
+
+    def test_stalled_steps_move_the_mean_and_not_the_fast_steps(self):
+        # 20% of the steps stall by +60%: the job pays ~12% more per step; the 25% quantile sees nothing.
+        steps = [1.6 if i % 5 == 4 else 1.0 for i in range(40)]
+        est = launch_estimate(steps)
+        assert est.step_s == pytest.approx(1.12) and est.fast_step_s == pytest.approx(1.0)
+        assert est.stall == pytest.approx(0.12) and est.stall > STALL_MARGIN
+
+    def test_a_slow_phase_marks_the_launch_and_sizes_its_extra_noise(self):
+        est = launch_estimate([1.0] * 10, slow_phase=0.4)
+        assert "machine slow 40%" in est.disturbed
+        assert est.extra_var == pytest.approx(math.log(1.4) ** 2)
 
     def test_tokens_per_s(self):
         assert launch_estimate([0.5] * 8).tokens_per_s(1000) == pytest.approx(2000.0)
@@ -271,8 +312,11 @@ class TestMeasuringDone:
     def test_precision_for_steady_steps(self):
         steps = [1.0, 1.001, 0.999, 1.0, 1.0005, 0.9995] * 2 + [1.0]
         assert measuring_done(steps, None, **self.kw) == "precision"
-        # Twelve steady steps have no interval of the 25% quantile yet, whatever min_steps says.
-        assert measuring_done(steps[:12], None, **{**self.kw, "min_steps": 3}) == ""
+        # Fewer than min_steps clean steps: not yet, however steady.
+        assert measuring_done(steps[:4], None, **{**self.kw, "min_steps": 5}) == ""
+        # Steps that vary 20% are not known to 1% after 13.
+        rng = random.Random(2)
+        assert measuring_done(lognormal(1.0, 0.2, 13, rng), None, **self.kw) == ""
 
     def test_precision_needs_clean_steps(self):
         steps = [1.0] * 14
@@ -362,22 +406,54 @@ class TestReferenceTerm:
 
 class TestContrastInterval:
     def test_one_launch_a_side_decides_a_5x_gap(self):
+        # No launch-to-launch evidence tonight and a declared prior: widened to 10% on 3 df, and a
+        # 5x gap still decides.
         iv = contrast_interval([(1, side([1000.0])), (-1, side([200.0]))])
         assert iv.point == pytest.approx(5.0)
-        assert iv.low > 4.0 and iv.high < 6.0
-        assert not iv.contains(1.0)
+        assert 3.0 < iv.low and iv.high < 8.0
         assert iv.launches == (1, 1)
-        # No launch-to-launch evidence tonight: the prior's sigma and degrees of freedom alone.
-        assert iv.df == DEFAULT_NOISE.df and iv.sigma == pytest.approx(DEFAULT_NOISE.sigma)
+        assert (iv.df, iv.sigma, iv.data_df) == (UNLEARNED_DF, pytest.approx(UNLEARNED_SIGMA), 0)
+        assert "one launch per side" in iv.noise_note
         assert decide(iv, *ahead_gate(0.2)) is Verdict.PASS
 
-    def test_identical_launches_contain_one(self):
-        iv = contrast_interval([(1, side([1000.0])), (-1, side([1000.0]))])
-        assert iv.point == pytest.approx(1.0) and iv.contains(1.0)
+    def test_one_launch_a_side_on_a_learned_prior_uses_it(self):
+        learned = NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS)
+        iv = contrast_interval([(1, side([1000.0])), (-1, side([1000.0]))], learned)
+        assert iv.point == pytest.approx(1.0) and iv.contains(1.0) and iv.noise_note == ""
         # Student's t with the prior's 4 df: 2.7764; sigma of a difference of two launches.
-        half = 2.7764 * DEFAULT_NOISE.sigma * math.sqrt(2)
+        half = 2.7764 * 0.02 * math.sqrt(2)
         assert iv.low == pytest.approx(math.exp(-half), rel=1e-4)
         assert iv.high == pytest.approx(math.exp(half), rel=1e-4)
+        # On fewer nights, or declared: widened, so a small effect stays undecided.
+        for prior in (NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS - 1), DEFAULT_NOISE):
+            wide = contrast_interval([(1, side([1000.0])), (-1, side([920.0]))], prior)
+            assert decide(wide, *within_gate(0.05)) is Verdict.INCONCLUSIVE
+        assert decide(contrast_interval([(1, side([850.0])), (-1, side([1000.0]))], learned),
+                      *within_gate(0.05)) is Verdict.FAIL
+
+    def test_tonights_noise_far_beyond_the_prior_sets_it_aside(self):
+        # Launches that vary 15% against a prior of 1% on 4 df: the F-test rejects the prior, and
+        # the interval rests on tonight's launches alone (and says so).
+        rng = random.Random(4)
+        a, b = lognormal(1000, 0.15, 6, rng), lognormal(1000, 0.15, 6, rng)
+        prior = NoisePrior(0.01, 4.0)
+        iv = contrast_interval([(1, side(a)), (-1, side(b))], prior)
+        assert "the prior set aside" in iv.noise_note and iv.df == iv.data_df == 10
+        # Tonight's launches agree with the prior: it moderates them as before.
+        c, d = lognormal(1000, 0.01, 6, rng), lognormal(1000, 0.01, 6, rng)
+        ok = contrast_interval([(1, side(c)), (-1, side(d))], prior)
+        assert ok.noise_note == "" and ok.df == 14
+
+    def test_a_disturbed_launch_is_weighed_down_not_dropped(self):
+        clean = (math.log(1000.0), 0.0, 0.0)
+        disturbed = (math.log(500.0), 0.0, DISTURBED_SIGMA ** 2)
+        iv = contrast_interval([(1, [clean, disturbed]), (-1, [clean, clean])], blocked=True)
+        # The point is the weighted means' ratio: the half-speed launch weighs 0.0004 / 0.0104.
+        w = 0.02 ** 2 / (0.02 ** 2 + DISTURBED_SIGMA ** 2)
+        assert iv.point == pytest.approx(math.exp(w * math.log(0.5) / (1 + w)))
+        assert iv.point == pytest.approx(configuration_value([1000.0, 500.0], [1.0, w]) / 1000.0)
+        # No clean round pair beyond one: tonight has 0 df, the prior speaks.
+        assert iv.data_df == 0
 
     def test_a_to_a_samples_contain_one(self):
         rng = random.Random(8)
@@ -414,30 +490,31 @@ class TestContrastInterval:
         assert decide(iv, *within_gate(0.05)) is Verdict.FAIL
 
     def test_degrees_of_freedom_add_the_prior_and_the_launches(self):
-        prior = NoisePrior(0.02, 10.0)
-        iv = contrast_interval([(1, side([1.0, 1.1, 0.9])), (-1, side([1.0, 1.02, 0.98, 1.01]))], prior)
+        prior = NoisePrior(0.05, 10.0)
+        iv = contrast_interval([(1, side([1.0, 1.05, 0.95])), (-1, side([1.0, 1.02, 0.98, 1.01]))], prior)
         assert iv.df == pytest.approx(10.0 + 2 + 3)
         assert iv.launches == (3, 4)
 
     def test_prior_moderates_the_launches_noise(self):
-        values_a, values_b = [1000.0, 1200.0, 800.0], [1100.0, 900.0, 1000.0]
+        values_a, values_b = [1000.0, 1030.0, 970.0], [1020.0, 980.0, 1000.0]
         groups = [(1, side(values_a)), (-1, side(values_b))]
         s_launches = math.sqrt(pooled_noise([[math.log(v) for v in values_a], [math.log(v) for v in values_b]])[0])
-        strong = contrast_interval(groups, NoisePrior(0.02, 1e6))
-        weak = contrast_interval(groups, NoisePrior(0.02, 1e-6))
-        assert strong.sigma == pytest.approx(0.02, rel=1e-3)
+        strong = contrast_interval(groups, NoisePrior(0.03, 1e6))
+        weak = contrast_interval(groups, NoisePrior(0.03, 1e-6))
+        assert strong.sigma == pytest.approx(0.03, rel=1e-3)
         assert weak.sigma == pytest.approx(s_launches, rel=1e-3)
-        middle = contrast_interval(groups, NoisePrior(0.02, 4.0))
-        expected = math.sqrt((4 * 0.02 ** 2 + 4 * s_launches ** 2) / 8)
+        middle = contrast_interval(groups, NoisePrior(0.03, 4.0))
+        expected = math.sqrt((4 * 0.03 ** 2 + 4 * s_launches ** 2) / 8)
         assert middle.sigma == pytest.approx(expected)
 
     def test_within_launch_variance_is_a_floor_for_the_prior(self):
         # A launch cannot be known better than its own steps allow: max(sigma0^2, w).
+        learned = NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS)
         w = 0.03 ** 2
-        iv = contrast_interval([(1, side([1000.0], w)), (-1, side([1000.0], w))])
+        iv = contrast_interval([(1, side([1000.0], w)), (-1, side([1000.0], w))], learned)
         assert iv.sigma == pytest.approx(0.03)
-        small = contrast_interval([(1, side([1000.0], 0.001 ** 2)), (-1, side([1000.0], 0.001 ** 2))])
-        assert small.sigma == pytest.approx(DEFAULT_NOISE.sigma)
+        small = contrast_interval([(1, side([1000.0], 0.001 ** 2)), (-1, side([1000.0], 0.001 ** 2))], learned)
+        assert small.sigma == pytest.approx(0.02)
 
     def test_blocked_rounds_cancel_a_shared_drift(self):
         # Each round's two launches share the machine's speed of the moment: by round the
@@ -624,7 +701,7 @@ class TestSequentialGate:
         assert look.interval.width > contrast_interval(groups).width
 
     def test_uses_its_prior_and_fixed_term(self):
-        prior = NoisePrior(0.05, 7.0, "nights")
+        prior = NoisePrior(0.05, 7.0, "nights", nights=3)
         gate = SequentialGate(0.95, start=1, budget=1, prior=prior)
         look = gate.look([(1, side([1000.0]))], fixed=(math.log(1 / 500), 0.0))
         assert look.interval.df == 7.0
@@ -741,11 +818,11 @@ def test_a_machine_drift_cancels_in_the_fabric_time(speed):
     # computes at ``speed`` times the baseline's, the fabric is unchanged.
     nights = [(_per_gpu(2e-3, 7e-3), _per_gpu(2e-3, 0.0))] * 3
     (reference, _), one_reference, _ = fabric_time_reference(DEFAULT_NOISE, DEFAULT_NOISE, nights)
-    value, _ = fabric_time_sample((_per_gpu(2e-3 / speed, 7e-3), 0.0), (_per_gpu(2e-3 / speed, 0.0), 0.0),
-                                  one_reference)
+    value, _, _ = fabric_time_sample((_per_gpu(2e-3 / speed, 7e-3), 0.0), (_per_gpu(2e-3 / speed, 0.0), 0.0),
+                                     one_reference)
     assert value - reference == pytest.approx(0.0, abs=1e-12)
     # The fabric adding 10% more time shows as its share of the step.
-    slower, _ = fabric_time_sample((_per_gpu(2e-3 / speed, 7.7e-3), 0.0), (_per_gpu(2e-3 / speed, 0.0), 0.0),
+    slower, _, _ = fabric_time_sample((_per_gpu(2e-3 / speed, 7.7e-3), 0.0), (_per_gpu(2e-3 / speed, 0.0), 0.0),
                                    one_reference)
     assert math.exp(slower - reference) == pytest.approx(9.0 / 9.7)
 
@@ -753,7 +830,8 @@ def test_a_machine_drift_cancels_in_the_fabric_time(speed):
 def test_the_fabric_time_variance_is_the_delta_method_of_both_launches():
     rng = random.Random(7)
     multi, one, one_reference = (math.log(110.0), 0.01 ** 2), (math.log(450.0), 0.04 ** 2), math.log(430.0)
-    value, variance = fabric_time_sample(multi, one, one_reference)
+    value, variance, extra = fabric_time_sample(multi, one, one_reference)
+    assert extra == 0.0
     draws = [fabric_time_sample((rng.gauss(multi[0], 0.01), 0.0), (rng.gauss(one[0], 0.04), 0.0), one_reference)[0]
              for _ in range(20000)]
     assert statistics.fmean(draws) == pytest.approx(value, abs=1e-3)

@@ -337,7 +337,10 @@ def test_slow_fault_parses_with_its_factor():
     ("slow:factor=abc", "factor='abc' in 'slow:factor=abc' must be a number from 1 to 100"),
     ("slow:factor=nan", "must be a number from 1 to 100"),
     ("slow:factor=", "is not one of fabric=NAME, rank=N, step=N, node=N, factor=X"),
-    ("crash:factor=2", "factor= in 'crash:factor=2' applies to slow faults only"),
+    ("crash:factor=2", "factor= and p= in 'crash:factor=2' apply to slow and stall faults only"),
+    ("slow:p=0.2", "p= in 'slow:p=0.2' applies to stall faults only"),
+    ("stall:p=0", "p='0' in 'stall:p=0' must be a fraction in (0, 1]"),
+    ("stall:p=x", "p='x' in 'stall:p=x' must be a fraction in (0, 1]"),
 ])
 def test_malformed_slow_faults_are_refused(text, message):
     with pytest.raises(ValueError, match=re.escape(message)) as caught:
@@ -414,10 +417,41 @@ def test_foreign_cpu_time_disturbs_a_step():
     assert signals.disturbance(view(steal_s=0.2, foreign_s=0.3)) == "cpu steal 200 ms"
 
 
-def test_a_probe_slower_than_the_launchs_fastest_disturbs_a_step():
-    views = [view(probe_s=0.0010), view(probe_s=0.00125), view(probe_s=0.0014), view(probe_s=0.0)]
-    assert signals.judge_launch(views) == ["", "", "cpu slowed 40%", ""]  # 25% is within; 0: no probe
+def test_a_probe_slower_than_the_launchs_typical_one_disturbs_a_step():
+    views = [view(probe_s=0.0010), view(probe_s=0.00101), view(probe_s=0.00125), view(probe_s=0.0014),
+             view(probe_s=0.0)]
+    # Judged against the median probe (1.01 ms): 24% over is within, 39% over is not; 0: no probe.
+    assert signals.judge_launch(views) == ["", "", "", "cpu slowed 39%", ""]
     assert signals.judge_launch([view(), view()]) == ["", ""]  # GPU runs: no probe
+
+
+def test_a_launch_that_probes_slow_on_most_steps_is_not_flagged_step_by_step():
+    # A communication-bound launch: its ranks idle on the network every step, and a vCPU here runs
+    # slower for a while after idling, so most probes read slow. That is the launch's own pattern.
+    views = [view(probe_s=0.00024)] * 9 + [view(probe_s=0.00014)]
+    assert signals.judge_launch(views) == [""] * 10
+
+
+def test_a_slow_phase_is_judged_against_the_sessions_fastest_probe():
+    assert signals.slow_phase([0.00024, 0.00025], 0.00014) == pytest.approx(0.00024 / 0.00014 - 1)
+    assert signals.slow_phase([0.00015, 0.00024], 0.00014) == 0.0  # 7%: within PHASE_SLOWDOWN
+    assert signals.slow_phase([0.0, 0.0], 0.00014) == 0.0 and signals.slow_phase([0.0002], 0.0) == 0.0
+
+
+def test_the_launchs_own_ranks_on_shared_cores_are_not_other_processes():
+    # Eight nodes on two cores: nodes 0, 2, 4, 6 pinned to core 0 (mask 1), 1, 3, 5, 7 to core 1
+    # (mask 2). Each core was busy 0.5 s, all of it this launch's own ranks (0.125 s each).
+    rows = [[0.5, 0.125, 0.5, 0.0, 1.0, 0.0, 0.0, 0.0, float(1 << (i % 2))] for i in range(8)]
+    step = signals.combine(rows, 1)
+    assert step.foreign_s == pytest.approx(0.0) and signals.disturbance(step) == ""
+    # The same with a hog taking 0.3 s of core 0: other processes, on that core.
+    rows[0][2] = rows[2][2] = rows[4][2] = rows[6][2] = 0.8
+    step = signals.combine(rows, 1)
+    assert step.foreign_s == pytest.approx(0.3) and step.cores == 1
+    assert signals.disturbance(step).startswith("other processes 300 ms")
+    # Without masks (results before 0.4), each node stands alone, as before.
+    alone = signals.combine([r[:8] for r in rows], 1)
+    assert alone.foreign_s == pytest.approx(0.8 - 0.125)
 
 
 def test_gpu_throttle_rule():
@@ -444,7 +478,8 @@ def test_node_sampler_reads_this_machine():
     assert after.own_run_s > before.own_run_s and after.busy_s >= before.busy_s >= 0
     sample = sampler.step_row(0.1, before, after, 0.001)
     assert len(sample) == len(signals.FIELDS) and sample[4] == len(sampler.cores) and sample[5] == 0.001
-    assert train._cpu_probe() > 0
+    assert sample[8] == float(sum(1 << c for c in sampler.cores))  # the core mask
+    assert 0 < signals.cpu_probe() and signals.reference_probe(3) > 0
 
 
 # --- Weights -------------------------------------------------------------------------------------

@@ -78,6 +78,9 @@ class StepSignals:
     sm_clock_mhz: list[float | None] = field(default_factory=list)
     throttle: list[list[str]] = field(default_factory=list)
     disturbed: list[str] = field(default_factory=list)
+    # The session's fastest CPU probe when the launch ran (the harness's reference for full speed;
+    # 0: unknown): a launch whose fastest probe is well above it ran in a slow phase of the machine.
+    probe_reference_s: float = 0.0
 
 
 @dataclass(kw_only=True)

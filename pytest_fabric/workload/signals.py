@@ -31,6 +31,7 @@ Standard library only: the harness imports the rule and the names without torch.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,10 +62,55 @@ DISTURBING_THROTTLE = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdow
 
 # Per rank and step, the numbers every rank contributes to the step's all-reduce (in this order).
 FIELDS = ("step_s", "own_run_s", "cores_busy_s", "cores_steal_s", "cores", "probe_s", "sm_clock_mhz",
-          "throttle_mask")
+          "throttle_mask", "core_mask")
 
-# A step whose CPU probe took this much longer than the launch's fastest probe ran on a slowed CPU.
+# A step whose CPU probe took this much longer than the launch's typical (median) probe ran on a
+# slowed CPU. The median, not the fastest: a vCPU here runs slower for a while after it idles, so a
+# communication-bound launch, whose ranks wait on the network every step, probes slow on most
+# steps; that is the job's own pattern, paid by every launch of it, not a disturbance.
 PROBE_SLOWDOWN = 0.30
+# A whole launch ran in a slow phase of the machine when even its fastest probe is this much slower
+# than the session's fastest (the machine's full speed): a speed level that lasts minutes slows every
+# step of a launch alike, so no step stands out from its own launch.
+PHASE_SLOWDOWN = 0.15
+
+_PROBE_LOOPS = 4000
+
+
+def cpu_probe() -> float:
+    """The CPU probe: a fixed small kernel, timed after each step (outside the step's timing).
+
+    On the VMs this project runs on, a vCPU's speed flips between levels (seen: 0.14 vs 0.24 ms for
+    this loop, for seconds to minutes) without any steal time being reported; the probe shows which
+    speed a step ran at. A plain Python loop on the calling thread, the best of five runs (about
+    0.7 ms in all): a torch matmul here would use the intra-op thread pool, whose workers wake slowly
+    after the step's collectives; the best of five drops a single interrupt, while a slowed vCPU
+    slows all five. The harness runs the same loop for the session's reference (``reference_probe``).
+    """
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        x = 0
+        for i in range(_PROBE_LOOPS):
+            x += i * i
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def reference_probe(runs: int = 40) -> float:
+    """The fastest of ``runs`` probes on this machine now: the harness's reference for full speed."""
+    return min(cpu_probe() for _ in range(runs))
+
+
+def slow_phase(probes: Sequence[float], reference_s: float) -> float:
+    """How much slower than ``reference_s`` (the session's full speed) a launch's fastest CPU probe
+    ran, as a fraction (0.18: 18% slower), when beyond ``PHASE_SLOWDOWN``; 0.0 when not, or when
+    nothing was probed."""
+    measured = [p for p in probes if p > 0]
+    if not measured or reference_s <= 0:
+        return 0.0
+    slower = min(measured) / reference_s - 1.0
+    return slower if slower > PHASE_SLOWDOWN else 0.0
 
 
 def throttle_names(mask: int) -> list[str]:
@@ -106,6 +152,8 @@ class NodeSampler:
         except (AttributeError, OSError):
             self.cores = list(range(os.cpu_count() or 1))
         self._names = {f"cpu{c}" for c in self.cores}
+        # The cores as a bit mask (exact in a float64 up to core 52; beyond, the count still works).
+        self.core_mask = float(sum(1 << c for c in self.cores if c < 53))
         self._nvml = _Nvml.open(gpu_index) if gpu_index is not None else None
 
     def cpu(self) -> CpuSample:
@@ -132,7 +180,8 @@ class NodeSampler:
         """This rank's contribution to the step's all-reduce, in ``FIELDS`` order."""
         clock, mask = self.gpu()
         return [step_s, max(0.0, after.own_run_s - before.own_run_s), max(0.0, after.busy_s - before.busy_s),
-                max(0.0, after.steal_s - before.steal_s), float(len(self.cores)), probe_s, clock, float(mask)]
+                max(0.0, after.steal_s - before.steal_s), float(len(self.cores)), probe_s, clock, float(mask),
+                self.core_mask]
 
 
 class _Nvml:
@@ -179,22 +228,41 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     """Every rank's row of one step (``FIELDS``) -> the step as a whole.
 
     Ranks ``k * local_world_size ...`` share node ``k`` and its cores (torchrun numbers them so):
-    the first of them speaks for the cores, and every one of them subtracts its own run time.
+    the first of them speaks for the cores. Nodes whose cores overlap (an emulated cluster with more
+    nodes than cores pins several nodes to one core) are one group of cores: the group's foreign
+    time is its cores' busy time less the run time of *every* rank of this launch on them, so the
+    launch's own ranks on other nodes are never "other processes".
     """
     lws = max(1, local_world_size)
     step_s = max(r[0] for r in rows)
-    # Per node (cpu seconds, cores); the worst node is the one that lost the largest share of its
-    # cores' time, since the rule's budget is a share of the node's own cores.
+    nodes = [rows[start:start + lws] for start in range(0, len(rows), lws)]
+    masks = [int(node[0][8]) if len(node[0]) > 8 else 0 for node in nodes]
+    # Groups of nodes sharing cores (union of overlapping masks; a node without a mask is alone).
+    groups: list[tuple[int, list[int]]] = []
+    for i, mask in enumerate(masks):
+        joined = [g for g in groups if mask and g[0] & mask]
+        members, union = [i], mask
+        for g in joined:
+            groups.remove(g)
+            members += g[1]
+            union |= g[0]
+        groups.append((union, members))
+    # Per group (cpu seconds, cores); the worst group is the one that lost the largest share of its
+    # cores' time, since the rule's budget is a share of the cores' own time.
     foreign, steal = (0.0, 1), (0.0, 1)
-    for start in range(0, len(rows), lws):
-        node = rows[start:start + lws]
-        first = node[0]
-        cores = max(1, int(first[4]))
-        node_foreign = max(0.0, first[2] - sum(r[1] for r in node))
-        if node_foreign / cores > foreign[0] / foreign[1]:
-            foreign = (node_foreign, cores)
-        if first[3] / cores > steal[0] / steal[1]:
-            steal = (first[3], cores)
+    for union, members in groups:
+        speaking: dict[int, Sequence[float]] = {}  # one node speaks for each distinct core set
+        for i in members:
+            speaking.setdefault(masks[i] or -1 - i, nodes[i][0])
+        busy = sum(first[2] for first in speaking.values())
+        group_steal = sum(first[3] for first in speaking.values())
+        cores = bin(union).count("1") if union else max(1, int(nodes[members[0]][0][4]))
+        own = sum(r[1] for i in members for r in nodes[i])
+        group_foreign = max(0.0, busy - own)
+        if group_foreign / cores > foreign[0] / foreign[1]:
+            foreign = (group_foreign, cores)
+        if group_steal / cores > steal[0] / steal[1]:
+            steal = (group_steal, cores)
     clocks = [r[6] for r in rows if r[6] > 0]
     mask = 0
     for r in rows:
@@ -206,7 +274,7 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
 def disturbance(view: StepView, probe_reference_s: float = 0.0) -> str:
     """Why ``view``'s step is set aside ("" when it is not): the rule in the module docstring.
 
-    ``probe_reference_s``: the CPU probe time of the same launch at full speed (its fastest).
+    ``probe_reference_s``: the same launch's typical CPU probe time (its median).
     """
     if _took_too_much(view.steal_s, view.step_s, view.steal_cores):
         return f"cpu steal {view.steal_s * 1000:.0f} ms"
@@ -228,7 +296,8 @@ def _took_too_much(cpu_s: float, step_s: float, cores: int) -> bool:
 
 def judge_launch(views: Sequence[StepView]) -> list[str]:
     """The rule applied to every step of a launch so far, the CPU probe judged against the
-    launch's fastest probe."""
-    probes = [v.probe_s for v in views if v.probe_s > 0]
-    reference = min(probes) if probes else 0.0
+    launch's median probe (a slow phase of the whole launch is judged by the harness against the
+    session's fastest probe: ``slow_phase``)."""
+    probes = sorted(v.probe_s for v in views if v.probe_s > 0)
+    reference = probes[(len(probes) - 1) // 2] if probes else 0.0  # the lower median
     return [disturbance(v, reference) for v in views]

@@ -157,8 +157,9 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             torch.cuda.synchronize()
 
     sampler = signals.NodeSampler(gpu_index=device.index if device.type == "cuda" else None)
-    probe = _cpu_probe if device.type == "cpu" and cfg.cpu_probe else None
-    stretch = faults.stretch(injected, cfg.fabric.get("name"), bool(cfg.fabric.get("crosses_fabric", True)))
+    probe = signals.cpu_probe if device.type == "cpu" and cfg.cpu_probe else None
+    crosses = bool(cfg.fabric.get("crosses_fabric", True))
+    stretch = faults.stretch(injected, cfg.fabric.get("name"), crosses)
     warmup: list[float] = []
     measured: list[signals.StepView] = []
     losses: list[torch.Tensor] = []  # read after the loop: reading a loss would wait for the GPU
@@ -176,8 +177,10 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
-        if stretch > 1.0:  # a planted slowdown (faults.py): the step takes `stretch` times as long
-            time.sleep((time.perf_counter() - start) * (stretch - 1.0))
+        # Planted slowdowns (faults.py): every step `stretch` times as long; a stall on some steps only.
+        factor = stretch * faults.stall_factor(injected, cfg.fabric.get("name"), crosses, cfg.seed, step)
+        if factor > 1.0:
+            time.sleep((time.perf_counter() - start) * (factor - 1.0))
         elapsed = time.perf_counter() - start
         # Outside the timed region: the node's signals, then one small all-reduce so that every
         # rank sees every rank's figures and takes the same decisions.
@@ -246,28 +249,6 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         )
     finish(result, cfg.result_path)
     return result
-
-
-# The CPU probe: a fixed small kernel timed after each step (outside the step's timing). On the
-# VMs this project runs on, a vCPU's speed flips between two levels (seen: 35 vs 74 ms for the same
-# 200 matmuls of 256 x 256, for seconds at a time) without any steal time being reported; the
-# probe shows which speed a step ran at. A plain Python loop on the calling thread, the best of
-# five runs (about 0.7 ms in all): a torch matmul here would use the intra-op thread pool, whose
-# workers wake slowly after the step's collectives or the ``slow`` fault's sleep (seen: half of
-# the steps of a quiet launch more than 30% over the launch's fastest matmul probe, none with this
-# probe); the best of five drops a single interrupt, while a slowed vCPU slows all five.
-_PROBE_LOOPS = 4000
-
-
-def _cpu_probe() -> float:
-    best = math.inf
-    for _ in range(5):
-        start = time.perf_counter()
-        x = 0
-        for i in range(_PROBE_LOOPS):
-            x += i * i
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _step_view(row: list[float], rank: int, world: int, device: torch.device) -> signals.StepView:
