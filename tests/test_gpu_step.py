@@ -139,3 +139,33 @@ def test_the_recorded_logs_show_why():
     assert failed.network is None and failed.warnings and failed.fallback
     assert socket.network == "Socket" and socket.nccl_version.startswith("2.28")
     assert socket.gdr_disabled
+
+
+# --- benchmarks/gpu_step.py --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_in_smoke_mode(tmp_path):
+    """The script as the lead runs it on a GPU (PYTHONPATH=. from the repository root), on CPU with a
+    tiny model: every configuration measured or skipped with a reason, the table's columns stable
+    (MFU n/a without a GPU peak), both files written."""
+    import os
+    import subprocess
+    import sys
+
+    repo = GPU.parents[1]
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_step.py", "--out", str(tmp_path), "--smoke"], cwd=repo,
+                          env={**os.environ, "PYTHONPATH": "."}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "gpu_step.json").read_text())
+    rows = data["rows"]
+    assert {r["compile"] for r in rows} == {True, False} and any(r["ac"] for r in rows)
+    for row in rows:
+        assert row.get("ms_per_step") or row["error"].startswith("skipped"), row
+        if row.get("ms_per_step"):
+            assert row["tokens_per_s"] == pytest.approx(row["batch"] * row["seq"] / (row["ms_per_step"] / 1000), rel=0.01)
+            assert row["mfu"] is None and row["predicted_gib"] >= 0
+    compiled = next(r for r in rows if r["compile"] and r.get("detail"))
+    assert compiled["detail"]["compile"] is True and compiled["detail"]["optimizer"] == "adamw foreach"
+    table = (tmp_path / "gpu_step.md").read_text()
+    assert "| config | ms/step | tokens/s | MFU |" in table and "n/a" in table and data["mfu_convention"] in table
