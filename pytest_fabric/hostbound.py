@@ -61,3 +61,22 @@ def host_bound(launches: Any) -> str:
     figures = ", ".join(part for part in (f"{shown:.0%} MFU" if shown is not None else "",
                                           f"GPU busy {busy_share:.0%}" if busy_share is not None else "") if part)
     return f"the step is host-bound: {figures}; a slower fabric can hide behind it"
+
+
+# --- The step's figures every renderer shows per configuration ---------------------------------------
+
+
+def configuration_mfu(launches: Any, tokens_per_s: float) -> float | None:
+    """MFU of a configuration at its value ``tokens_per_s`` (models.MFU_CONVENTION); None on CPU."""
+    return launches[0].result.mfu(tokens_per_s)
+
+
+def mfu_text(mfu: float | None) -> str:
+    """MFU as the tables show it: "43.9%", or "n/a" where there is no GPU peak (columns stay put)."""
+    return "n/a" if mfu is None else f"{mfu * 100:.1f}%"
+
+
+def peak_memory_gib(launches: Any) -> float:
+    """The largest peak memory per rank over a configuration's launches, GiB (GPU: the caching
+    allocator's peak; CPU: the peak resident set)."""
+    return max(m.result.peak_memory_bytes for m in launches) / 2**30
