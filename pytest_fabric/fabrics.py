@@ -39,6 +39,13 @@ class Fabric:
     def with_rate(self, mbit: float) -> Fabric:
         return replace(self, emulated_mbit=mbit)
 
+    def for_launch(self, crosses_fabric: bool) -> Fabric:
+        """The fabric as a launch gets it: a launch that crosses no fabric (one node) gets none of
+        its NCCL settings. No transport is selected there: NCCL_NET=IB on a node without an HCA
+        fails at init even for a one-rank communicator (NCCL 2.28, fixtures/gpu/), and a one-node
+        launch, shared between every fabric, must not depend on which fabric launched it."""
+        return self if crosses_fabric else replace(self, nccl_env={})
+
     def settings(self) -> dict[str, object]:
         """What a measurement records about the fabric it ran on."""
         return {

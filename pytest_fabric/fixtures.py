@@ -19,6 +19,7 @@ import pytest
 
 from .case import Case
 from .gates import GateOutcome, apply_verdict
+from .hostbound import host_bound
 from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s
 from .nights import identity_from_records, identity_mismatch
 from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
@@ -78,7 +79,8 @@ class CompareFixture:
 
     def within(self, candidate: Case, reference: Case, rel: float = 0.05) -> GateOutcome:
         """``candidate`` is at most ``rel`` slower than ``reference`` (one-sided)."""
-        return self._compare(candidate, reference, within_gate(rel), f"{candidate.fabric} at most {rel:.0%} slower")
+        return self._compare(candidate, reference, within_gate(rel), f"{candidate.fabric} at most {rel:.0%} slower",
+                             parity=True)
 
     def ahead(self, reference: Case, candidate: Case, by: float = 0.20) -> GateOutcome:
         """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
@@ -118,7 +120,8 @@ class CompareFixture:
             if result.verdict is not Verdict.INCONCLUSIVE or spent:
                 return runs, result
 
-    def _compare(self, a: Case, b: Case, gate_spec: tuple[float, str], requirement: str) -> GateOutcome:
+    def _compare(self, a: Case, b: Case, gate_spec: tuple[float, str], requirement: str,
+                 parity: bool = False) -> GateOutcome:
         threshold, direction = gate_spec
         gate = self._gate(threshold, direction, (a, b))
         # b first: interleaved b a b a ...
@@ -128,6 +131,9 @@ class CompareFixture:
             (configuration_tokens_per_s(runs_a), configuration_tokens_per_s(runs_b)), "tokens/s",
             f"[{a.model}, {a.nodes} node(s)]", gate.prior, _down_weighted(runs_a + runs_b),
             stall_note([(a.fabric, runs_a), (b.fabric, runs_b)]), gate.family)
+        if parity and outcome.verdict is Verdict.PASS and (reason := host_bound(runs_a + runs_b)):
+            outcome = replace(outcome, verdict=Verdict.INCONCLUSIVE,  # hostbound.py's rule
+                              extra="; ".join(filter(None, [reason, outcome.extra])))
         predicted = self._session.predicted(a, b, runs_a, runs_b, outcome.interval)
         # Measured, floor and predicted side by side.
         predicted = "\n".join([predicted, *(self._session.floor_line(runs) for runs in (runs_a, runs_b))])

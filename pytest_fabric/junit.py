@@ -34,6 +34,8 @@ from .atomic import replacing
 from .case import BANDWIDTH
 from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
+from .hostbound import configuration_mfu, peak_memory_gib
+from .models import MFU_CONVENTION
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
@@ -80,6 +82,11 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
             f"{p}.hosts": ",".join(r.hosts),
             f"{p}.attention": r.attention,
             f"{p}.device": f"{r.device}/{r.dtype}",
+            # MFU under models.MFU_CONVENTION on the result's peak ("n/a" on CPU), peak memory per rank.
+            f"{p}.mfu": "n/a" if (mfu := configuration_mfu(ms, value)) is None else f"{mfu:.4f}",
+            f"{p}.mfu_peak": f"{r.peak_gpu} {r.peak_flops_per_gpu / 1e12:g} TFLOP/s dense bf16" if r.peak_flops_per_gpu
+            else "n/a",
+            f"{p}.peak_memory_gib": f"{peak_memory_gib(ms):.2f}",
         }
     out[f"{p}.fabric_settings"] = json.dumps(r.fabric, sort_keys=True)
     out[f"{p}.versions"] = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
@@ -193,6 +200,7 @@ def suite_properties(measurements: Sequence[Measurement | BandwidthMeasurement],
         if isinstance(r, TrainResult):
             props["fabric.attention"] = r.attention
             props["fabric.device"] = f"{r.device}/{r.dtype}"
+            props["fabric.mfu_convention"] = MFU_CONVENTION
     return props
 
 

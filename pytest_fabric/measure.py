@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from filelock import FileLock, Timeout
 
-from . import preflight
+from . import memory, preflight
 from .case import BANDWIDTH, Case
 from .cluster import Cluster, LaunchRequest
 from .cluster.base import OnThisMachine
@@ -60,6 +60,10 @@ class LaunchSettings:
     fsdp: int = 2
     mixed_precision: str = "auto"
     activation_checkpointing: bool = False
+    compile: str = "auto"  # per-block torch.compile: "auto" (on GPUs), "on", "off"
+    # GPU memory per rank in bytes for the pre-launch memory check (--gpu-memory); None: what
+    # nvidia-smi reports here where ranks run on this machine's GPUs, else no check.
+    gpu_memory_bytes: float | None = field(default=None, compare=False)
     model_path: str | None = None
     # The transport proof: GPUDirect RDMA required on RDMA fabrics; NICs each node has, by fabric
     # (ini fabric_inventory; a fabric not listed is compared with what its nodes' sysfs shows).
@@ -69,7 +73,8 @@ class LaunchSettings:
     def workload_knobs(self) -> dict[str, Any]:
         """The TrainConfig fields these settings decide (beyond model and shape)."""
         return {"device": self.device, "fsdp": self.fsdp, "mixed_precision": self.mixed_precision,
-                "activation_checkpointing": self.activation_checkpointing, "model_path": self.model_path,
+                "activation_checkpointing": self.activation_checkpointing, "compile": self.compile,
+                "model_path": self.model_path,
                 "steps": self.steps, "warmup_steps": self.warmup_steps, "max_steps": self.max_steps,
                 "measure_s": self.measure_s, "step_precision": self.step_precision}
 
@@ -83,9 +88,15 @@ class LaunchSettings:
         return (f"at least {self.steps} measured steps, then to {self.step_precision:.0%} precision within "
                 f"{self.measure_s:g} s")
 
-    def shape(self, model: str) -> tuple[int, int]:
+    def shape(self, model: str, ranks: int = 1) -> tuple[int, int]:
+        """(batch, seq) per rank: the user's, else the model's default. A CPU-sized model has one
+        shape; a real (GPU) model takes the largest of its GPU batches that fits an 80 GB GPU at
+        ``ranks`` ranks (memory.default_gpu_shape)."""
         spec = get_model(model)
-        return self.batch_size or spec.batch_size, self.seq_len or spec.seq_len
+        if spec.cpu_sized or self.batch_size:
+            return self.batch_size or spec.batch_size, self.seq_len or spec.seq_len
+        return memory.default_gpu_shape(spec, ranks, self.activation_checkpointing, self.compile != "off",
+                                        seq=self.seq_len)
 
 
 # The name of 0.1, kept for suites written against it.
@@ -273,7 +284,7 @@ class Measurer:
     def key(self, case: Case) -> str:
         """Cache key: the case plus every setting that changes the measurement."""
         s = self.settings
-        batch, seq = s.shape(case.model)
+        batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
         # One node never touches the fabric: any fabric's measurement serves all of them.
         fabric = case.fabric if case.crosses_fabric else "any"
         fabric_settings = s.fabric(case.fabric).settings() if case.crosses_fabric else None
@@ -291,7 +302,9 @@ class Measurer:
 
     def _launch(self, case: Case) -> dict[str, Any]:
         s = self.settings
-        batch, seq = s.shape(case.model)
+        batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
+        if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
+            return {"case": asdict(case), "error": problem}
         run_dir = self._run_dir(case)
         config = TrainConfig(
             model=get_model(case.model).to_dict(),
@@ -304,6 +317,20 @@ class Measurer:
             fabric=self._fabric_record(case),
         )
         return self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
+
+    def _memory_refusal(self, case: Case, batch: int, seq: int) -> str:
+        """One line naming what to change when the shape cannot fit the GPU (memory.refusal); "" on
+        CPU runs and where the GPU's memory is unknown."""
+        s = self.settings
+        gpu_bytes = s.gpu_memory_bytes
+        if gpu_bytes is None and self.cluster.checks_here and self._runs_on_gpus():
+            gpu_bytes = memory.local_gpu_bytes()
+        if not gpu_bytes or s.device == "cpu":
+            return ""
+        problem = memory.refusal(get_model(case.model), batch, seq, case.nodes * s.gpus_per_node, gpu_bytes,
+                                 s.activation_checkpointing, s.compile != "off",
+                                 "fp32" if s.mixed_precision == "fp32" else "bf16")
+        return f"{case.id}: {problem}" if problem else ""
 
     def measure_bandwidth(self, case: Case) -> BandwidthMeasurement:
         """Collective bandwidth over ``case``'s nodes and fabric (``case.model`` is ignored)."""
@@ -330,7 +357,7 @@ class Measurer:
         return Path(tempfile.mkdtemp(prefix=f"{case.id}-{time.strftime('%H%M%S')}-", dir=self.workdir))
 
     def _fabric_record(self, case: Case) -> dict[str, Any]:
-        fabric = self.settings.fabric(case.fabric)
+        fabric = self.settings.fabric(case.fabric).for_launch(case.crosses_fabric)
         return {**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric), "crosses_fabric": case.crosses_fabric}
 
     def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None) -> dict[str, Any]:
@@ -346,7 +373,7 @@ class Measurer:
         request = LaunchRequest(
             nodes=case.nodes,
             procs_per_node=s.gpus_per_node,
-            fabric=fabric,
+            fabric=fabric.for_launch(case.crosses_fabric),  # one node: no transport selected
             program=["-m", module, "--config", str(run_dir / "config.json")],
             workdir=run_dir,
             deadline_s=s.launch_timeout_s,

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 
+# How MFU counts FLOPs (named wherever MFU is shown): the output head counted, embedding lookups not,
+# on the GPU's datasheet dense bf16 peak (workload/metrics.py PEAKS).
+MFU_CONVENTION = "output head counted, embedding lookups not; datasheet dense bf16 peak"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -23,6 +28,9 @@ class ModelSpec:
     batch_size: int = 2
     seq_len: int = 2048
     cpu_sized: bool = False
+    # On GPUs (real models): the micro-batches tried for the default shape, largest first; the largest
+    # whose predicted peak fits an 80 GB GPU at the launch's world size wins (memory.default_gpu_shape).
+    gpu_batch_sizes: tuple[int, ...] = (8, 4, 2, 1)
 
     @property
     def layers(self) -> int:
@@ -47,10 +55,23 @@ class ModelSpec:
         embeddings = vocab * h * (1 if c.get("tie_word_embeddings") else 2)
         return non_embedding + embeddings, non_embedding
 
+    @property
+    def vocab(self) -> int:
+        return int(self.config["vocab_size"])
+
+    @property
+    def tied(self) -> bool:
+        return bool(self.config.get("tie_word_embeddings"))
+
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token for a dense decoder: 6 N_non_embedding + 12 L H S."""
+        """Training FLOPs per token of a dense decoder, under ``MFU_CONVENTION``:
+        6 (N_non_embedding + H V) + 12 L H S.
+
+        The output head (H x V, tied to the embedding or not) is a matmul every token pays for, so
+        it counts; the embedding lookup is not a matmul and does not (torchtitan, llm-foundry)."""
         _, non_embedding = self.param_count()
-        return 6.0 * non_embedding + 12.0 * self.layers * self.hidden * seq_len
+        head = self.hidden * self.vocab
+        return 6.0 * (non_embedding + head) + 12.0 * self.layers * self.hidden * seq_len
 
     def hf_config(self):  # -> transformers.PretrainedConfig (imported lazily: it is slow)
         import transformers

@@ -69,6 +69,9 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
      "2"),
     ("mixed-precision", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32 (default auto)", "auto"),
+    ("gpu-memory", "GiB of memory per GPU for the pre-launch memory check (a shape predicted not to fit is "
+                   "refused with what to change) (default: what nvidia-smi reports where ranks run on this "
+                   "machine's GPUs, else no check)", None),
     ("fabric-save", "write this run's results to this JSON file (atomically) for later baselines and reports", None),
     ("fabric-metrics", "write the night as OpenMetrics text to this file (GitLab metrics report, node_exporter "
                        "textfile collector)", None),
@@ -101,6 +104,11 @@ _FLAGS = [
     ("accept-no-gdr", "accept GPU runs on RDMA fabrics (ib, roce, efa) without GPUDirect RDMA (by default the "
                       "NCCL log must show /GDRDMA channels and pre-flight must find nvidia_peermem or DMA-BUF)"),
 ]
+# On/off switches whose default is decided per run: --NAME and --no-NAME (ini fabric_NAME: auto, on, off).
+_TOGGLES = [
+    ("compile", "per-block torch.compile in torchtitan's order (activation checkpointing, compile each decoder "
+                "block, then fully_shard); --no-compile runs eager (default: on GPUs, off on CPU)"),
+]
 _LINELISTS = [
     ("fabric_define", "user fabrics, one 'NAME: BASE' per line (e.g. 'roce-dc2: roce')"),
     ("fabric_env", "fabric settings, one 'FABRIC.VARIABLE=VALUE' per line (e.g. 'ib.NCCL_IB_HCA==mlx5_0,mlx5_1')"),
@@ -110,7 +118,7 @@ _LINELISTS = [
                          "used fewer or slower ones (default: what each node's sysfs shows)"),
 ]
 # Each choice list from its owner, the default first.
-_CHOICES = {"inconclusive": INCONCLUSIVE_POLICIES, "undecided-night": ("fail", "pass"),
+_CHOICES = {"inconclusive": INCONCLUSIVE_POLICIES, "compile": ("auto", "on", "off"), "undecided-night": ("fail", "pass"),
             "ssh-host-key-checking": STRICT_HOST_KEY_CHECKING, "device": DEVICES,
             "fsdp": tuple(str(v) for v in FSDP_VERSIONS), "mixed-precision": MIXED_PRECISION,
             "regression-on": REGRESSION_MEASURES, "family-wise": FAMILY_RULES}
@@ -132,6 +140,11 @@ def add_options(parser: pytest.Parser) -> None:
                          "fabric_price per fabric; saved with --fabric-save, priced in the summary and reports")
     group.addoption("--fabric-env", dest="fabric_env_cli", action="append", default=[],
                     metavar="FABRIC.VAR=VALUE", help="override one fabric setting (repeatable); adds to ini fabric_env")
+    for name, help_text in _TOGGLES:
+        dest = _dest(name)
+        group.addoption(f"--{name}", dest=dest, action="store_const", const="on", default=None, help=help_text)
+        group.addoption(f"--no-{name}", dest=dest, action="store_const", const="off", help=f"see --{name}")
+        parser.addini(dest, help=f"default for --{name}: auto, on or off", default="auto")
     for dest, help_text in _LINELISTS:
         parser.addini(dest, help=help_text, type="linelist", default=[])
 
@@ -373,6 +386,8 @@ def parse(config: pytest.Config) -> FabricOptions:
         fsdp=fsdp,
         mixed_precision=_choice(config, "mixed-precision"),
         activation_checkpointing=_flag(config, "activation-checkpointing"),
+        compile=_choice(config, "compile"),
+        gpu_memory_bytes=(gib * 2**30 if (gib := _positive(config, "gpu-memory", "80")) else None),
         model_path=str(Path(model_path).resolve()) if model_path else None,
         require_gdr=not _flag(config, "accept-no-gdr"),
         inventory=inventory,

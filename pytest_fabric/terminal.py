@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from .fabrics import REFERENCE_FABRIC
+from .models import MFU_CONVENTION
+from .hostbound import configuration_mfu, mfu_text, peak_memory_gib
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 
 
@@ -28,6 +30,7 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
     for model, rows in sorted(table.items()):
         header = ["nodes", "GPUs"] + [f"{f} tok/s" for f in cols]
         header += [f"{f} vs {ref}" for f in cols if f != ref] + [f"{f} tok/s/GPU" for f in cols]
+        header += [f"{f} MFU" for f in cols] + [f"{f} peak GiB" for f in cols]
         body = []
         for nodes in sorted(rows):
             runs = rows[nodes]
@@ -45,11 +48,15 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
                 else:
                     cells.append("-")
             cells += [f"{tps[f] / gpus:.1f}" if f in tps else "-" for f in cols]
+            cells += [mfu_text(configuration_mfu(runs[f], tps[f])) if f in tps else "-" for f in cols]
+            cells += [f"{peak_memory_gib(runs[f]):.1f}" if f in tps else "-" for f in cols]
             body.append(cells)
         widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
         out.append(f"{model}:")
         for r in [header, *body]:
             out.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    if out:
+        out.append(f"MFU: {MFU_CONVENTION}; peak GiB: per rank")
     if any(m.down_weighted for rows in table.values() for runs in rows.values() for ms in runs.values() for m in ms):
         out.append("(n, k dw): n launches, k of them disturbed as a whole and counted with a small weight")
     return out

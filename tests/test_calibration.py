@@ -180,5 +180,9 @@ class TestStudy:
         row = next(line for line in lines if line.strip().startswith("llama-wide n2x1 eth"))
         assert row.split()[3:5] == ["0.4", "3"] and row.split()[7] == "+0.0%"
         penalty = next(line for line in lines if line.strip().startswith("llama-wide n2x1  ib vs eth"))
-        assert penalty.split()[8:11] == ["+75.4%", "+75.4%", "+0.0"] and penalty.split()[-1] == "communication-bound"
+        steps = {gbit: predict_step(JobShape(get_model("llama-wide"), 2, dtype="fp32"), flops_per_s=FLOPS,
+                                    inter_gbit=gbit, overhead_s=OVERHEAD, link_efficiency=EFFICIENCY).step_s
+                 for gbit in (2.0, 0.4)}
+        slowdown = f"{(1 - steps[2.0] / steps[0.4]) * 100:+.1f}%"  # the model's own penalty, measured and predicted
+        assert penalty.split()[8:11] == [slowdown, slowdown, "+0.0"] and penalty.split()[-1] == "communication-bound"
         assert lines[-1].startswith("penalty error: fit RMS 0.0 points; per step RMS ")

@@ -427,3 +427,16 @@ def test_a_gate_reads_back_as_fields_not_prose(tmp_path):
     assert fields == {"a": "roce.v2", "b": "ib", "outcome": "inconclusive", "ratio": 0.981, "ci_low": 0.962,
                       "ci_high": 1.0013, "confidence": 0.9875, "threshold": 0.95, "launches": [3, 4],
                       "down_weighted": 0.0, "launch_noise": 0.0158}
+
+
+def test_machine_lines_carry_mfu_peak_memory_and_the_convention():
+    """n/a where there is no GPU peak (CPU runs), the number otherwise; the convention run-wide."""
+    from pytest_fabric.junit import measurement_lines, suite_properties
+    from pytest_fabric.models import MFU_CONVENTION
+
+    m = train_measurement("m", 2, "ib", 200.0)
+    lines = measurement_lines([m])
+    p = f"fabric.{m.case.id}"
+    assert lines[f"{p}.mfu"] == "n/a" and lines[f"{p}.mfu_peak"] == "n/a"
+    assert float(lines[f"{p}.peak_memory_gib"]) == pytest.approx(m.result.peak_memory_bytes / 2**30, abs=0.01)
+    assert suite_properties([m], {})["fabric.mfu_convention"] == MFU_CONVENTION

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_fabric import MODELS
-from pytest_fabric.models import get_model
+from pytest_fabric.models import MFU_CONVENTION, get_model
 
 # Published totals (model cards / safetensors metadata).
 PUBLISHED = {
@@ -47,10 +47,32 @@ def test_param_count_equals_transformers_model(name):
     assert spec.param_count()[0] == sum(p.numel() for p in model.parameters())
 
 
-def test_flops_per_token_formula():
-    spec = get_model("llama-3.1-8b")
-    _, non_embedding = spec.param_count()
-    assert spec.flops_per_token(4096) == 6 * non_embedding + 12 * 32 * 4096 * 4096
+def test_flops_per_token_counts_the_output_head_even_when_tied():
+    # The head is a hidden x vocab matmul every token pays for, tied to the embedding or not.
+    untied, tied = get_model("llama-3.1-8b"), get_model("qwen2.5-1.5b")
+    for spec in (untied, tied):
+        _, non_embedding = spec.param_count()
+        without_head = 6 * non_embedding + 12 * spec.layers * spec.hidden * 4096
+        assert spec.flops_per_token(4096) - without_head == pytest.approx(6 * spec.hidden * spec.vocab)
+    assert "head counted" in MFU_CONVENTION
+
+
+@pytest.mark.parametrize("name", ["qwen2-tiny", "llama-wide"])
+def test_flops_per_token_matches_what_torch_counts_for_a_training_step(name):
+    """The convention against torch's own FLOP counter (matmuls and attention, forward and backward):
+    a formula that left out the head (a large share of these small-vocabulary models) is far off."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = get_model(name)
+    seq = 64
+    model = transformers.AutoModelForCausalLM.from_config(spec.hf_config(), attn_implementation="eager")  # matmuls torch counts
+    tokens = torch.randint(0, spec.vocab, (2, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=tokens, labels=tokens).loss.backward()
+    counted = counter.get_total_flops() / tokens.numel()
+    assert spec.flops_per_token(seq) == pytest.approx(counted, rel=0.05)
 
 
 def test_cpu_models_have_the_advertised_character():

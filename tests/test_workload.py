@@ -214,8 +214,8 @@ def test_no_peak_for_a_cpu_or_an_unknown_gpu(name):
 def test_mfu_formula():
     spec = get_model("llama-3.1-8b")
     flops = spec.flops_per_token(2048)
-    # 8 H100 SXM at 3000 tokens/s per GPU: 6N + 12 L H S = about 4.0e10 FLOPs per token.
-    assert flops == pytest.approx(6 * spec.param_count()[1] + 12 * 32 * 4096 * 2048)
+    # 8 H100 SXM at 3000 tokens/s per GPU; the output head counted (models.MFU_CONVENTION).
+    assert flops == pytest.approx(6 * (spec.param_count()[1] + 4096 * 128256) + 12 * 32 * 4096 * 2048)
     mfu = metrics.mfu(24_000, flops, 8, metrics.peak_for("NVIDIA H100 80GB HBM3").bf16_flops)
     assert mfu == pytest.approx(flops * 24_000 / (8 * 989e12))
     assert 0.1 < mfu < 0.2
@@ -684,3 +684,54 @@ def test_short_payloads_are_timed_for_at_least_min_timed_s():
     assert timed_iterations(cfg, 0.002) == 50  # 2 ms each: 0.1 s in all
     assert timed_iterations(cfg, 1e-9) == MAX_TIMED_ITERS
     assert timed_iterations(cfg, 0.0) == MAX_TIMED_ITERS
+
+
+# --- The GPU step's choices on the CPU path (compile, optimizer, tied weights) -----------------------
+
+
+def test_compile_on_and_off_train_the_same_model_and_are_recorded(tmp_path, monkeypatch):
+    """Per-block torch.compile runs on CPU too: the compiled step computes what the eager one does
+    (same weights, same batch, same first loss) and the result says which ran; "auto" is eager on CPU."""
+    results = {}
+    for mode in ("off", "on", "auto"):
+        cfg = config(tmp_path / mode, steps=2, compile=mode)
+        (tmp_path / mode).mkdir()
+        results[mode] = run_in_process(cfg, monkeypatch)
+    assert (results["on"].compile, results["off"].compile, results["auto"].compile) == (True, False, False)
+    assert results["on"].first_loss == pytest.approx(results["off"].first_loss, rel=1e-4)
+    assert math.isfinite(results["on"].final_loss)
+    assert results["on"].optimizer == "adamw foreach" and results["on"].tied_parameters
+
+
+def test_compile_is_refused_when_unknown_and_never_applied_to_fsdp1():
+    with pytest.raises(ConfigError, match="compile"):
+        TrainConfig(model={}, batch_size=1, seq_len=8, steps=1, warmup_steps=0, result_path="r", progress_path="p",
+                    compile="yes")
+    cfg = TrainConfig(model={}, batch_size=1, seq_len=8, steps=1, warmup_steps=0, result_path="r", progress_path="p")
+    assert cfg.compiled("cuda") and not cfg.compiled("cpu")
+    assert not TrainConfig(model={}, batch_size=1, seq_len=8, steps=1, warmup_steps=0, result_path="r",
+                           progress_path="p", fsdp=1).compiled("cuda")
+
+
+@pytest.mark.parametrize("device, kind", [("cpu", "foreach"), ("cuda", "fused")])
+def test_adamw_is_fused_on_gpus_and_foreach_elsewhere(device, kind):
+    """The choice by device; the fused implementation also runs on CPU tensors (torch >= 2.4), so
+    both optimizers really step here."""
+    param = torch.nn.Parameter(torch.ones(4))
+    optimizer, name = fsdp.adamw([param], torch.device(device), lr=0.1)
+    assert name == kind and optimizer.defaults[kind] is True
+    param.grad = torch.ones(4)
+    optimizer.step()
+    assert torch.all(param < 1)
+
+
+def test_tied_weights_are_found_and_fsdp1_keeps_them_out_of_use_orig_params():
+    """FSDP1 + MixedPrecision + use_orig_params=True fails in a tied output head (fixtures/gpu/
+    node0-fsdp1-failure-h200.log): a tied model gets use_orig_params=False, an untied one True."""
+    tied = fsdp.tied_parameters(weights.build_on_meta(get_model("qwen2-tiny").hf_config(), "sdpa"))
+    untied = fsdp.tied_parameters(weights.build_on_meta(get_model("llama-wide").hf_config(), "sdpa"))
+    assert [sorted(group) for group in tied] == [["lm_head.weight", "model.embed_tokens.weight"]]
+    assert untied == []
+    assert fsdp.fsdp1_use_orig_params(tied) is False and fsdp.fsdp1_use_orig_params(untied) is True
+    failure = (REPO / "fixtures/gpu/node0-fsdp1-failure-h200.log").read_text()
+    assert "lm_head" in failure and "BFloat16 != float" in failure

@@ -11,6 +11,7 @@ from typing import Any
 MIXED_PRECISION = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 FSDP_VERSIONS = (2, 1)
+COMPILE = ("auto", "on", "off")
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,8 @@ class TrainConfig:
     # "auto": bf16 on cuda, fp32 on cpu (bf16 matmuls are slow on most CPUs); "bf16"; "fp32".
     mixed_precision: str = "auto"
     activation_checkpointing: bool = False  # non-reentrant, one checkpoint per decoder layer
+    # Per-block torch.compile (FSDP2): "auto" (on cuda, off on cpu), "on", "off".
+    compile: str = "auto"
     # A local Hugging Face checkpoint directory (config.json + *.safetensors), read by global rank 0
     # only and broadcast while sharding; None: random weights.
     model_path: str | None = None
@@ -54,6 +57,8 @@ class TrainConfig:
             raise ConfigError(f"fsdp={self.fsdp!r}: use 2 (fully_shard) or 1 (FullyShardedDataParallel)")
         if self.mixed_precision not in MIXED_PRECISION:
             raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {', '.join(MIXED_PRECISION)}")
+        if self.compile not in COMPILE:
+            raise ConfigError(f"compile={self.compile!r}: use one of {', '.join(COMPILE)}")
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r}: use auto, cpu or cuda")
         if self.device == "cpu":
@@ -76,6 +81,13 @@ class TrainConfig:
         if self.mixed_precision == "auto":
             return "bf16" if device_type == "cuda" else "fp32"
         return self.mixed_precision
+
+    def compiled(self, device_type: str) -> bool:
+        """Whether the decoder blocks are compiled on ``device_type``: "auto" compiles on GPUs (the
+        eager step of a small model is host-bound there), not on CPU; FSDP1 is never compiled."""
+        if self.fsdp == 1:
+            return False
+        return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))

@@ -1,9 +1,11 @@
 """Throughput's companions, computed in one place: MFU from a per-GPU bf16 peak, peak memory, versions.
 
 MFU (model FLOPs utilization) = FLOPs per token x tokens/s / (GPUs x per-GPU dense bf16 peak).
-FLOPs per token is the model's training cost (6 N_non_embedding + 12 L H S, ``ModelSpec``), so the
-forward recomputed by activation checkpointing does not count: MFU compares models and fabrics, not
-kernels. A CPU, or a GPU missing from the table, has no peak: MFU is then None, recorded as such.
+FLOPs per token is the model's training cost (6 (N_non_embedding + H V) + 12 L H S,
+``ModelSpec.flops_per_token``: the output head counted, embedding lookups not, as torchtitan and
+llm-foundry count; ``models.MFU_CONVENTION``), so the forward recomputed by activation checkpointing
+does not count: MFU compares models and fabrics, not kernels. The peak is the datasheet dense bf16
+figure below. A CPU, or a GPU missing from the table, has no peak: MFU is then None, recorded as such.
 """
 
 from __future__ import annotations

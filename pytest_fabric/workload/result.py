@@ -81,6 +81,8 @@ class StepSignals:
     # The session's fastest CPU probe when the launch ran (the harness's reference for full speed;
     # 0: unknown): a launch whose fastest probe is well above it ran in a slow phase of the machine.
     probe_reference_s: float = 0.0
+    # The GPU's busy share after each step (NVML utilization, the least busy GPU); [] where unknown.
+    gpu_busy: list[float | None] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -127,7 +129,11 @@ class TrainResult(LaunchFacts):
     attention: str = "sdpa"
     fsdp: str = "fsdp2"
     fsdp1_min_num_params: int | None = None
+    fsdp1_use_orig_params: bool | None = None  # False where weights are tied (workload/fsdp.py)
+    tied_parameters: list[list[str]] = field(default_factory=list)
     activation_checkpointing: bool = False
+    compile: bool = False  # per-block torch.compile
+    optimizer: str = ""  # "adamw fused" (GPUs) or "adamw foreach"
     weights: str = "random"
     timeouts: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str | None] = field(default_factory=dict)
@@ -165,7 +171,7 @@ class TrainResult(LaunchFacts):
             raise ResultFormatError(f"{where}: step_s must be a non-empty list of positive step times, got {steps!r}")
         # One entry per measured step in every signal (none at all: no signals, every step clean);
         # stats would otherwise pair step times with the wrong steps' flags, or fail later.
-        for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed"):
+        for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy"):
             values = getattr(result.signals, name)
             if not isinstance(values, list) or (values and len(values) != len(steps)):
                 raise ResultFormatError(f"{where}: signals.{name} must list one entry per measured step "

@@ -18,7 +18,9 @@ CPU runs (the emulated and local clusters pin each node's ranks to their own cor
 only good to about two ticks; the rule's thresholds sit above that.
 
 GPU runs: NVML's SM clock and clock-throttle reasons (through ``pynvml`` when it is installed;
-otherwise nothing is recorded and no GPU step is set aside).
+otherwise nothing is recorded and no GPU step is set aside), and the GPU's busy share: NVML's
+utilization (the share of its last sample period, 1/6 to 1 s, in which a kernel ran), read right
+after each step; the least busy GPU's figure is the step's. ``hostbound.py`` judges it.
 
 The rule (``disturbance``), documented in the README: a step is disturbed when, on any node,
 steal or foreign CPU time exceeds ``CPU_SHARE`` (10%) of the step's time on that node's cores and
@@ -62,7 +64,7 @@ DISTURBING_THROTTLE = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdow
 
 # Per rank and step, the numbers every rank contributes to the step's all-reduce (in this order).
 FIELDS = ("step_s", "own_run_s", "cores_busy_s", "cores_steal_s", "cores", "probe_s", "sm_clock_mhz",
-          "throttle_mask", "core_mask")
+          "throttle_mask", "core_mask", "gpu_busy")  # gpu_busy: a fraction, -1 where unknown
 
 # A step whose CPU probe took this much longer than the launch's typical (median) probe ran on a
 # slowed CPU. The median, not the fastest: a vCPU here runs slower for a while after it idles, so a
@@ -176,12 +178,16 @@ class NodeSampler:
         """(SM clock in MHz, throttle-reason mask) of this rank's GPU; (0, 0) when unknown."""
         return self._nvml.read() if self._nvml else (0.0, 0)
 
+    def gpu_busy(self) -> float:
+        """The share of NVML's last sample period this rank's GPU ran a kernel; -1 when unknown."""
+        return self._nvml.busy() if self._nvml else -1.0
+
     def step_row(self, step_s: float, before: CpuSample, after: CpuSample, probe_s: float = 0.0) -> list[float]:
         """This rank's contribution to the step's all-reduce, in ``FIELDS`` order."""
         clock, mask = self.gpu()
         return [step_s, max(0.0, after.own_run_s - before.own_run_s), max(0.0, after.busy_s - before.busy_s),
                 max(0.0, after.steal_s - before.steal_s), float(len(self.cores)), probe_s, clock, float(mask),
-                self.core_mask]
+                self.core_mask, self.gpu_busy()]
 
 
 class _Nvml:
@@ -209,6 +215,12 @@ class _Nvml:
         except Exception:  # noqa: BLE001
             return 0.0, 0
 
+    def busy(self) -> float:
+        try:
+            return float(self._pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu) / 100.0
+        except Exception:  # noqa: BLE001
+            return -1.0
+
 
 @dataclass(frozen=True)
 class StepView:
@@ -222,6 +234,7 @@ class StepView:
     sm_clock_mhz: float | None  # the lowest SM clock of any GPU; None on CPU runs
     throttle: list[str]  # every throttle reason any GPU reported
     steal_cores: int = 1  # cores of the node with that steal
+    gpu_busy: float | None = None  # the least busy GPU's busy share (NVML); None: unknown (CPU, no pynvml)
 
 
 def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
@@ -267,8 +280,10 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     mask = 0
     for r in rows:
         mask |= int(r[7])
+    busy = [r[9] for r in rows if len(r) > 9 and r[9] >= 0]
     return StepView(step_s, steal[0], foreign[0], foreign[1], max(r[5] for r in rows),
-                    min(clocks) if clocks else None, throttle_names(mask), steal_cores=steal[1])
+                    min(clocks) if clocks else None, throttle_names(mask), steal_cores=steal[1],
+                    gpu_busy=min(busy) if busy else None)
 
 
 def disturbance(view: StepView, probe_reference_s: float = 0.0) -> str:

@@ -144,9 +144,9 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     torch.manual_seed(cfg.seed)
     source = weights.resolve(cfg.model_path, spec, attention, rank)
     model, built = fsdp.build(cfg.fsdp, source, attention, device, mesh, precision,
-                              cfg.activation_checkpointing, cfg.seed, rank)
+                              cfg.activation_checkpointing, cfg.seed, rank, compiled=cfg.compiled(device.type))
     source.state_dict = None  # rank 0's full copy: sharding has broadcast it
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer, optimizer_kind = fsdp.adamw(model.parameters(), device)
 
     batch = make_batch(cfg.seed, rank, cfg.batch_size, cfg.seq_len, spec.config["vocab_size"]).to(device)
     tokens_per_step = cfg.batch_size * cfg.seq_len * world
@@ -221,7 +221,8 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             signals=StepSignals(
                 steal_s=[v.steal_s for v in measured], foreign_s=[v.foreign_s for v in measured],
                 probe_s=[v.probe_s for v in measured], sm_clock_mhz=[v.sm_clock_mhz for v in measured],
-                throttle=[v.throttle for v in measured], disturbed=signals.judge_launch(measured)),
+                throttle=[v.throttle for v in measured], disturbed=signals.judge_launch(measured),
+                gpu_busy=[v.gpu_busy for v in measured] if any(v.gpu_busy is not None for v in measured) else []),
             stopped=stopped,
             flops_per_token=spec.flops_per_token(cfg.seq_len),
             gpu_name=", ".join(gpu_names) or None,
@@ -240,7 +241,11 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             attention=attention,
             fsdp=f"fsdp{cfg.fsdp}",
             fsdp1_min_num_params=built.get("fsdp1_min_num_params"),
+            fsdp1_use_orig_params=built.get("fsdp1_use_orig_params"),
+            tied_parameters=built["tied_parameters"],
             activation_checkpointing=cfg.activation_checkpointing,
+            compile=built["compile"],
+            optimizer=f"adamw {optimizer_kind}",
             weights=source.source,
             timeouts=timeouts,
             versions=_versions(backend),
