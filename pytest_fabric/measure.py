@@ -326,6 +326,8 @@ class Measurer:
             env=nccl_debug_env(nccl_logs, graph=bool(inventory and inventory.gbit_per_nic)),
             # Harness self-tests (workload/faults.py, checked by the plugin): a node that never joins.
             links_down=tuple(sorted(faults.nodes_left_out(faults.from_env(), fabric.name))),
+            # Launchers on shared nodes (ssh, slurm) say here when another session's launch holds them.
+            notify=(lambda text: self.progress(f"{case.id}: {text}")) if self.progress is not None else None,
         )
         self.launched.append(case)
         ticker = self._ticker(case, progress_file) if progress_file else None
