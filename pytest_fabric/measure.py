@@ -31,6 +31,7 @@ from .cluster.base import OnThisMachine
 from .fabrics import Fabric, get_fabric
 from .models import get_model
 from .stats import LaunchEstimate, configuration_value, launch_estimate
+from .storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from .workload import faults
@@ -295,10 +296,20 @@ class Measurer:
     def measure(self, case: Case, launch: int = 0) -> Measurement:
         """Launch number ``launch`` (0, 1, ...) of ``case``: each is an independent launch, cached."""
         key = self.key(case) + (f"@{launch}" if launch else "")
-        record, _ = self.store.get_or_compute(key, lambda: self._launch(case))
+        return Measurement.from_record(case, self._cached(case, key, lambda: self._launch(case)), launch)
+
+    def _cached(self, case: Case, key: str, launch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The store's record of ``key``, launched if absent; MeasurementError for a failed launch, and
+        for a disk that cannot take the launch's files (one line saying what to do, storage.py)."""
+        try:
+            record, _ = self.store.get_or_compute(key, launch)
+        except OSError as exc:
+            if not is_storage_error(exc):
+                raise
+            raise MeasurementError(f"{case.id}: {storage_problem(exc, 'the launch files', self.workdir)}") from None
         if "error" in record:
             raise MeasurementError(record["error"])
-        return Measurement.from_record(case, record, launch)
+        return record
 
     def _launch(self, case: Case) -> dict[str, Any]:
         s = self.settings
@@ -339,10 +350,7 @@ class Measurer:
         knobs = json.dumps([self.cluster.name, s.gpus_per_node, s.fabric(case.fabric).settings(), s.device],
                            sort_keys=True)
         key = f"{case.id}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
-        record, _ = self.store.get_or_compute(key, lambda: self._launch_bandwidth(case))
-        if "error" in record:
-            raise MeasurementError(record["error"])
-        return BandwidthMeasurement.from_record(record)
+        return BandwidthMeasurement.from_record(self._cached(case, key, lambda: self._launch_bandwidth(case)))
 
     def _launch_bandwidth(self, case: Case) -> dict[str, Any]:
         run_dir = self._run_dir(case)
@@ -383,6 +391,8 @@ class Measurer:
             env=nccl_debug_env(nccl_logs, graph=bool(inventory and inventory.gbit_per_nic)),
             # Harness self-tests (workload/faults.py, checked by the plugin): a node that never joins.
             links_down=tuple(sorted(faults.nodes_left_out(faults.from_env(), fabric.name))),
+            # Launchers on shared nodes (ssh, slurm) say here when another session's launch holds them.
+            notify=(lambda text: self.progress(f"{case.id}: {text}")) if self.progress is not None else None,
         )
         self.launched.append(case)
         ticker = self._ticker(case, progress_file) if progress_file else None

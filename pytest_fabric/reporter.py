@@ -19,6 +19,7 @@ from .redact import redact_file
 from .terminal import bandwidth_table, summary_tables
 from .nights import save_results
 from .session import FabricSession
+from .storage import is_storage_error, storage_problem
 from .verdicts import INCONCLUSIVE, counts, undecided_night
 
 REPORTER_NAME = "fabric-reporter"
@@ -37,6 +38,8 @@ class FabricReporter:
         self.gates: dict[str, list[dict[str, Any]]] = {}  # nodeid -> its gates' fields (verdicts.gate_record)
         self.no_fabrics = 0  # comparisons skipped because `auto` fell back to local processes
         self.undecided: str | None = None  # why the night decided nothing (--undecided-night)
+        self.storage_problems: list[str] = []  # files a full or read-only disk refused (storage.py)
+        self.saved = True  # False once the disk refused --fabric-save
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Under xdist the controller sees every worker's reports here.
@@ -66,18 +69,48 @@ class FabricReporter:
         self.verdicts.append({"test": report.nodeid, "outcome": word, "message": message,
                               "gates": list(getattr(report, "fabric_gates", []))})
 
-    @pytest.hookimpl(trylast=True)  # after junitxml has written its file
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        config = session.config
-        if hasattr(config, "workerinput"):
-            return
+    # The innermost wrapper: after junitxml has written its file, and before the terminal's summary,
+    # which then shows the tables and any file the disk refused (``storage_problems``).
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session):
+        try:
+            yield
+        except OSError as exc:  # pytest's own junitxml on a full or read-only disk
+            if not is_storage_error(exc):
+                raise
+            self._refused(session, exc, "the JUnit XML", getattr(session.config.option, "xmlpath", None))
+        if hasattr(session.config, "workerinput"):
+            return None
         # --undecided-night fail: a night that decided no gate exits 1 (the summary says why).
         gates = [word for word, _, gate in self.outcomes.values() if gate]
         self.undecided = undecided_night(gates, self.no_fabrics, self.fabric.note)
         if self.undecided and self.fabric.options.undecided_night == "fail" and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        self._save()
-        self._dashboards()
+        # Each file on its own: a disk that refuses one still gets the others.
+        o = self.fabric.options
+        for what, where, write in (
+                ("the saved night (--fabric-save)", o.save, self._save),
+                ("a dashboard file", o.metrics or o.benchmark_json, self._dashboards),
+                ("the JUnit XML", getattr(session.config.option, "xmlpath", None),
+                 lambda: self._complete_junit(session.config))):
+            try:
+                write()
+            except OSError as exc:
+                if not is_storage_error(exc):
+                    raise
+                self._refused(session, exc, what, where)
+        return None
+
+    def _refused(self, session: pytest.Session, exc: OSError, what: str, where: Any = None) -> None:
+        """A file the disk would not take: one line in the summary (no traceback), and the run fails."""
+        self.storage_problems.append(storage_problem(exc, what, where))
+        if what.startswith("the saved night"):
+            self.saved = False
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _complete_junit(self, config: pytest.Config) -> None:
+        """Each test's measurement text and the run's properties into pytest's JUnit file."""
         xmlpath = getattr(config.option, "xmlpath", None)
         if not xmlpath or not Path(xmlpath).exists():
             return
@@ -104,7 +137,7 @@ class FabricReporter:
         from .dashboards import build_tables, write_outputs
         from .nights import SavedRun, run_from_store
 
-        records = self.fabric.store.all() if (self.fabric.directory / "measurements.json").exists() else {}
+        records = self.fabric.store.all() if self.fabric.store.holds_records() else {}
         run = run_from_store(records, o.fabrics) if records else SavedRun({})
         run.verdicts = self._night_verdicts()
         tables = build_tables(run, records)
@@ -116,7 +149,7 @@ class FabricReporter:
         """--fabric-save: everything measured, also when tests failed or the run was interrupted."""
         fabric = self.fabric
         if (fabric.options.save is None or hasattr(fabric.config, "workerinput")
-                or not (fabric.directory / "measurements.json").exists()):
+                or not fabric.store.holds_records()):
             return
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
@@ -145,7 +178,11 @@ class FabricReporter:
         if self.undecided and not hasattr(fabric.config, "workerinput"):
             exit_note = "exit 1" if fabric.options.undecided_night == "fail" else "--undecided-night pass"
             terminalreporter.write_line(f"fabric: no verdict tonight ({exit_note}): {self.undecided}", yellow=True)
-        if hasattr(fabric.config, "workerinput") or not (fabric.directory / "measurements.json").exists():
+        if hasattr(fabric.config, "workerinput"):
+            return
+        for problem in [*self.storage_problems, *([fabric.store.problem] if fabric.store.problem else [])]:
+            terminalreporter.write_line(f"fabric: ERROR {problem}", red=True, bold=True)
+        if not fabric.store.holds_records():
             return
         measured = fabric.recorded()
         errors = [r["error"].splitlines()[0] for r in fabric.store.all().values() if "error" in r]
@@ -166,5 +203,5 @@ class FabricReporter:
         for line in errors:
             terminalreporter.write_line(f"failed launch: {line}")
         terminalreporter.write_line(f"launch logs and results: {fabric.directory}")
-        if fabric.options.save:
+        if fabric.options.save and self.saved:
             terminalreporter.write_line(f"results saved to {fabric.options.save}")

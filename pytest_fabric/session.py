@@ -10,6 +10,7 @@ what was measured on this session's links. State that travels with one test live
 
 from __future__ import annotations
 
+import functools
 import getpass
 import tempfile
 import time
@@ -78,8 +79,9 @@ class FabricSession:
         learned = o.baseline.noise([c.id for c in cases]) if o.baseline is not None else None
         return learned or DEFAULT_NOISE
 
-    @property
+    @functools.cached_property
     def store(self) -> ResultStore:
+        """One per process: records its disk could not take stay in memory there (store.py)."""
         return ResultStore(self.directory)
 
     def measurer(self) -> Measurer:

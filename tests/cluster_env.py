@@ -259,8 +259,10 @@ def slurm_site(nodes: int = 2) -> Iterator[Site]:
             "KillWait=5",
             "InactiveLimit=0",
             *(f"NodeName={node.name} NodeAddr={node.address} CPUs={cpus} State=UNKNOWN" for node in net.nodes),
+            # OverSubscribe=YES: a job that asks (salloc --oversubscribe) may share nodes with another,
+            # as two sessions' jobs do in the concurrency test; other jobs still get whole nodes.
             f"PartitionName=fabric Nodes={','.join(node.name for node in net.nodes)} Default=YES "
-            "MaxTime=INFINITE State=UP",
+            "MaxTime=INFINITE State=UP OverSubscribe=YES",
             "",
         ]))
         (directory / "cgroup.conf").write_text(_cgroup_conf())
@@ -313,27 +315,133 @@ def hanging_program(run_dir: Path) -> list[str]:
     return [str(script), str(run_dir)]
 
 
+# A rank of one session in the two-session tests: it records when it ran (from its own start to its
+# end) and the rendezvous its agent used, optionally waits for the test to open a gate, then proves
+# the rendezvous is its own job's: a gloo all_reduce of rank + 1 over the whole world.
+SESSION_RANK = """\
+import json, os, pathlib, sys, time
+run, gate = pathlib.Path(sys.argv[1]), sys.argv[2]
+start = time.time()
+rank = int(os.environ["RANK"])
+(run / f"started-rank{rank}").write_text(str(start))
+deadline = time.monotonic() + 120
+while gate != "-" and not pathlib.Path(gate).exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(rank + 1)])
+dist.all_reduce(total)
+agent = open(f"/proc/{os.getppid()}/cmdline").read().split("\\0")
+endpoint = next(a for a in agent if a.startswith("--rdzv-endpoint=")).partition("=")[2]
+dist.destroy_process_group()
+json.dump({"start": start, "end": time.time(), "sum": total.item(), "world": int(os.environ["WORLD_SIZE"]),
+           "endpoint": endpoint, "node": os.environ.get("PYTEST_FABRIC_NODE", "")}, open(run / f"rank{rank}.json", "w"))
+"""
+
+
+def session_program(run_dir: Path, gate: Path | None = None) -> list[str]:
+    """A short real job (see SESSION_RANK); with ``gate``, its ranks start their work once that file exists."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = run_dir / "session_rank.py"
+    script.write_text(SESSION_RANK)
+    return [str(script), str(run_dir), str(gate) if gate else "-"]
+
+
 # What every test launch sets: gloo on the emulated link, one thread per rank (2 cores for everything).
 RANK_ENV = {"GLOO_SOCKET_IFNAME": "fab0", "OMP_NUM_THREADS": "1"}
+
+
+@dataclass
+class Harness:
+    """The harness side of a launch, running on node0; ``outcome`` waits for it and reads its report."""
+
+    proc: subprocess.Popen[str]
+    out_path: Path
+    notes: Path  # what the launch said while it waited (LaunchRequest.notify), one line each
+
+    def said(self) -> str:
+        return self.notes.read_text() if self.notes.exists() else ""
+
+    def outcome(self, timeout_s: float) -> dict[str, Any]:
+        try:
+            stdout, stderr = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.proc, signal.SIGKILL)
+            stdout, stderr = self.proc.communicate()
+        if self.proc.returncode != 0 or not self.out_path.exists():
+            raise AssertionError(f"the harness on node0 failed (exit code {self.proc.returncode}):\n"
+                                 f"{stdout[-3000:]}\n{stderr[-3000:]}")
+        return json.loads(self.out_path.read_text())
+
+
+def start_on_node0(site: Site, spec: dict[str, Any], workdir: Path, salloc: bool = False,
+                   salloc_options: Sequence[str] = ()) -> Harness:
+    """Start the harness on node0 (inside a Slurm allocation of every node with ``salloc``)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path = workdir / "launch-spec.json"
+    out_path = workdir / "launch-outcome.json"
+    notes = workdir / "notify.log"
+    spec_path.write_text(json.dumps({**spec, "workdir": str(workdir), "out": str(out_path), "notes": str(notes)}))
+    argv = [sys.executable, str(HERE), str(spec_path)]
+    if salloc:
+        argv = ["salloc", f"--nodes={len(site.nodes)}", "--immediate=60", "--time=15",
+                "--job-name=pytest-fabric-harness", *salloc_options, *argv]
+    proc = subprocess.Popen(netns_exec(site.nodes[0], argv), env={**os.environ, **site.env}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    return Harness(proc, out_path, notes)
 
 
 def launch_on_node0(site: Site, spec: dict[str, Any], workdir: Path, timeout_s: float,
                     salloc: bool = False) -> dict[str, Any]:
     """Run the harness on node0 (inside a Slurm allocation of every node with ``salloc``); its outcome."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    spec_path = workdir / "launch-spec.json"
-    out_path = workdir / "launch-outcome.json"
-    spec_path.write_text(json.dumps({**spec, "workdir": str(workdir), "out": str(out_path)}))
-    argv = [sys.executable, str(HERE), str(spec_path)]
-    if salloc:
-        argv = ["salloc", f"--nodes={len(site.nodes)}", "--immediate=60", "--time=15",
-                "--job-name=pytest-fabric-harness", *argv]
-    proc = subprocess.run(netns_exec(site.nodes[0], argv), env={**os.environ, **site.env}, capture_output=True,
-                          text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0 or not out_path.exists():
-        raise AssertionError(f"the harness on node0 failed (exit code {proc.returncode}):\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(out_path.read_text())
+    return start_on_node0(site, spec, workdir, salloc).outcome(timeout_s)
+
+
+def wait_until(what: str, ready: Callable[[], bool], timeout_s: float, *harnesses: Harness) -> None:
+    """Poll ``ready`` until it holds; fail saying ``what`` did not happen (with the harnesses' words)."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if time.monotonic() > deadline or any(h.proc.poll() is not None for h in harnesses):
+            raise AssertionError(f"{what} did not happen within {timeout_s:.0f}s; the harnesses said: "
+                                 + " | ".join(h.said() for h in harnesses))
+        time.sleep(0.2)
+
+
+def two_sessions_take_turns(site: Site, tmp_path: Path, start: Callable[[str, Path | None], Harness]) -> None:
+    """Two sessions' launches on the same nodes: the first holds its ranks at a gate until the second
+    says it waits; then both must complete, one after the other, each on its own rendezvous.
+
+    ``start(name, gate)`` starts a session whose ranks (``session_program``) write to ``tmp_path / name``."""
+    gate = tmp_path / "release-first"
+    first = start("first", gate)
+    try:
+        wait_until("the first session's ranks starting",
+                   lambda: all((tmp_path / "first" / f"started-rank{r}").exists() for r in range(len(site.nodes))),
+                   120, first)
+        second = start("second", None)
+        wait_until("the second session saying it waits for the first",
+                   lambda: "waiting for another pytest-fabric session's launch on" in second.said(), 120, second)
+    finally:
+        gate.touch()
+    reports = {"first": first.outcome(240), "second": second.outcome(240)}
+    ranks = {}
+    for name, report in reports.items():
+        assert report.get("ok"), f"{name} session: {report}"
+        ranks[name] = [json.loads((tmp_path / name / f"rank{r}.json").read_text()) for r in range(len(site.nodes))]
+        # The job is its own: every rank saw the whole world and the sum of its ranks only.
+        assert [r["sum"] for r in ranks[name]] == [sum(range(1, len(site.nodes) + 1))] * len(site.nodes)
+        assert {r["world"] for r in ranks[name]} == {len(site.nodes)}
+    assert first.said() == "", "the first session had nothing to wait for"
+    assert "held by pytest-fabric pid" in second.said() and site.nodes[0].address in second.said()
+    # Not overlapping: the second job's first rank started after the first job's last rank ended.
+    assert min(r["start"] for r in ranks["second"]) > max(r["end"] for r in ranks["first"])
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for name in reports:
+        (endpoint,) = {r["endpoint"] for r in ranks[name]}
+        host, _, port = endpoint.rpartition(":")
+        assert host == site.nodes[0].address, f"{name}: the rendezvous is on the head node"
+        assert not low <= int(port) <= high, f"{name}: port {port} is in the ephemeral range {low}-{high}"
 
 
 def _drive(spec_path: str) -> None:
@@ -361,10 +469,20 @@ def _drive(spec_path: str) -> None:
         report["unavailable"] = str(exc)
         Path(spec["out"]).write_text(json.dumps(report))
         return
+    def notify(text: str) -> None:
+        with open(spec["notes"], "a") as notes:
+            notes.write(text + "\n")
+
     request = LaunchRequest(
         nodes=spec["nodes"], procs_per_node=1, fabric=get_fabric("eth"), program=spec["program"],
-        workdir=Path(spec["workdir"]), deadline_s=spec["deadline_s"], job_id=spec["job_id"], env=spec["env"])
-    outcome = cluster.launch(request)
+        workdir=Path(spec["workdir"]), deadline_s=spec["deadline_s"], job_id=spec["job_id"], env=spec["env"],
+        notify=notify)
+    try:
+        outcome = cluster.launch(request)
+    except ClusterUnavailable as exc:
+        report["unavailable"] = str(exc)
+        Path(spec["out"]).write_text(json.dumps(report))
+        return
     report.update(ok=outcome.ok, timed_out=outcome.timed_out, elapsed_s=outcome.elapsed_s, killed=outcome.killed,
                   returncodes={p.name: p.returncode for p in outcome.procs},
                   logs={p.name: str(p.log_path) for p in outcome.procs}, describe_outcome=outcome.describe())

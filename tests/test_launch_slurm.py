@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster_env import RANK_ENV, hanging_program, launch_on_node0, leftover_processes, slurm_site, train_program
-from pytest_fabric.cluster.base import RDZV_PORT, ClusterUnavailable
+from cluster_env import (RANK_ENV, hanging_program, launch_on_node0, leftover_processes, session_program, slurm_site,
+                         start_on_node0, train_program, two_sessions_take_turns)
+from pytest_fabric.cluster.base import ClusterUnavailable
+from pytest_fabric.cluster.nodelock import _ephemeral_range
 from pytest_fabric.cluster.slurm import SlurmCluster, SlurmNode, cpus_per_node, srun_argv
 
 
@@ -56,7 +58,11 @@ def test_two_node_measurement_in_an_allocation(site, tmp_path: Path) -> None:
     assert result["world_size"] == 2
     assert result["hosts"] == [f"node0/{site.nodes[0].address}", f"node1/{site.nodes[1].address}"]
     plan = json.loads((tmp_path / "slurm-plan.json").read_text())
-    assert f"--rdzv-endpoint={site.nodes[0].address}:{RDZV_PORT}" in plan["node1"]["argv"]  # on the first node
+    (endpoint,) = [a.partition("=")[2] for a in plan["node1"]["argv"] if a.startswith("--rdzv-endpoint=")]
+    host, _, port = endpoint.rpartition(":")
+    assert host == site.nodes[0].address  # on the first node, at a port probed free there
+    low, high = _ephemeral_range()
+    assert not low <= int(port) <= high
     assert report["steps_after"] == []
     assert leftover_processes(job_id) == []
 
@@ -84,3 +90,17 @@ def test_step_of_a_killed_srun_is_cancelled(site, tmp_path: Path) -> None:
     assert report["note"].startswith("cancelled step"), report  # ... so the launcher cancels it
     assert report["listed_after_cancel"] == []
     assert leftover_processes(job_id) == []
+
+
+@pytest.mark.slow
+def test_two_sessions_in_jobs_sharing_the_nodes_take_turns(site, tmp_path: Path) -> None:
+    """Two allocations that share both nodes (--oversubscribe), one harness in each: the second
+    launch waits for the first, says so, and both jobs complete on their own rendezvous."""
+    def start(name: str, gate: Path | None):
+        job_id = f"slurmsession{name}{secrets.token_hex(3)}"
+        return start_on_node0(site, _spec(session_program(tmp_path / name, gate), job_id, 120), tmp_path / name,
+                              salloc=True, salloc_options=["--oversubscribe"])
+
+    two_sessions_take_turns(site, tmp_path, start)
+    assert leftover_processes("session_rank.py") == []
+    assert leftover_processes("pytest_fabric.cluster.nodelock") == []

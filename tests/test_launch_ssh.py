@@ -8,11 +8,13 @@ import secrets
 import shlex
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from cluster_env import RANK_ENV, hanging_program, launch_on_node0, leftover_processes, ssh_site, train_program
+from cluster_env import (RANK_ENV, hanging_program, launch_on_node0, leftover_processes, session_program, ssh_site,
+                         start_on_node0, train_program, two_sessions_take_turns)
 from pytest_fabric.cluster.base import ClusterUnavailable
 from pytest_fabric.cluster.ssh import Host, HostfileError, SshCluster, parse_hostfile, remote_command, remote_env
 
@@ -106,6 +108,19 @@ def test_every_user_supplied_piece_of_a_launch_reaches_the_host_as_literal_data(
         return LaunchOutcome([ProcOutcome(s.name, 0, log_dir / f"{s.name}.log") for s in specs], 0.0)
 
     monkeypatch.setattr(ssh_module, "supervise", fake_supervise)
+    lock_commands = []
+
+    class FakeLock:  # no host to hold: the lock holder's command is checked like the ranks'
+        def port(self):
+            return 23456
+
+    @contextmanager
+    def fake_holding(locks, wait_s, notify):
+        lock_commands.extend(lock.argv[-1] for _, lock in locks)
+        yield {key: FakeLock() for key, _ in locks}
+
+    from pytest_fabric.cluster import base as base_module
+    monkeypatch.setattr(base_module, "holding", fake_holding)
     fabric = replace(get_fabric("eth"), nccl_env={"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_HOSTILE": hostile[0]})
     request = LaunchRequest(nodes=1, procs_per_node=1, fabric=fabric,
                             program=["-m", "pytest_fabric.workload.train", "--config", str(workdir / "config.json"),
@@ -127,6 +142,13 @@ def test_every_user_supplied_piece_of_a_launch_reaches_the_host_as_literal_data(
     assert got["env"] == {"NCCL_HOSTILE": hostile[0], "NCCL_SOCKET_IFNAME": "=eth0", "MY_SETTING": hostile[2],
                           "HF_TOKEN": None}
     assert "hf_never_sent_anywhere" not in command
+    assert "--rdzv-endpoint=node1:23456" in got["argv"]
+    (lock_command,) = lock_commands
+    subprocess.run(["sh", "-c", lock_command], check=True, env={"PATH": "/usr/bin:/bin", "RECORD_TO": str(record)})
+    assert not (tmp_path / canary).exists(), "a value was executed by the shell"
+    who = json.loads(record.read_text())["argv"]
+    assert who[:4] == ["-m", "pytest_fabric.cluster.nodelock", "--key", "node1"]
+    assert who[-1].endswith(f"job job$(touch {canary})")
 
 
 def test_only_needed_variables_go_to_the_hosts_and_never_secrets() -> None:
@@ -196,3 +218,16 @@ def test_unreachable_host_is_reported_before_any_launch(site, tmp_path: Path) ->
     report = launch_on_node0(site, spec, tmp_path, timeout_s=60)
     assert "198.18.0.99" in report["unavailable"]
     assert site.nodes[0].address not in report["unavailable"].split("not usable")[1]
+
+
+@pytest.mark.slow
+def test_two_sessions_on_one_hostfile_take_turns(site, tmp_path: Path) -> None:
+    """Two harnesses on the same hosts at once: the second waits, says so, and runs after the first;
+    both jobs complete on their own rendezvous, at a port probed free on the head host."""
+    def start(name: str, gate: Path | None):
+        job_id = f"sshsession{name}{secrets.token_hex(3)}"
+        return start_on_node0(site, _spec(site, session_program(tmp_path / name, gate), job_id, 120), tmp_path / name)
+
+    two_sessions_take_turns(site, tmp_path, start)
+    assert leftover_processes("session_rank.py") == []
+    assert leftover_processes("pytest_fabric.cluster.nodelock") == []

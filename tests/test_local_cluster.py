@@ -8,13 +8,13 @@ import socket
 import pytest
 from helpers import FAST_LAUNCH, session_directory
 
-from pytest_fabric.cluster import base, local
+from pytest_fabric.cluster import base, local, nodelock
 
 
 def test_free_port_is_below_the_ephemeral_range_and_bindable():
-    low, high = local._ephemeral_range()
+    low, high = nodelock._ephemeral_range()
     for _ in range(20):
-        port = local.free_port()
+        port = nodelock.free_port()
         assert not low <= port <= high
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
@@ -25,8 +25,8 @@ def test_free_port_skips_a_port_in_use(monkeypatch):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        monkeypatch.setattr(local.random, "sample", lambda population, k: [taken, 23456, 23457])
-        assert local.free_port() in (23456, 23457)
+        monkeypatch.setattr(nodelock.random, "sample", lambda population, k: [taken, 23456, 23457])
+        assert nodelock.free_port() in (23456, 23457)
 
 
 @pytest.mark.slow

@@ -7,16 +7,19 @@ import tempfile
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest_fabric
 
 from ..fabrics import Fabric
+from .nodelock import LockError, NodeLock, holding, lock_wait_s
 from .supervisor import LaunchOutcome
 
 # The directory that holds the pytest_fabric package: ranks must import the same code as the harness.
 _PACKAGE_ROOT = str(Path(pytest_fabric.__file__).resolve().parent.parent)
+# The rendezvous port of clusters whose launches each have nodes of their own (the emulated
+# cluster's namespaces); launchers on shared nodes (ssh, slurm) probe a free one on the head node.
 RDZV_PORT = 29400
 # Clusters whose ranks all run on this machine: past this many ranks per core a launch measures
 # CPU contention, not the fabric.
@@ -71,6 +74,9 @@ class LaunchRequest:
     # Nodes whose fabric link is down: an injected fault (the harness's own tests), which the emulated
     # cluster realises by taking the node's cable out; the launcher never reads faults itself.
     links_down: tuple[int, ...] = ()
+    # What the launcher says while the launch cannot start yet (another session's launch holds its
+    # nodes): the session's progress line. None: wait silently.
+    notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
 
 class ClusterUnavailable(RuntimeError):
@@ -113,6 +119,18 @@ class Cluster(ABC):
     @abstractmethod
     def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
         """Run one torchrun per node to completion, failure or deadline; leave nothing behind."""
+
+
+def launch_on_held_nodes(locks: Sequence[tuple[str, NodeLock]], head: str, request: LaunchRequest,
+                         launch: Callable[[int], LaunchOutcome]) -> LaunchOutcome:
+    """``launch(port)`` while every node of ``locks`` (key, lock) is held against other sessions'
+    launches, with a rendezvous port probed free on the node keyed ``head``; waits are said through
+    ``request.notify``, and a node that stays busy past the bound is ClusterUnavailable."""
+    try:
+        with holding(locks, lock_wait_s(request.deadline_s), request.notify) as held:
+            return launch(held[head].port())
+    except LockError as exc:
+        raise ClusterUnavailable(str(exc)) from None
 
 
 def store_timeout(deadline_s: float) -> int:

@@ -6,41 +6,11 @@ over the same loopback here, so fabric comparisons on it say nothing and are ski
 
 from __future__ import annotations
 
-import random
-import socket
 from collections.abc import Callable
 
 from .base import Cluster, LaunchRequest, OnThisMachine, rank_env, THREADS_PER_RANK, torchrun_argv
+from .nodelock import free_port
 from .supervisor import LaunchOutcome, ProcSpec, supervise
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
-
-
-def free_port(tries: int = 200) -> int:
-    """A port free now and outside the kernel's ephemeral range.
-
-    A port the kernel handed out for ``bind(0)`` is an ephemeral one: while node 0 starts, another
-    node's agent connecting over and over to that port can be given it as its own source port
-    (seen here: node 0's store then failed with EADDRINUSE). Ports below the range are never handed out.
-    """
-    low, high = _ephemeral_range()
-    candidates = range(10000, low) if low > 11000 else range(high + 1, 65536)
-    for port in random.sample(candidates, min(tries, len(candidates))):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # everything below the range is taken: let the kernel choose
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalCluster(OnThisMachine, Cluster):

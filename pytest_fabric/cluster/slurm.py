@@ -29,7 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .base import Cluster, ClusterUnavailable, LaunchRequest, rank_env, torchrun_argv
+from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, launch_on_held_nodes, rank_env,
+                   torchrun_argv)
+from .nodelock import NodeLock, holder_program, session_name
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
 # How long a cancelled step may take to disappear from squeue before it is cancelled harder.
@@ -157,9 +159,31 @@ class SlurmCluster(Cluster):
         # The Slurm job id keeps rendezvous ids of different allocations apart; the request's keeps
         # launches within one allocation apart.
         request = replace(request, job_id=f"{self.job_id}-{request.job_id}")
+        # Jobs may share nodes (OverSubscribe, or sessions started inside one allocation): another
+        # session's launch on any of these nodes waits for ours, and ours for theirs; the rendezvous
+        # port is probed on the first node while every node is held.
+        tag = secrets.token_hex(4)
+        locks = [(node.address, NodeLock(node.name, self._step_argv(
+            node, f"pytest-fabric-lock-{tag}", holder_program(node.address, f"{session_name()}, job {self.job_id}")),
+            srun_env(os.environ))) for node in nodes]
+        try:
+            return launch_on_held_nodes(locks, nodes[0].address, request,
+                                        lambda port: self._launch(request, nodes, port, on_tick))
+        finally:
+            self.cancel_step(f"pytest-fabric-lock-{tag}")  # a holder whose srun was killed before it ended
+
+    def _step_argv(self, node: SlurmNode, step_name: str, args: Sequence[str]) -> list[str]:
+        """One task on ``node`` running this Python on the package the ranks import, its input from srun's."""
+        return ["srun", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node.name}", "--overlap",
+                "--mpi=none", "--input=all", f"--job-name={step_name}",
+                "env", f"PYTHONPATH={_PACKAGE_ROOT}", sys.executable, *args]
+
+    def _launch(self, request: LaunchRequest, nodes: list[SlurmNode], port: int,
+                on_tick: Callable[[float], None] | None) -> LaunchOutcome:
         head = nodes[0].address
         plan = {
-            node.name: {"label": f"{node.name}/{node.address}", "argv": torchrun_argv(request, i, head, node.address)}
+            node.name: {"label": f"{node.name}/{node.address}",
+                        "argv": torchrun_argv(request, i, head, node.address, port)}
             for i, node in enumerate(nodes)
         }
         request.workdir.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..redact import is_secret_name
-from .base import _PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, rank_env, torchrun_argv
+from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, launch_on_held_nodes, rank_env,
+                   torchrun_argv)
+from .nodelock import NodeLock, holder_program, session_name
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
 # user@ (optional), then a DNS name or IPv4 address: letters, digits, '.', '-', never a leading '-'.
@@ -216,6 +218,19 @@ class SshCluster(Cluster):
             if host.slots is not None and request.procs_per_node > host.slots:
                 raise ClusterUnavailable(f"{host} has slots={host.slots} in {self.hostfile}; "
                                          f"the launch runs {request.procs_per_node} processes per node")
+        # Another session's launch on any of these hosts waits for ours, and ours for theirs; the
+        # rendezvous port is probed on the first host while every host is held.
+        locks = [(host.address, NodeLock(str(host), self.ssh_argv(host, self._python(
+            holder_program(host.address, f"{session_name()}, job {request.job_id}"))))) for host in hosts]
+        return launch_on_held_nodes(locks, hosts[0].address, request,
+                                    lambda port: self._launch(request, hosts, port, on_tick))
+
+    def _python(self, args: Sequence[str]) -> str:
+        """The remote command running this Python on the package the ranks import."""
+        return shlex.join(["exec", "env", f"PYTHONPATH={_PACKAGE_ROOT}", sys.executable, *args])
+
+    def _launch(self, request: LaunchRequest, hosts: list[Host], port: int,
+                on_tick: Callable[[float], None] | None) -> LaunchOutcome:
         # Hosts are assumed to be like this one: its cores shared among the ranks of one node.
         threads = max(1, len(os.sched_getaffinity(0)) // request.procs_per_node)
         explicit = {*request.fabric.nccl_env, *(request.env or {})}
@@ -224,7 +239,8 @@ class SshCluster(Cluster):
         specs = []
         for i, host in enumerate(hosts):
             env = remote_env(rank_env(request, f"node{i}/{host.address}", threads, {}), explicit)
-            command = remote_command(torchrun_argv(request, i, hosts[0].address, host.address), env, pidfiles[i])
+            command = remote_command(torchrun_argv(request, i, hosts[0].address, host.address, port), env,
+                                     pidfiles[i])
             specs.append(ProcSpec(f"node{i}", self.ssh_argv(host, command), dict(os.environ)))
         try:
             outcome = supervise(specs, request.workdir, request.deadline_s, on_tick)
@@ -241,8 +257,7 @@ class SshCluster(Cluster):
         def stop(target: tuple[Host, str]) -> tuple[int, str]:
             host, pidfile = target
             # The module the ranks' hosts run anyway (proctree: the same /proc walk as the supervisor's).
-            return self._ssh(host, shlex.join(["exec", "env", f"PYTHONPATH={_PACKAGE_ROOT}", sys.executable, "-m",
-                                               "pytest_fabric.cluster.proctree", pidfile]))
+            return self._ssh(host, self._python(["-m", "pytest_fabric.cluster.proctree", pidfile]))
 
         with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
             results = list(pool.map(stop, targets))
