@@ -2,7 +2,7 @@
 """Do the gates decide, do they flake, and do they catch a planted slowdown? Nightly runs, measured.
 
     python benchmarks/nightly_gates.py [--nights 10] [--one-launch-nights 5] [--out DIR] [--resume]
-                                       [--only parity|regression] [--no-fixed]
+                                       [--only parity|regression|stall] [--no-fixed]
 
 Every "night" is one `pytest suites/...` run in a subprocess, as a nightly CI job would run it, on
 2 emulated nodes, with copies of the ib preset defined in the ini so that the effect of each gate is
@@ -13,6 +13,12 @@ known in advance:
   ib3   a copy of ib whose steps are stretched x1.10 (the `slow`      -> planted 10% slowdown on a
         fault, compute side: PYTEST_FABRIC_FAULT)                        compute-bound job: must fail
   ib4   a copy of ib, stretched x1.10 on the nightly runs only        -> planted regression
+  ib5   a copy of ib whose launches stall: 20% of the steps x1.6       -> planted intermittent stalls
+        (the `stall` fault: ~11% of mean throughput lost, the fast       (parity): must fail
+        steps untouched)
+  ib6   a copy of ib stretched x1.0526: exactly at the 5% parity      -> at the threshold: the pass
+        threshold                                                         rate is the gate's error rate
+  ib7   a copy of ib that stalls (20% x1.6) on the nightly runs only  -> planted stalls (regression)
 
 Gates, each with the suites' defaults (--repeats / --max-repeats as the plugin ships them):
 
@@ -58,16 +64,22 @@ REPO = Path(__file__).resolve().parent.parent
 # (ib for parity, the one-node launch for scaling efficiency), and each A/A gate reuses them, as any
 # second comparison against the same reference in one session does (one reference run serves every
 # comparison), so its rounds are not back to back.
-FABRICS = ["--fabrics", "ib4,ib3,ib,ib2", "-o", "fabric_define=ib2: ib\nib3: ib\nib4: ib"]
+FABRICS = ["--fabrics", "ib7,ib6,ib5,ib4,ib3,ib,ib2", "-o",
+           "fabric_define=ib2: ib\nib3: ib\nib4: ib\nib5: ib\nib6: ib\nib7: ib"]
 PLANT_PARITY = "slow:fabric=ib3,factor=1.10"
 PLANT_REGRESSION = "slow:fabric=ib4,factor=1.10"
-SELECT = {"parity": "(parity and qwen2 and (ib2 or ib3))", "regression": "(regression and llama and n2 and (ib] or ib4))"}
+PLANT_STALL = "stall:fabric=ib5,p=0.2,factor=1.6"
+PLANT_THRESHOLD = "slow:fabric=ib6,factor=1.0526"
+PLANT_STALL_REGRESSION = "stall:fabric=ib7,p=0.2,factor=1.6"
+PLANTS = ";".join([PLANT_PARITY, PLANT_REGRESSION, PLANT_STALL, PLANT_THRESHOLD, PLANT_STALL_REGRESSION])
+SELECT = {"parity": "(parity and qwen2 and (ib2 or ib3))", "regression": "(regression and llama and n2 and (ib] or ib4))",
+          "stall": "(parity and qwen2 and (ib2 or ib5 or ib6)) or (regression and llama and n2 and (ib] or ib7))"}
 NIGHTLY = ["suites/test_parity.py", "suites/test_regression.py", "--models", "qwen2-tiny,llama-wide",
            "--regression-threshold", "0.05"]
 # The baseline's nights launch each configuration the gates lean on three times, so that the baseline
 # learns each one's launch noise (the gates' prior) besides its value.
 BASELINE = ["suites/test_throughput.py", "--models", "qwen2-tiny,llama-wide", "--throughput-launches", "3",
-            "-k", "(llama and (n1-ib] or n2-ib] or n2-ib4])) or (qwen2 and n2-ib])"]
+            "-k", "(llama and (n1-ib] or n2-ib] or n2-ib4] or n2-ib7])) or (qwen2 and n2-ib])"]
 ONE_LAUNCH = ["suites/test_parity.py", "suites/test_advantage.py", "--models", "qwen2-tiny,llama-wide",
               "--fabrics", "ib,ib2,eth", "-o", "fabric_define=ib2: ib", "--repeats", "1", "--max-repeats", "1",
               "-k", "(parity and qwen2 and ib2) or (advantage and llama and n2-eth)"]
@@ -80,6 +92,9 @@ GATES = {
     ("nightly", "parity", "ib3"): ("parity planted x1.10", "fail"),
     ("nightly", "regression", "ib]"): ("regression A/A", "not fail"),
     ("nightly", "regression", "ib4"): ("regression planted x1.10", "fail"),
+    ("nightly", "parity", "ib5"): ("parity planted stalls 20% x1.6", "fail"),
+    ("nightly", "parity", "ib6"): ("parity planted x1.0526 (at threshold)", "rate"),
+    ("nightly", "regression", "ib7"): ("regression planted stalls 20% x1.6", "fail"),
     ("one", "parity", "ib2"): ("one launch: parity A/A", "not fail"),
     ("one", "advantage", "eth"): ("one launch: advantage ib vs eth", "pass"),
     ("fixed", "parity", "ib2"): ("fixed 8 steps: parity A/A", "not fail"),
@@ -129,6 +144,16 @@ def gates_of(junit: Path, kind: str) -> list[dict]:
     return found
 
 
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of a rate of k in n: 0 fails in 10 bounds the rate below 31%."""
+    from scipy.stats import beta
+
+    alpha = 1 - confidence
+    low = 0.0 if k == 0 else float(beta.ppf(alpha / 2, k, n - k + 1))
+    high = 1.0 if k == n else float(beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return low, high
+
+
 def measured_share(saved: Path) -> list[float]:
     """Per launch of a saved night: the share of its wall time spent in measured steps."""
     if not saved.exists():
@@ -150,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-fixed", action="store_true", help="skip the fixed-steps night")
     parser.add_argument("--out", default="nightly-gates", help="directory for JUnit, saved results and logs")
     parser.add_argument("--resume", action="store_true", help="reuse the nights already in --out")
-    parser.add_argument("--only", choices=sorted(SELECT), help="the nights run only these gates (parity or regression)")
+    parser.add_argument("--only", choices=sorted(SELECT),
+                        help="the nights run only these gates (parity, regression, or stall: parity A/A, stalls and "
+                             "the at-threshold plant, regression A/A and stalls)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -169,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     plans = [] if args.no_fixed else [("fixed", "fixed", FIXED, "")]
     select = SELECT[args.only] if args.only else " or ".join(SELECT.values())
     plans += [(f"night{i}", "nightly", [*NIGHTLY, "-k", select, *FABRICS, f"--fabric-baseline={baseline}"],
-               f"{PLANT_PARITY};{PLANT_REGRESSION}") for i in range(1, args.nights + 1)]
+               PLANTS) for i in range(1, args.nights + 1)]
     plans += [(f"one{i}", "one", ONE_LAUNCH, "") for i in range(1, args.one_launch_nights + 1)]
     rows = []
     shares: dict[str, list[float]] = {}
@@ -179,13 +206,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"night": name, **g})
             print(f"{name:8s} {g['gate']:34s} {g['outcome']:12s} ratio {g.get('ratio', '-'):>8s} "
                   f"[{g.get('ci_low', '-')}, {g.get('ci_high', '-')}] launches {g.get('launches', '-'):>5s} "
-                  f"set aside {g.get('set_aside', '-')}  ({g['time']:.0f}s)", flush=True)
+                  f"down-weighted {g.get('down_weighted', g.get('set_aside', '-'))}  ({g['time']:.0f}s)", flush=True)
         shares.setdefault("fixed" if kind == "fixed" else "adaptive", []).extend(measured_share(out / f"{name}.json"))
         print(f"{name}: {wall:.0f}s", flush=True)
 
     ok = True
-    print("\n| gate | nights | pass | inconclusive | fail | launches per side (count) | s per verdict (median) |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| gate | nights | pass | inconclusive | fail | 95% interval of the pass / fail rate | "
+          "launches per side (count) | s per verdict (median) |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, expect in dict.fromkeys(GATES.values()):
         mine = [r for r in rows if r["gate"] == label]
         if not mine:
@@ -193,13 +221,19 @@ def main(argv: list[str] | None = None) -> int:
         counts = Counter(r["outcome"] for r in mine)
         launches = Counter(max(int(x) for x in r["launches"].split("+")) for r in mine if r.get("launches"))
         spread = ", ".join(f"{n}: {c}" for n, c in sorted(launches.items()))
-        print(f"| {label} | {len(mine)} | {counts['pass']} | {counts['inconclusive']} | {counts['fail']} | {spread} | "
-              f"{statistics.median(r['time'] for r in mine):.0f} |")
+        # The rate that matters for the gate: false fails of an A/A, catches of a plant, passes at the threshold.
+        k = counts["pass"] if expect in ("rate", "pass") else counts["fail"]
+        low, high = clopper_pearson(k, len(mine))
+        rate = f"{'pass' if expect in ('rate', 'pass') else 'fail'} {k}/{len(mine)}: [{low:.0%}, {high:.0%}]"
+        print(f"| {label} | {len(mine)} | {counts['pass']} | {counts['inconclusive']} | {counts['fail']} | {rate} | "
+              f"{spread} | {statistics.median(r['time'] for r in mine):.0f} |")
         if expect == "not fail" and counts["fail"] + counts["error"]:
             ok = False
         if expect == "fail" and counts["fail"] < len(mine):
             ok = False
         if expect == "pass" and counts["pass"] < len(mine):
+            ok = False
+        if expect == "rate" and counts["pass"] > 0.10 * len(mine):  # at the threshold: pass at most 10%
             ok = False
     for policy, values in shares.items():
         if values:

@@ -21,7 +21,7 @@ from typing import Any
 from .case import BANDWIDTH, Case
 from .measure import BandwidthMeasurement
 from .nights import SavedRun, verdict_case
-from .stats import DEFAULT_NOISE, Interval, contrast_interval
+from .stats import DEFAULT_NOISE, WEIGHT_SIGMA, Interval, contrast_interval
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, OUTCOMES, PASS, counts
 
 CONFIDENCE = 0.95  # of a configuration's interval (a gate's interval has its own, from its spending)
@@ -93,10 +93,14 @@ class Tables:
         return counts(outcome for _, outcome, _ in self.tests)
 
 
-def configuration_interval(values: Sequence[float]) -> Interval:
-    """95% interval of a configuration's value (the geometric mean of its launches), with the
-    declared launch noise as prior: one launch is known no better than launches differ."""
-    return contrast_interval([(+1.0, [(math.log(v), 0.0) for v in values])], DEFAULT_NOISE, CONFIDENCE)
+def configuration_interval(values: Sequence[float], weights: Sequence[float] | None = None) -> Interval:
+    """95% interval of a configuration's value (the weighted geometric mean of its launches, each
+    down-weighted launch with the extra noise its weight stands for), with the declared launch
+    noise as prior: one launch is known no better than launches differ."""
+    w = list(weights) if weights else [1.0] * len(values)
+    extra = [WEIGHT_SIGMA ** 2 * (1 / x - 1) for x in w]
+    return contrast_interval([(+1.0, [(math.log(v), 0.0, e) for v, e in zip(values, extra)])], DEFAULT_NOISE,
+                             CONFIDENCE)
 
 
 def _word(outcome: str) -> str:
@@ -121,7 +125,7 @@ def build_tables(run: SavedRun, records: Mapping[str, Any] | None = None) -> Tab
                                  "+".join(map(str, launches)) if isinstance(launches, list) else str(launches)))
     configs = []
     for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
-        iv = configuration_interval(c.tokens_per_s)
+        iv = configuration_interval(c.tokens_per_s, c.weights)
         configs.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, len(c.tokens_per_s)))
     return Tables(tests, gates, configs, _busbw_rows(run, records), dict(run.identity))
 

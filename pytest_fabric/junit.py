@@ -103,7 +103,7 @@ def gate_lines(outcome: GateOutcome) -> dict[str, str]:
 _TESTCASE_NAMES = ("tokens_per_s",)
 # A gate's fields left out of its testcase's output for its length (the verdict line above them
 # says them in words; the saved night and xunit1 properties keep them as fields).
-_LEFT_OUT_GATE_FIELDS = ("noise_df", "noise_source", "family")
+_LEFT_OUT_GATE_FIELDS = ("launch_noise", "noise_df", "noise_source", "family")
 
 
 # Lines whose parenthesised details (how a prediction was made, the floor's bytes and tolerance)

@@ -423,13 +423,30 @@ def reference_term(values: Sequence[float], prior: NoisePrior | None = None) -> 
     saved night's launches), as ``contrast_interval``'s ``fixed`` term.
 
     The variance of one value is the values' own sample variance of logs, moderated by the prior
-    like tonight's launches (with one value: the prior alone), over the number of values.
+    like tonight's launches (with one value: the prior alone), over the number of values; plus the
+    **night-to-night** component (``night_variance``): tonight is one more night, and its own night
+    effect is not in tonight's rounds.
     """
     prior = prior or DEFAULT_NOISE
     logs = [math.log(configuration_value([v])) for v in values]
     s2, df = pooled_noise([logs])
     var_one = (prior.df * prior.sigma ** 2 + df * s2) / (prior.df + df)
-    return statistics.fmean(logs), var_one / len(logs)
+    return statistics.fmean(logs), var_one / len(logs) + night_variance(s2, df, prior)
+
+
+# Below this many nights the spread of nightly values says too little of a night component to add.
+MIN_NIGHTS_FOR_NIGHT_VARIANCE = 3
+
+
+def night_variance(s2_nights: float, df: int, prior: NoisePrior) -> float:
+    """The night-to-night variance component: the nightly values' spread beyond what launch noise
+    alone explains (s2 - sigma0^2, a night taken as one launch: the smaller, conservative reading),
+    0 with fewer than ``MIN_NIGHTS_FOR_NIGHT_VARIANCE`` nights. Without it a regression interval
+    holds only the launch noise, and with a night SD of 2% the gate's error at the threshold grows
+    to ~18% a side."""
+    if df + 1 < MIN_NIGHTS_FOR_NIGHT_VARIANCE:
+        return 0.0
+    return max(0.0, s2_nights - prior.sigma ** 2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -493,7 +510,7 @@ def fabric_time_reference(noise_n: NoisePrior, noise_1: NoisePrior,
         return (ln, vn + a * a * v1), l1, prior
     s2, df = pooled_noise([[m - a * o for m, o in nights]])
     var_one = (prior.df * prior.sigma ** 2 + df * s2) / (prior.df + df)
-    return (ln, var_one / len(nights)), l1, prior
+    return (ln, var_one / len(nights) + night_variance(s2, df, prior)), l1, prior
 
 
 def combined_noise(parts: Sequence[tuple[float, NoisePrior]]) -> NoisePrior:

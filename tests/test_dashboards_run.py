@@ -78,3 +78,32 @@ def test_one_night_says_the_same_in_every_output(pytester, monkeypatch, junit_sc
     bench = json.loads(out["bench.json"].read_text())
     assert bench["gate eth/ib qwen2-tiny n2"]["ratio"]["value"] == pytest.approx(ratio.value, rel=1e-6)
     assert f"| {word.upper()} | eth/ib | qwen2-tiny n2 |" in summary.read_text()
+
+    # One number and one launch count per configuration, in every output: the gate's line (whose
+    # ratio is the ratio of the values it shows), the terminal table, JUnit, the saved night, the
+    # metrics, the Bencher JSON and the job summary.
+    from pytest_fabric.nights import load_results
+
+    line = re.search(r"eth/ib = ([\d.]+), .* over (\d+)\+(\d+) launches.*; eth ([\d.]+) vs ib ([\d.]+) tokens/s",
+                     output)
+    assert line, output
+    shown = {"eth": float(line.group(4)), "ib": float(line.group(5))}
+    assert float(line.group(1)) == pytest.approx(shown["eth"] / shown["ib"], abs=0.0015)
+    counts = {"eth": int(line.group(2)), "ib": int(line.group(3))}
+    cell = r"([\d.]+)(?: \((\d+)(?:, \d+ dw)?\))?"
+    row = next(m for r in output.splitlines() if (m := re.match(rf"^\s+2\s+2\s+{cell}\s+{cell}\s", r)))  # n2
+    terminal = {"ib": float(row.group(1)), "eth": float(row.group(3))}
+    terminal_counts = {"ib": int(row.group(2) or 1), "eth": int(row.group(4) or 1)}
+    night = load_results(out["night.json"])
+    from_junit = load_results(out["night.xml"])
+    metric = {s.labels["fabric"]: s.value for s in families["fabric_tokens_per_second"].samples}
+    for fabric in ("ib", "eth"):
+        cid = f"qwen2-tiny-n2-{fabric}"
+        values = [shown[fabric], terminal[fabric], night.cases[cid].mean, from_junit.cases[cid].mean,
+                  float(props[f"fabric.{cid}.tokens_per_s"]), metric[fabric],
+                  bench[cid]["tokens-per-second"]["value"]]
+        assert max(values) - min(values) <= 0.1 + 1e-6 * max(values), (fabric, values)
+        launch_counts = {counts[fabric], terminal_counts[fabric], night.cases[cid].launches,
+                         from_junit.cases[cid].launches, int(props[f"fabric.{cid}.launches"])}
+        assert launch_counts == {counts[fabric]}, (fabric, launch_counts)
+        assert f"| qwen2-tiny | 2 | {fabric} | 2 | {shown[fabric]:.1f} |" in summary.read_text()

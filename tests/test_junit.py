@@ -210,8 +210,7 @@ def test_a_gate_shows_its_verdict_lines_then_figures_and_gate_fields_after_a_bla
     assert machine and all(MACHINE_LINE.match(line) for line in machine), machine
     assert machine[:2] == ["fabric.m-n2-ib.tokens_per_s=1000.000", "fabric.m-n2-eth.tokens_per_s=800.000"]
     gate = {line.partition("=")[0].rpartition(".")[2] for line in machine[2:]}
-    assert gate == {"verdict", "ratio", "ci_low", "ci_high", "confidence", "threshold", "launches", "down_weighted",
-                    "launch_noise"}
+    assert gate == {"verdict", "ratio", "ci_low", "ci_high", "confidence", "threshold", "launches", "down_weighted"}
     # Run-wide facts are suite properties, not repeated per testcase.
     props = suite_properties(ms, {"fabric.nodes": "2"})
     assert props["fabric.m-n2-ib.gpus"] == "2" and props["fabric.version.torch"] == "2.13.0"
@@ -426,7 +425,7 @@ def test_a_gate_reads_back_as_fields_not_prose(tmp_path):
     (fields,) = verdict["gates"]
     assert fields == {"a": "roce.v2", "b": "ib", "outcome": "inconclusive", "ratio": 0.981, "ci_low": 0.962,
                       "ci_high": 1.0013, "confidence": 0.9875, "threshold": 0.95, "launches": [3, 4],
-                      "down_weighted": 0.0, "launch_noise": 0.0158}
+                      "down_weighted": 0.0}
 
 
 def test_machine_lines_carry_mfu_peak_memory_and_the_convention():

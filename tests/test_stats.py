@@ -42,6 +42,7 @@ from pytest_fabric.stats import (
     location_interval,
     measuring_done,
     obrien_fleming_spending,
+    night_variance,
     pooled_noise,
     reference_term,
     robust_baseline,
@@ -856,3 +857,19 @@ def test_combined_noise_adds_weighted_variances_on_the_weaker_evidence():
     noise = combined_noise([(1.0, NoisePrior(0.01, 10.0, "a")), (0.25, NoisePrior(0.04, 4.0, "b"))])
     assert noise.sigma == pytest.approx(math.sqrt(0.01 ** 2 + 0.01 ** 2)) and noise.df == 4.0
     assert noise.source == "a; b"
+
+
+def test_a_regression_interval_holds_the_night_to_night_variance():
+    # Five nights whose values spread 4% while launches vary 1%: tonight is one more night, so the
+    # baseline's term carries the night component (s2 - sigma0^2) besides its mean's variance.
+    prior = NoisePrior(0.01, 10.0)
+    nights = [1000.0, 1040.0, 960.0, 1020.0, 980.0]
+    logs = [math.log(v) for v in nights]
+    s2 = statistics.variance(logs)
+    mean, variance = reference_term(nights, prior)
+    var_one = (10.0 * 0.01 ** 2 + 4 * s2) / 14.0
+    assert variance == pytest.approx(var_one / 5 + (s2 - 0.01 ** 2))
+    # Two nights say too little of a night component; nights as steady as the launches add none.
+    assert reference_term(nights[:2], prior)[1] == pytest.approx(
+        ((10.0 * 0.01 ** 2 + statistics.variance(logs[:2])) / 11.0) / 2)
+    assert night_variance(0.005 ** 2, 4, prior) == 0.0

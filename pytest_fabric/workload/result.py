@@ -81,6 +81,8 @@ class StepSignals:
     # The session's fastest CPU probe when the launch ran (the harness's reference for full speed;
     # 0: unknown): a launch whose fastest probe is well above it ran in a slow phase of the machine.
     probe_reference_s: float = 0.0
+    # Wall clock (Unix seconds) at the end of each measured step on global rank 0; [] in older results.
+    step_end_unix: list[float] = field(default_factory=list)
     # The GPU's busy share after each step (NVML utilization, the least busy GPU); [] where unknown.
     gpu_busy: list[float | None] = field(default_factory=list)
 
@@ -171,7 +173,8 @@ class TrainResult(LaunchFacts):
             raise ResultFormatError(f"{where}: step_s must be a non-empty list of positive step times, got {steps!r}")
         # One entry per measured step in every signal (none at all: no signals, every step clean);
         # stats would otherwise pair step times with the wrong steps' flags, or fail later.
-        for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy"):
+        for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy",
+                     "step_end_unix"):
             values = getattr(result.signals, name)
             if not isinstance(values, list) or (values and len(values) != len(steps)):
                 raise ResultFormatError(f"{where}: signals.{name} must list one entry per measured step "

@@ -162,6 +162,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     stretch = faults.stretch(injected, cfg.fabric.get("name"), crosses)
     warmup: list[float] = []
     measured: list[signals.StepView] = []
+    step_ends: list[float] = []  # rank 0's wall clock at the end of each measured step
     losses: list[torch.Tensor] = []  # read after the loop: reading a loss would wait for the GPU
     compute_dtype = None  # what the forward really ran in, as the logits show
     stopped, step = "", 0
@@ -182,6 +183,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         if factor > 1.0:
             time.sleep((time.perf_counter() - start) * (factor - 1.0))
         elapsed = time.perf_counter() - start
+        ended = time.time()  # wall clock, to place the step among outside events (benchmarks/detector.py)
         # Outside the timed region: the node's signals, then one small all-reduce so that every
         # rank sees every rank's figures and takes the same decisions.
         row = sampler.step_row(elapsed, before, sampler.cpu(), probe() if probe else 0.0)
@@ -192,6 +194,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             warmup.append(view.step_s)
         else:
             measured.append(view)
+            step_ends.append(round(ended, 4))
             stopped = stats.measuring_done(
                 [v.step_s for v in measured], signals.judge_launch(measured), min_steps=cfg.steps,
                 max_steps=cfg.max_steps, measure_s=cfg.measure_s, precision=cfg.step_precision)
@@ -222,7 +225,8 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                 steal_s=[v.steal_s for v in measured], foreign_s=[v.foreign_s for v in measured],
                 probe_s=[v.probe_s for v in measured], sm_clock_mhz=[v.sm_clock_mhz for v in measured],
                 throttle=[v.throttle for v in measured], disturbed=signals.judge_launch(measured),
-                gpu_busy=[v.gpu_busy for v in measured] if any(v.gpu_busy is not None for v in measured) else []),
+                gpu_busy=[v.gpu_busy for v in measured] if any(v.gpu_busy is not None for v in measured) else [],
+                step_end_unix=step_ends),
             stopped=stopped,
             flops_per_token=spec.flops_per_token(cfg.seq_len),
             gpu_name=", ".join(gpu_names) or None,
