@@ -83,10 +83,12 @@ def mfu_text(mfu: float | None) -> str:
     return "n/a" if mfu is None else f"{mfu * 100:.1f}%"
 
 
-def peak_memory_gib(launches: Any) -> float:
+def peak_memory_gib(launches: Any) -> float | None:
     """The largest peak memory per rank over a configuration's launches, GiB (GPU: the caching
-    allocator's peak; CPU: the peak resident set)."""
-    return max(m.result.peak_memory_bytes for m in launches) / 2**30
+    allocator's peak; CPU: the peak resident set); None where no launch recorded one (results
+    written before peak memory was)."""
+    peak = max(m.result.peak_memory_bytes for m in launches)
+    return peak / 2**30 if peak else None
 
 
 def gib_text(gib: float | None) -> str:

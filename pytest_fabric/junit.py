@@ -82,10 +82,11 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
             f"{p}.hosts": ",".join(r.hosts),
             f"{p}.attention": r.attention,
             f"{p}.device": f"{r.device}/{r.dtype}",
-            # MFU under models.MFU_CONVENTION on the result's peak ("n/a" on CPU), peak memory per rank.
+            # MFU under models.MFU_CONVENTION on the result's peak ("n/a" on CPU), peak memory per rank
+            # ("n/a" where the launches recorded none).
             f"{p}.mfu": "n/a" if (mfu := configuration_mfu(ms, value)) is None else f"{mfu:.4f}",
             f"{p}.mfu_peak": mfu_peak(ms) or "n/a",
-            f"{p}.peak_memory_gib": f"{peak_memory_gib(ms):.2f}",
+            f"{p}.peak_memory_gib": "n/a" if (gib := peak_memory_gib(ms)) is None else f"{gib:.2f}",
         }
     out[f"{p}.fabric_settings"] = json.dumps(r.fabric, sort_keys=True)
     out[f"{p}.versions"] = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
