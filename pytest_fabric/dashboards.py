@@ -161,7 +161,7 @@ def mfu_convention(tables: Tables) -> str:
     peaks = sorted({c.mfu_peak for c in tables.configs if c.mfu_peak})
     return (f"MFU: {tables.identity.get('mfu_convention') or MFU_CONVENTION}"
             + (f"; against {', '.join(peaks)}" if peaks else "") + "; n/a without a GPU peak (CPU). "
-            "peak GiB: the largest peak memory of a rank over the configuration's launches")
+            "peak GiB: the largest peak memory of a rank over the configuration's launches (n/a: not recorded)")
 
 
 # -- Markdown: GitHub's job summary ------------------------------------------------------------------
