@@ -5,7 +5,8 @@ collector, and benchmark trackers (Bencher, github-action-benchmark) - not in a 
 which shows few of the numbers (README, "What each CI system shows"). ``build_tables`` turns a
 night (``nights.SavedRun``, with the launch records where there are any) into rows once: each
 gate's ratio, interval, threshold and outcome word; each configuration's tokens/s with its 95%
-interval; each collective's busbw per payload. Every renderer here, and the report
+interval, its MFU and peak memory per rank (as the night keeps them, ``nights.CaseResult``; no MFU
+on CPU); each collective's busbw per payload. Every renderer here, and the report
 (``htmlreport``), reads those rows, so a number is the same wherever it is shown.
 """
 
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from .case import BANDWIDTH, Case
+from .hostbound import gib_text, mfu_text
 from .measure import BandwidthMeasurement
+from .models import MFU_CONVENTION
 from .nights import SavedRun, verdict_case
 from .stats import DEFAULT_NOISE, WEIGHT_SIGMA, Interval, contrast_interval
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, OUTCOMES, PASS, counts
@@ -55,7 +58,9 @@ class GateRow:
 
 @dataclass(frozen=True)
 class ConfigRow:
-    """One (model, nodes, fabric): its value (the one the gates judged) and a 95% interval of it."""
+    """One (model, nodes, fabric): its value (the one the gates judged) and a 95% interval of it;
+    its MFU at that value, the peak that MFU is taken against, and its peak memory per rank (None:
+    unknown; MFU and its peak on CPU)."""
 
     model: str
     nodes: int
@@ -65,6 +70,9 @@ class ConfigRow:
     low: float
     high: float
     launches: int
+    mfu: float | None = None
+    mfu_peak: str | None = None
+    peak_memory_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,8 @@ def build_tables(run: SavedRun, records: Mapping[str, Any] | None = None) -> Tab
     configs = []
     for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
         iv = configuration_interval(c.tokens_per_s, c.weights)
-        configs.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, len(c.tokens_per_s)))
+        configs.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, len(c.tokens_per_s),
+                                 c.mfu, c.mfu_peak, c.peak_memory_gib))
     return Tables(tests, gates, configs, _busbw_rows(run, records), dict(run.identity))
 
 
@@ -147,6 +156,16 @@ def _busbw_rows(run: SavedRun, records: Mapping[str, Any] | None) -> list[BusbwR
                 rows[(link.nodes, link.fabric, op, link.payload_bytes)] = BusbwRow(
                     link.nodes, link.fabric, op, link.payload_bytes, gbit, link.link_gbit)
     return [rows[k] for k in sorted(rows)]
+
+
+def mfu_convention(tables: Tables) -> str:
+    """How the MFU shown counts (the night's convention, named with every MFU column) and what peak
+    memory is, in one line: "MFU: output head counted, ...; against H200 SXM 989 TFLOP/s dense bf16;
+    n/a without a GPU peak (CPU). peak GiB: ..."."""
+    peaks = sorted({c.mfu_peak for c in tables.configs if c.mfu_peak})
+    return (f"MFU: {tables.identity.get('mfu_convention') or MFU_CONVENTION}"
+            + (f"; against {', '.join(peaks)}" if peaks else "") + "; n/a without a GPU peak (CPU). "
+            "peak GiB: the largest peak memory of a rank over the configuration's launches (n/a: not recorded)")
 
 
 # -- Markdown: GitHub's job summary ------------------------------------------------------------------
@@ -187,9 +206,10 @@ def job_summary(tables: Tables) -> str:
             "lllrrrr"), ""]
     if tables.configs:
         lines += [f"### Throughput (tokens/s, {CONFIDENCE:.0%} interval)", "", *md_table(
-            ["model", "nodes", "fabric", "GPUs", "tokens/s", "interval", "tokens/s/GPU", "launches"],
+            ["model", "nodes", "fabric", "GPUs", "tokens/s", "interval", "tokens/s/GPU", "MFU", "peak GiB", "launches"],
             [[c.model, c.nodes, c.fabric, c.gpus, f"{c.tokens_per_s:.1f}", _interval(c.low, c.high, 1),
-              f"{c.tokens_per_s / c.gpus:.1f}", c.launches] for c in tables.configs], "lrlrrrrr"), ""]
+              f"{c.tokens_per_s / c.gpus:.1f}", mfu_text(c.mfu), gib_text(c.peak_memory_gib), c.launches]
+             for c in tables.configs], "lrlrrrrrrr"), "", md_cell(mfu_convention(tables)), ""]
     largest: dict[tuple[int, str, str], BusbwRow] = {}
     for r in tables.busbw:
         if (r.nodes, r.fabric, r.op) not in largest or r.bytes > largest[(r.nodes, r.fabric, r.op)].bytes:
@@ -225,6 +245,13 @@ def openmetrics(tables: Tables) -> str:
         add("fabric_tokens_per_second_low", f"lower bound of the {CONFIDENCE:.0%} interval of tokens/s", where, c.low)
         add("fabric_tokens_per_second_high", f"upper bound of the {CONFIDENCE:.0%} interval of tokens/s", where,
             c.high)
+        if c.mfu is not None:  # none on CPU: no GPU peak
+            add("fabric_mfu", "model FLOPs utilization at the configuration's tokens/s, a fraction ("
+                f"{tables.identity.get('mfu_convention') or MFU_CONVENTION}; the peak in the label)",
+                {**where, "peak": c.mfu_peak or ""}, c.mfu)
+        if c.peak_memory_gib is not None:
+            add("fabric_peak_memory_gib", "the largest peak memory of a rank over the launches, GiB", where,
+                c.peak_memory_gib)
     for g in tables.gates:
         where = {"gate": g.name, "model": g.model, "nodes": g.nodes, "fabric": g.a, "test": g.test}
         add("fabric_gate_ratio", "the gate's ratio a/b", where, g.ratio)
@@ -256,8 +283,12 @@ def benchmark_json(tables: Tables) -> dict[str, dict[str, dict[str, float]]]:
     so a tracker trends each ratio and its interval without reading prose."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for c in tables.configs:
-        out.setdefault(Case(c.model, c.nodes, c.fabric).id, {})["tokens-per-second"] = {
-            "value": c.tokens_per_s, "lower_value": c.low, "upper_value": c.high}
+        measures = out.setdefault(Case(c.model, c.nodes, c.fabric).id, {})
+        measures["tokens-per-second"] = {"value": c.tokens_per_s, "lower_value": c.low, "upper_value": c.high}
+        if c.mfu is not None:  # none on CPU: no GPU peak
+            measures["mfu"] = {"value": c.mfu}
+        if c.peak_memory_gib is not None:
+            measures["peak-memory-gib"] = {"value": c.peak_memory_gib}
     for g in tables.gates:
         name = f"gate {g.name} {g.where}".strip()
         out.setdefault(name, {})["ratio"] = {"value": g.ratio, "lower_value": g.low, "upper_value": g.high}

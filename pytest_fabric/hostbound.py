@@ -71,12 +71,26 @@ def configuration_mfu(launches: Any, tokens_per_s: float) -> float | None:
     return launches[0].result.mfu(tokens_per_s)
 
 
+def mfu_peak(launches: Any) -> str | None:
+    """The peak MFU is taken against, as every output names it ("H200 SXM 989 TFLOP/s dense bf16");
+    None on CPU."""
+    r = launches[0].result
+    return f"{r.peak_gpu} {r.peak_flops_per_gpu / 1e12:g} TFLOP/s dense bf16" if r.peak_flops_per_gpu else None
+
+
 def mfu_text(mfu: float | None) -> str:
     """MFU as the tables show it: "43.9%", or "n/a" where there is no GPU peak (columns stay put)."""
     return "n/a" if mfu is None else f"{mfu * 100:.1f}%"
 
 
-def peak_memory_gib(launches: Any) -> float:
+def peak_memory_gib(launches: Any) -> float | None:
     """The largest peak memory per rank over a configuration's launches, GiB (GPU: the caching
-    allocator's peak; CPU: the peak resident set)."""
-    return max(m.result.peak_memory_bytes for m in launches) / 2**30
+    allocator's peak; CPU: the peak resident set); None where no launch recorded one (results
+    written before peak memory was)."""
+    peak = max(m.result.peak_memory_bytes for m in launches)
+    return peak / 2**30 if peak else None
+
+
+def gib_text(gib: float | None) -> str:
+    """Peak memory as the tables show it: "90.0", or "n/a" where a night did not record it."""
+    return "n/a" if gib is None else f"{gib:.1f}"

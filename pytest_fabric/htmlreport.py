@@ -2,8 +2,8 @@
 
 ``write_report`` turns one night (or the parts of one night: several JUnit files, a results file)
 into ``report.md`` and ``report.html``: per model, tokens/s per fabric and node count with its 95%
-interval and the delta against the reference fabric (with the gate's interval), tokens/s per GPU
-and the tests' outcome words; each gate's ratio, interval and threshold; collective bandwidth;
+interval and the delta against the reference fabric (with the gate's interval), tokens/s per GPU,
+MFU (its convention named; n/a on CPU) and peak memory per rank, and the tests' outcome words; each gate's ratio, interval and threshold; collective bandwidth;
 and, given prices per GPU-hour, dollars per million tokens per fabric, the premium at which the
 faster fabric stops paying for itself, and which is cheaper ("undecided" when the intervals
 overlap). Pictures: per model each launch as a point with the value and its interval (the y-axis
@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_text
-from .dashboards import GateRow, Tables, build_tables, configuration_interval, md_cell
+from .dashboards import GateRow, Tables, build_tables, configuration_interval, md_cell, mfu_convention
 from .fabrics import REFERENCE_FABRIC
 from .cost import break_even_premium, cost_per_million_tokens
 from .redact import redact
 from .baselines import night_labels
+from .hostbound import gib_text, mfu_text
 from .nights import CaseResult, ResultsError, SavedRun, identity_mismatch, load_records, verdict_case
 
 __all__ = ["Written", "combine", "cost_lines", "write_report", "write_trend"]
@@ -344,7 +345,8 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     for model, rows in sorted(by_model.items()):
         doc.heading(model, 3)
         header = ["nodes", "GPUs", *(f"{f} tok/s" for f in fabrics), *(f"{f} vs {ref}" for f in fabrics if f != ref),
-                  *(f"{f} tok/s/GPU" for f in fabrics), "launches", "verdict"]
+                  *(f"{f} tok/s/GPU" for f in fabrics), *(f"{f} MFU" for f in fabrics),
+                  *(f"{f} peak GiB" for f in fabrics), "launches", "verdict"]
         body = []
         for nodes in sorted(rows):
             row = rows[nodes]
@@ -354,6 +356,8 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
                 *(_delta(row, f, ref, nodes) + (_delta_interval(_gate_of(tables, model, nodes, f, ref), f)
                                                 if nodes > 1 else "") for f in fabrics if f != ref),
                 *(f"{row[f].mean_per_gpu:.1f}" if f in row else "-" for f in fabrics),
+                *(mfu_text(row[f].mfu) if f in row else "-" for f in fabrics),
+                *(gib_text(row[f].peak_memory_gib) if f in row else "-" for f in fabrics),
                 ", ".join(f"{f} {len(row[f].tokens_per_s)}" for f in fabrics if f in row),
                 "; ".join(verdict_rows.get((model, nodes), [])) or "-",
             ])
@@ -366,7 +370,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
                                                  "the value with its 95% interval")
     if by_model:
         doc.para("tok/s: the value with its 95% interval [low, high]; vs: the change against the reference, with "
-                 "the gate's interval where a gate compared the two.")
+                 "the gate's interval where a gate compared the two. " + mfu_convention(tables) + ".")
 
     if run.verdicts:
         doc.heading("Verdicts")

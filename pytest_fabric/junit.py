@@ -34,7 +34,7 @@ from .atomic import replacing
 from .case import BANDWIDTH
 from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
-from .hostbound import configuration_mfu, peak_memory_gib
+from .hostbound import configuration_mfu, mfu_peak, peak_memory_gib
 from .models import MFU_CONVENTION
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
@@ -82,11 +82,11 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
             f"{p}.hosts": ",".join(r.hosts),
             f"{p}.attention": r.attention,
             f"{p}.device": f"{r.device}/{r.dtype}",
-            # MFU under models.MFU_CONVENTION on the result's peak ("n/a" on CPU), peak memory per rank.
+            # MFU under models.MFU_CONVENTION on the result's peak ("n/a" on CPU), peak memory per rank
+            # ("n/a" where the launches recorded none).
             f"{p}.mfu": "n/a" if (mfu := configuration_mfu(ms, value)) is None else f"{mfu:.4f}",
-            f"{p}.mfu_peak": f"{r.peak_gpu} {r.peak_flops_per_gpu / 1e12:g} TFLOP/s dense bf16" if r.peak_flops_per_gpu
-            else "n/a",
-            f"{p}.peak_memory_gib": f"{peak_memory_gib(ms):.2f}",
+            f"{p}.mfu_peak": mfu_peak(ms) or "n/a",
+            f"{p}.peak_memory_gib": "n/a" if (gib := peak_memory_gib(ms)) is None else f"{gib:.2f}",
         }
     out[f"{p}.fabric_settings"] = json.dumps(r.fabric, sort_keys=True)
     out[f"{p}.versions"] = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
@@ -316,6 +316,8 @@ def load_junit(path: Path) -> SavedRun:
                 identity.setdefault("fabrics", [f for f in (prop.value or "").split(",") if f])
             elif prop.name == "fabric.attention":
                 identity.setdefault("attention", prop.value)
+            elif prop.name == "fabric.mfu_convention":
+                identity.setdefault("mfu_convention", prop.value)
             elif prop.name.startswith("fabric.version."):
                 versions.setdefault(prop.name.removeprefix("fabric.version."), prop.value)
         for cid, lines in metrics.items():
@@ -410,12 +412,21 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
                 # A weight of 0: a launch a file before 0.4 set aside (all of them when every one was).
                 kept = [(v, w) for v, w in zip(values, weights) if w > 0] or [(v, 1.0) for v in values]
                 values, weights = [v for v, _ in kept], [w for _, w in kept]
+                # The step's figures; "n/a" (a CPU run) and files written before them: None.
                 cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values],
-                                        weights)
+                                        weights, _known(m, "mfu", float), _known(m, "mfu_peak", str),
+                                        _known(m, "peak_memory_gib", float))
         except ValueError as exc:
             raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "
-                               f"fabric.{cid}.tokens_per_s=<number> and fabric.{cid}.gpus=<integer>") from None
+                               f"fabric.{cid}.tokens_per_s=<number>, fabric.{cid}.gpus=<integer> and "
+                               f"fabric.{cid}.mfu= and .peak_memory_gib= a number or n/a") from None
     return cases, links
+
+
+def _known(lines: Mapping[str, str], name: str, kind: type) -> Any:
+    """A machine line's value as ``kind``; None where absent or "n/a"."""
+    value = lines.get(name)
+    return None if value in (None, "", "n/a") else kind(value)
 
 
 def _junit_verdict(case: Any, out: str) -> dict[str, Any]:

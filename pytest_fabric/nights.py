@@ -2,7 +2,8 @@
 
 A session's store (``measurements.json`` in its directory) is a cache keyed by launch; it dies with
 the session. What is worth keeping is smaller and stable: per configuration, one tokens/s value
-per launch; per link, the bus bandwidth of each collective at its largest payload; the verdicts
+per launch, and the step's figures (MFU at the configuration's value, under ``models.MFU_CONVENTION``,
+and the largest per-rank peak memory); per link, the bus bandwidth of each collective at its largest payload; the verdicts
 (each test's outcome word, ``verdicts.OUTCOMES``, its one-line message, and per gate its fields:
 ratio, ci_low, ci_high, threshold, outcome, both sides' values, launches); and the identity
 of what ran (cluster, hosts, device, versions), because a comparison between two
@@ -29,7 +30,9 @@ from typing import Any
 from .atomic import write_text
 from .fabrics import FABRICS
 from .case import BANDWIDTH, Case
-from .measure import BandwidthMeasurement, Measurement
+from .hostbound import configuration_mfu, mfu_peak, peak_memory_gib
+from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
+from .models import MFU_CONVENTION
 from .redact import redact_data
 from .stats import configuration_value
 
@@ -70,7 +73,7 @@ def parse_case_id(case_id: str) -> Case:
 
 @dataclass
 class CaseResult:
-    """One (model, nodes, fabric) of a night: a value per launch."""
+    """One (model, nodes, fabric) of a night: a value per launch, and the step's figures."""
 
     model: str
     nodes: int
@@ -81,6 +84,13 @@ class CaseResult:
     # Each launch's weight (``stats.LaunchEstimate.weight``: 1, small for a launch disturbed as a
     # whole); None: all 1 (files written before 0.4, which left disturbed launches out instead).
     weights: list[float] | None = None
+    # The step's figures (``hostbound.py``), as the terminal and JUnit show them: the MFU at the
+    # configuration's value (``models.MFU_CONVENTION``) against ``mfu_peak`` ("H200 SXM 989 TFLOP/s
+    # dense bf16"), and the largest per-rank peak memory over the launches, GiB. None: a CPU run (MFU
+    # and its peak: no GPU peak), a baseline, or a file written before they were saved (all three).
+    mfu: float | None = None
+    mfu_peak: str | None = None
+    peak_memory_gib: float | None = None
 
     @property
     def id(self) -> str:
@@ -190,6 +200,8 @@ def identity_from_records(records: Mapping[str, Any]) -> dict[str, Any]:
         "gpu": r.get("gpu"),
         "attention": r.get("attention"),
         "versions": {k: v for k, v in (r.get("versions") or {}).items() if v},
+        # how the cases' MFU counts FLOPs, where anything was trained
+        "mfu_convention": MFU_CONVENTION if widest.get("case", {}).get("model") != BANDWIDTH else None,
         # tokens per GPU per step decide compute per step: two nights with other shapes measure other things
         "shapes": {rec["case"]["model"]: f"{rec['result']['batch_size']} x {rec['result']['seq_len']}"
                    for rec in training if "batch_size" in rec["result"] and "seq_len" in rec["result"]},
@@ -247,12 +259,18 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
                 raise ResultsError(f"{where}: record {key!r} is malformed ({type(exc).__name__}: {exc}); "
                                    "expected result.step_s, tokens_per_step and world_size") from None
             launches.setdefault(m.case.id, []).append(m)
-    # Every launch with its weight, so that a saved night's value is the one its gates judged.
-    cases = {cid: CaseResult(ms[0].case.model, ms[0].case.nodes, ms[0].case.fabric, ms[0].gpus,
-                             [m.tokens_per_s for m in ms], [m.tokens_per_s_per_gpu for m in ms],
-                             [m.weight for m in ms])
-             for cid, ms in launches.items()}
-    return cases, links, errors
+    return {cid: case_result(ms) for cid, ms in launches.items()}, links, errors
+
+
+def case_result(launches: Sequence[Measurement]) -> CaseResult:
+    """A configuration's launches as the night keeps them: every launch with its weight, so that its
+    value is the one its gates judged, and the step's figures as the terminal and JUnit show them."""
+    first = launches[0]
+    return CaseResult(first.case.model, first.case.nodes, first.case.fabric, first.gpus,
+                      [m.tokens_per_s for m in launches], [m.tokens_per_s_per_gpu for m in launches],
+                      [m.weight for m in launches],
+                      configuration_mfu(launches, configuration_tokens_per_s(launches)), mfu_peak(launches),
+                      peak_memory_gib(launches))
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +320,9 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
         "identity": full,
         "cases": {cid: {"model": c.model, "nodes": c.nodes, "fabric": c.fabric, "gpus": c.gpus,
                         "tokens_per_s": c.tokens_per_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu,
-                        **({"weights": c.weights} if c.weights else {})}
+                        **({"weights": c.weights} if c.weights else {}),
+                        # absent where unknown: a CPU run has no MFU
+                        **{k: v for k in _STEP_FIGURES if (v := getattr(c, k)) is not None}}
                   for cid, c in sorted(cases.items())},
         "bandwidth": {lid: {"nodes": b.nodes, "fabric": b.fabric, "busbw_gbit": b.busbw_gbit,
                             "payload_bytes": b.payload_bytes, "link_gbit": b.link_gbit}
@@ -421,6 +441,23 @@ def _numbers(obj: Any, name: str, where: str) -> list[float]:
     return [float(v) for v in values]
 
 
+# A case's optional step figures in a saved night, each absent where unknown (a CPU run's MFU) and in
+# files written before they were saved.
+_STEP_FIGURES = ("mfu", "mfu_peak", "peak_memory_gib")
+
+
+def _optional(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``obj[name]`` checked as ``_field`` does; None where absent or null. A number must be >= 0."""
+    if obj.get(name) is None:
+        return None
+    value = _field(obj, name, kind, where)
+    if isinstance(value, (int, float)):
+        if not value >= 0:
+            raise ResultsError(f"{where}: \"{name}\" must be a number >= 0, got {value}")
+        return float(value)
+    return value
+
+
 def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
     identity = _field(data, "identity", dict, str(path))
     cases = {}
@@ -429,7 +466,9 @@ def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
         cases[cid] = CaseResult(_field(c, "model", str, where), _field(c, "nodes", int, where),
                                 _field(c, "fabric", str, where), _field(c, "gpus", int, where),
                                 _numbers(c, "tokens_per_s", where), _numbers(c, "tokens_per_s_per_gpu", where),
-                                _numbers(c, "weights", where) if "weights" in c else None)
+                                _numbers(c, "weights", where) if "weights" in c else None,
+                                _optional(c, "mfu", (int, float), where), _optional(c, "mfu_peak", str, where),
+                                _optional(c, "peak_memory_gib", (int, float), where))
     links = {}
     for lid, b in _field(data, "bandwidth", dict, str(path)).items():
         where = f"{path}: bandwidth {lid!r}"

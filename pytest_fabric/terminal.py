@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from .fabrics import REFERENCE_FABRIC
 from .models import MFU_CONVENTION
-from .hostbound import configuration_mfu, mfu_text, peak_memory_gib
+from .hostbound import configuration_mfu, gib_text, mfu_text, peak_memory_gib
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 
 
@@ -49,7 +49,7 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
                     cells.append("-")
             cells += [f"{tps[f] / gpus:.1f}" if f in tps else "-" for f in cols]
             cells += [mfu_text(configuration_mfu(runs[f], tps[f])) if f in tps else "-" for f in cols]
-            cells += [f"{peak_memory_gib(runs[f]):.1f}" if f in tps else "-" for f in cols]
+            cells += [gib_text(peak_memory_gib(runs[f])) if f in tps else "-" for f in cols]
             body.append(cells)
         widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
         out.append(f"{model}:")

@@ -82,3 +82,30 @@ def emulated_unavailable() -> str | None:
     except ClusterUnavailable as exc:
         return str(exc)
     return None
+
+
+# The launch recorded on one H200 (fixtures/gpu/README.md): qwen2.5-1.5b, FSDP2 bf16, 8 x 2048, one rank.
+GPU_RESULT = REPO / "fixtures" / "gpu" / "result-qwen2.5-1.5b-b8-fsdp2-h200.json"
+GPU_PEAK = "H200 SXM 989 TFLOP/s dense bf16"  # the peak its MFU is taken against, as every output names it
+
+
+def gpu_record(fabric: str = "eth") -> dict:
+    """The recorded H200 result as a session store's record of a one-node launch measured for ``fabric``."""
+    import json
+
+    return {"case": {"model": "qwen2.5-1.5b", "nodes": 1, "fabric": fabric}, "cluster": "local",
+            "result": json.loads(GPU_RESULT.read_text())}
+
+
+def gpu_measurement(fabric: str = "eth"):
+    """The recorded H200 launch as the Measurer reads it."""
+    from pytest_fabric import Case, Measurement
+
+    return Measurement.from_record(Case("qwen2.5-1.5b", 1, fabric), gpu_record(fabric))
+
+
+def gpu_expected() -> tuple[float, float]:
+    """(MFU, peak memory per rank in GiB) of the recorded H200 launch, from its raw figures: FLOPs per
+    token x the launch's tokens/s over the 989 TFLOP/s peak of one GPU; its allocator's peak."""
+    m = gpu_measurement()
+    return m.result.flops_per_token * m.tokens_per_s / 989e12, m.result.peak_memory_bytes / 2**30

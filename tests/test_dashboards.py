@@ -140,6 +140,65 @@ def test_benchmark_json_is_bencher_metric_format_with_bounds():
     json.dumps(bmf)  # plain JSON
 
 
+# -- the step's figures: MFU and peak memory -------------------------------------------------------
+
+
+def gpu_night(path: Path):
+    """A night of the H200 launch recorded on hardware (fixtures/gpu), saved and read back."""
+    from helpers import gpu_record
+
+    from pytest_fabric.nights import save_results
+
+    save_results(path, {"qwen2.5-1.5b-n1-any#aaaa": gpu_record("eth")}, {"fabrics": ["eth"]})
+    return load_results(path)
+
+
+def test_mfu_and_peak_memory_of_the_recorded_gpu_launch_in_the_summary_metrics_and_bencher(tmp_path):
+    from helpers import GPU_PEAK, gpu_expected
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from pytest_fabric.models import MFU_CONVENTION
+
+    mfu, gib = gpu_expected()
+    t = build_tables(gpu_night(tmp_path / "night.json"), load_records(tmp_path / "night.json"))
+    text = job_summary(t)
+    header, _, row = md_rows(text, "Throughput (tokens/s, 95% interval)")
+    cells = dict(zip(header, row))
+    assert cells["MFU"] == f"{mfu * 100:.1f}%" and cells["peak GiB"] == f"{gib:.1f}" == "90.0"
+    assert f"MFU: {MFU_CONVENTION}; against {GPU_PEAK}" in text
+    families = {f.name: f for f in text_string_to_metric_families(openmetrics(t))}
+    (sample,) = families["fabric_mfu"].samples
+    assert sample.value == pytest.approx(mfu, rel=1e-9) and sample.labels["peak"] == GPU_PEAK
+    assert MFU_CONVENTION in families["fabric_mfu"].documentation
+    (sample,) = families["fabric_peak_memory_gib"].samples
+    assert sample.value == pytest.approx(gib, rel=1e-9) and sample.labels["model"] == "qwen2.5-1.5b"
+    bmf = benchmark_json(t)["qwen2.5-1.5b-n1-eth"]
+    assert bmf["mfu"] == {"value": pytest.approx(mfu, rel=1e-12)}
+    assert bmf["peak-memory-gib"] == {"value": pytest.approx(gib, rel=1e-12)}
+
+
+def test_no_mfu_on_cpu_nights_and_none_of_the_figures_on_nights_saved_before_them(tmp_path):
+    """A CPU night: MFU n/a in the summary, no MFU sample or measure, its peak memory shown; the
+    recorded night (saved before the figures were) reads n/a for both and emits neither."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    from test_results import IDENTITY, session_store
+
+    from pytest_fabric.nights import save_results
+
+    store = session_store()
+    for record in store.values():
+        if "result" in record and record["case"]["model"] != "collectives":
+            record["result"]["peak_memory_bytes"] = 3 * 2**30
+    save_results(tmp_path / "cpu.json", store, IDENTITY)
+    for path, peak in ((tmp_path / "cpu.json", "3.0"), (FIXTURES / "night.json", "n/a")):
+        t = build_tables(load_results(path), load_records(path))
+        header, _, *rows = md_rows(job_summary(t), "Throughput (tokens/s, 95% interval)")
+        assert {(dict(zip(header, r))["MFU"], dict(zip(header, r))["peak GiB"]) for r in rows} == {("n/a", peak)}
+        names = {f.name for f in text_string_to_metric_families(openmetrics(t))}
+        assert "fabric_mfu" not in names and ("fabric_peak_memory_gib" in names) == (peak != "n/a")
+        assert not any("mfu" in measures for measures in benchmark_json(t).values())
+
+
 def test_the_default_runs_testcases_stay_under_1000_characters():
     """The real night's verdict and prediction lines with its real launches, in today's format."""
     records = json.loads((FIXTURES / "measurements.json").read_text())

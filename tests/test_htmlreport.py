@@ -57,10 +57,10 @@ def test_report_tables_hold_the_numbers(tmp_path, no_plots, night):
     two = [r for r in markdown_rows(md, "2") if r[2].startswith(f"{IB:.1f} ")]
     assert two == [["2", "2", f"{IB:.1f} [{ib_iv.low:.1f}, {ib_iv.high:.1f}]",
                     f"{ETH:.1f} [{eth_iv.low:.1f}, {eth_iv.high:.1f}]", f"{(ETH / IB - 1) * 100:+.1f}%", f"{IB / 2:.1f}",
-                    f"{ETH / 2:.1f}", "ib 3, eth 3", "test_parity (eth): pass"]]
+                    f"{ETH / 2:.1f}", "n/a", "n/a", "n/a", "n/a", "ib 3, eth 3", "test_parity (eth): pass"]]
     one = [r for r in markdown_rows(md, "1") if r[2].startswith("1000.0 ")]
-    assert [r[3:] for r in one] == [["1000.0 [" + one[0][2].split("[")[1], "n/a", "1000.0", "1000.0", "ib 1, eth 1",
-                                     "-"]]
+    assert [r[3:] for r in one] == [["1000.0 [" + one[0][2].split("[")[1], "n/a", "1000.0", "1000.0", "n/a", "n/a",
+                                     "n/a", "n/a", "ib 1, eth 1", "-"]]
     assert ["230.0", "43.0", "-81.3%"] in [[r[i].split(" [")[0] for i in (2, 3, 4)] for r in markdown_rows(md, "2")]
     # Bandwidth: largest payload, emulated link rate.
     assert ["2", "eth", "0.4", "0.360", "0.360", "16"] in markdown_rows(md, "2")
@@ -71,6 +71,38 @@ def test_report_tables_hold_the_numbers(tmp_path, no_plots, night):
     assert f"<td class=\"text\">{IB:.1f} [" in page and "-81.3%" in page
     assert "&lt;within 5%&gt;" in page and "<within" not in page  # text is escaped
     assert "<link" not in page and "<script" not in page  # self-contained
+
+
+def test_report_shows_mfu_and_peak_memory_of_the_recorded_gpu_launch(tmp_path, no_plots):
+    """The H200 launch (fixtures/gpu, recorded on hardware), saved and reported: its MFU at the
+    configuration's value and its peak memory per rank, the convention and the peak named."""
+    from helpers import GPU_PEAK, gpu_expected
+    from test_dashboards import gpu_night
+
+    from pytest_fabric.models import MFU_CONVENTION
+
+    mfu, gib = gpu_expected()
+    written = write_report([gpu_night(tmp_path / "night.json")], tmp_path / "out")
+    md = written.markdown.read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| nodes | GPUs | eth tok/s"))
+    (row,) = markdown_rows(md, "1")
+    cells = dict(zip([c.strip() for c in header.strip("|").split("|")], row))
+    assert cells["eth MFU"] == f"{mfu * 100:.1f}%" and cells["eth peak GiB"] == f"{gib:.1f}" == "90.0"
+    assert f"MFU: {MFU_CONVENTION}; against {GPU_PEAK}" in md
+    page = written.html.read_text()
+    assert f">{mfu * 100:.1f}%</td>" in page and "output head counted, embedding lookups not" in page
+
+
+def test_report_reads_mfu_na_on_a_cpu_night_and_keeps_its_peak_memory(tmp_path, no_plots):
+    store = session_store()
+    store["qwen2-tiny-n1-any#aaaa"]["result"]["peak_memory_bytes"] = 3 * 2**30
+    save_results(tmp_path / "night.json", store, IDENTITY)
+    md = write_report([load_results(tmp_path / "night.json")], tmp_path / "out").markdown.read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| nodes | GPUs | ib tok/s"))
+    one = next(r for r in markdown_rows(md, "1") if r[2].startswith("1000.0 "))
+    cells = dict(zip([c.strip() for c in header.strip("|").split("|")], one))
+    assert [cells[k] for k in ("ib MFU", "eth MFU", "ib peak GiB", "eth peak GiB")] == ["n/a", "n/a", "3.0", "3.0"]
+    assert "n/a without a GPU peak (CPU)" in md
 
 
 def test_plots_are_real_pngs_referenced_by_relative_path(tmp_path, night):

@@ -433,9 +433,11 @@ def test_machine_lines_carry_mfu_peak_memory_and_the_convention():
     from pytest_fabric.junit import measurement_lines, suite_properties
     from pytest_fabric.models import MFU_CONVENTION
 
-    m = train_measurement("m", 2, "ib", 200.0)
+    m = train_measurement("m", 2, "ib", 200.0, peak_memory_bytes=3 << 29)
     lines = measurement_lines([m])
     p = f"fabric.{m.case.id}"
     assert lines[f"{p}.mfu"] == "n/a" and lines[f"{p}.mfu_peak"] == "n/a"
-    assert float(lines[f"{p}.peak_memory_gib"]) == pytest.approx(m.result.peak_memory_bytes / 2**30, abs=0.01)
+    assert lines[f"{p}.peak_memory_gib"] == "1.50"
+    unrecorded = train_measurement("m", 2, "ib", 200.0)  # a result from before peak memory was recorded
+    assert measurement_lines([unrecorded])[f"{p}.peak_memory_gib"] == "n/a"
     assert suite_properties([m], {})["fabric.mfu_convention"] == MFU_CONVENTION

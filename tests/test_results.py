@@ -493,6 +493,76 @@ def test_junit_written_before_result_version_2_is_still_read(tmp_path):
     assert load_results(path).identity["hosts"] == ["node7/198.18.0.8", "node8/198.18.0.9"]
 
 
+# -- the step's figures: MFU and peak memory -------------------------------------------------------
+
+def test_a_saved_night_keeps_mfu_and_peak_memory_of_the_recorded_gpu_launch(tmp_path):
+    """The H200 launch (fixtures/gpu, recorded on hardware): its MFU at the configuration's value, the
+    peak it is taken against and its peak memory are written and read back; the convention is named."""
+    from helpers import GPU_PEAK, gpu_expected, gpu_record
+
+    from pytest_fabric.models import MFU_CONVENTION
+
+    path = tmp_path / "night.json"
+    save_results(path, {"qwen2.5-1.5b-n1-any#aaaa": gpu_record("ib")}, {"fabrics": ["ib", "eth"]})
+    mfu, gib = gpu_expected()
+    written = json.loads(path.read_text())
+    assert written["cases"]["qwen2.5-1.5b-n1-eth"]["mfu"] == pytest.approx(mfu, rel=1e-12)
+    assert written["identity"]["mfu_convention"] == MFU_CONVENTION
+    run = load_results(path)
+    for fabric in ("ib", "eth"):  # one node: its launch serves every fabric
+        case = run.cases[f"qwen2.5-1.5b-n1-{fabric}"]
+        assert case.mfu == pytest.approx(mfu, rel=1e-12) and case.mfu_peak == GPU_PEAK
+        assert case.peak_memory_gib == pytest.approx(gib, rel=1e-12)
+    assert run.identity["mfu_convention"] == MFU_CONVENTION
+    assert 0.3 < mfu < 0.35 and gib == pytest.approx(90.0, abs=0.1)
+
+
+def test_a_cpu_night_saves_no_mfu_and_its_peak_memory(tmp_path):
+    """No GPU peak, no MFU: the field is left out and reads back None; the peak resident set is kept."""
+    store = session_store()
+    store["qwen2-tiny-n1-any#aaaa"]["result"]["peak_memory_bytes"] = 3 * 2**30
+    path = tmp_path / "night.json"
+    save_results(path, store, IDENTITY, VERDICTS)
+    written = json.loads(path.read_text())["cases"]["qwen2-tiny-n1-eth"]
+    assert "mfu" not in written and "mfu_peak" not in written and written["peak_memory_gib"] == 3.0
+    case = load_results(path).cases["qwen2-tiny-n1-eth"]
+    assert case.mfu is None and case.mfu_peak is None and case.peak_memory_gib == 3.0
+
+
+def test_a_night_saved_before_mfu_and_peak_memory_still_loads(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text(saved_json(one_case()))
+    case = load_results(path).cases["m-n2-ib"]
+    assert case.mean == 1.0 and (case.mfu, case.mfu_peak, case.peak_memory_gib) == (None, None, None)
+
+
+def test_junit_machine_lines_give_back_mfu_and_peak_memory(tmp_path):
+    """The recorded H200 launch through the plugin's JUnit (suite properties, testcase text) and back;
+    a CPU launch reads n/a as None; a file written before the lines reads None too."""
+    from helpers import GPU_PEAK, gpu_expected, gpu_measurement
+
+    from pytest_fabric.junit import add_to_junit
+    from pytest_fabric.models import MFU_CONVENTION
+
+    gpu, cpu = gpu_measurement("eth"), launches("qwen2-tiny", 2, "eth", [1700.0])[0]
+    path = tmp_path / "j.xml"
+    path.write_text(junit_skeleton("test_x[qwen2.5-1.5b-n1-eth]", "test_x[qwen2-tiny-n2-eth]"))
+    add_to_junit(path, {"suites/test_x.py::test_x[qwen2.5-1.5b-n1-eth]": text_of([gpu]),
+                        "suites/test_x.py::test_x[qwen2-tiny-n2-eth]": text_of([cpu])},
+                 suite_properties([gpu, cpu], {}))
+    run = load_results(path)
+    mfu, gib = gpu_expected()
+    case = run.cases["qwen2.5-1.5b-n1-eth"]
+    assert case.mfu == pytest.approx(mfu, abs=5e-5) and case.mfu_peak == GPU_PEAK  # written with 4 decimals
+    assert case.peak_memory_gib == pytest.approx(gib, abs=5e-3)
+    assert run.cases["qwen2-tiny-n2-eth"].mfu is None and run.cases["qwen2-tiny-n2-eth"].mfu_peak is None
+    assert run.identity["mfu_convention"] == MFU_CONVENTION
+    old = tmp_path / "old.xml"
+    old.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-eth]").replace(
+        'time="2.0"/>', f'time="2.0"><system-out>{OLD_SYSTEM_OUT}</system-out></testcase>'))
+    assert load_results(old).cases["qwen2-tiny-n2-eth"].mfu is None
+
+
 # -- what is not ours ----------------------------------------------------------------------------
 
 def saved_json(cases: dict | None = None, version: int = 1) -> str:
@@ -521,6 +591,8 @@ CORRUPT = {
     "newer.json": (saved_json(version=99), "newer pytest-fabric"),
     "case.json": (saved_json(one_case(nodes="two")), "\"nodes\" must be int"),
     "values.json": (saved_json(one_case(tokens_per_s=[])), "non-empty list of positive numbers"),
+    "mfu.json": (saved_json(one_case(mfu="high")), "\"mfu\" must be int or float"),
+    "peak.json": (saved_json(one_case(peak_memory_gib=-1)), "\"peak_memory_gib\" must be a number >= 0"),
     "store.json": (json.dumps({"m-n2-ib#x": {"case": {"model": "m", "nodes": 2, "fabric": "ib"},
                                              "cluster": "emulated", "result": {"step_s": [0.1]}}}),
                    "record 'm-n2-ib#x' is malformed"),

@@ -85,22 +85,16 @@ def test_no_bandwidth_no_table():
 def test_mfu_and_peak_memory_columns_on_the_recorded_gpu_result_and_na_on_cpu():
     """The H200 result (fixtures/gpu, recorded on hardware): its MFU at the configuration's value,
     under the named convention, and its peak memory; a CPU run keeps the columns with "n/a"."""
-    import json
-    from dataclasses import asdict
-    from pathlib import Path
+    from helpers import gpu_expected, gpu_measurement
 
-    from pytest_fabric import Case, Measurement
-
-    raw = json.loads((Path(__file__).resolve().parents[1] / "fixtures/gpu/result-qwen2.5-1.5b-b8-fsdp2-h200.json")
-                     .read_text())
-    case = Case("qwen2.5-1.5b", 1, "eth")
-    gpu = Measurement.from_record(case, {"case": asdict(case), "cluster": "local", "result": raw})
+    gpu = gpu_measurement("eth")
     cpu = measurement("qwen2.5-1.5b", 1, "ib", 1000.0)
     rows = summary_tables([gpu], ["eth"])
     header, row = rows[1].split(), rows[2].split()
     assert header[-5:] == ["eth", "MFU", "eth", "peak", "GiB"]
-    expected_mfu = gpu.result.flops_per_token * gpu.tokens_per_s / 989e12
-    assert row[-2] == f"{expected_mfu * 100:.1f}%" and float(row[-1]) == pytest.approx(90.0, abs=0.1)
+    expected_mfu, expected_gib = gpu_expected()
+    assert row[-2] == f"{expected_mfu * 100:.1f}%" and float(row[-1]) == pytest.approx(expected_gib, abs=0.05)
+    assert expected_gib == pytest.approx(90.0, abs=0.1)
     assert "head counted" in rows[-1]
     cpu_rows = summary_tables([cpu], ["ib"])
     assert cpu_rows[2].split()[-2] == "n/a"
