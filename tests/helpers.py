@@ -108,4 +108,4 @@ def gpu_expected() -> tuple[float, float]:
     """(MFU, peak memory per rank in GiB) of the recorded H200 launch, from its raw figures: FLOPs per
     token x the launch's tokens/s over the 989 TFLOP/s peak of one GPU; its allocator's peak."""
     m = gpu_measurement()
-    return m.result.flops_per_token * m.tokens_per_s / 989e12, m.result.peak_memory_bytes / 2**30
+    return m.result.flops_for_mfu() * m.tokens_per_s / 989e12, m.result.peak_memory_bytes / 2**30

@@ -169,3 +169,21 @@ def test_the_gpu_benchmark_runs_in_smoke_mode(tmp_path):
     assert compiled["detail"]["compile"] is True and compiled["detail"]["optimizer"] == "adamw foreach"
     table = (tmp_path / "gpu_step.md").read_text()
     assert "| config | ms/step | tokens/s | MFU |" in table and "n/a" in table and data["mfu_convention"] in table
+
+
+def test_a_result_recorded_before_the_head_was_counted_takes_the_catalogs_count():
+    """The H200 fixture's flops_per_token left the output head out (8.92 GFLOP/token); MFU, which
+    every output labels 'output head counted', takes the catalog's count for the model instead,
+    while a result that records today's convention keeps its own figure."""
+    import dataclasses
+    import json
+
+    from pytest_fabric.models import MFU_CONVENTION, get_model
+    from pytest_fabric.workload.result import TrainResult
+
+    old = TrainResult.from_dict(json.loads((GPU / "result-qwen2.5-1.5b-b8-fsdp2-h200.json").read_text()))
+    assert old.flops_convention is None
+    assert old.flops_for_mfu() == get_model("qwen2.5-1.5b").flops_per_token(old.seq_len) > 1.1 * old.flops_per_token
+    new = dataclasses.replace(old, flops_convention=MFU_CONVENTION)
+    assert new.flops_for_mfu() == new.flops_per_token
+    assert old.mfu(1000.0) > new.mfu(1000.0)

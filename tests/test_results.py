@@ -514,7 +514,9 @@ def test_a_saved_night_keeps_mfu_and_peak_memory_of_the_recorded_gpu_launch(tmp_
         assert case.mfu == pytest.approx(mfu, rel=1e-12) and case.mfu_peak == GPU_PEAK
         assert case.peak_memory_gib == pytest.approx(gib, rel=1e-12)
     assert run.identity["mfu_convention"] == MFU_CONVENTION
-    assert 0.3 < mfu < 0.35 and gib == pytest.approx(90.0, abs=0.1)
+    # Recorded before the output head was counted: MFU takes the catalog's count (10.3 GFLOP/token,
+    # not the recorded 8.9), so 37.4% rather than the 32.3% the recording's own figure gives.
+    assert 0.37 < mfu < 0.38 and gib == pytest.approx(90.0, abs=0.1)
 
 
 def test_a_cpu_night_saves_no_mfu_and_its_peak_memory(tmp_path):

@@ -115,6 +115,9 @@ class TrainResult(LaunchFacts):
     # Why measuring stopped: "precision", "time cap", "step cap" or "fixed" (version 1 results).
     stopped: str = "fixed"
     flops_per_token: float = 0.0
+    # How flops_per_token counts (models.MFU_CONVENTION); None: recorded before 0.4, when the output
+    # head was left out, so MFU takes the catalog's count for the model instead (``flops_for_mfu``).
+    flops_convention: str | None = None
     gpu_name: str | None = None
     peak_gpu: str | None = None
     peak_flops_per_gpu: float | None = None
@@ -152,7 +155,19 @@ class TrainResult(LaunchFacts):
         """Model FLOPs utilization at ``tokens_per_s``; None where the GPU's bf16 peak is unknown (CPU)."""
         if not self.peak_flops_per_gpu or self.world_size <= 0:
             return None
-        return self.flops_per_token * tokens_per_s / (self.world_size * self.peak_flops_per_gpu)
+        return self.flops_for_mfu() * tokens_per_s / (self.world_size * self.peak_flops_per_gpu)
+
+    def flops_for_mfu(self) -> float:
+        """FLOPs per token under today's convention (output head counted): the recorded figure, or
+        for a result recorded before the head was counted, the catalog's count for its model and
+        sequence length (the recorded one where the model is not in the catalog)."""
+        if self.flops_convention is None and self.seq_len:
+            from ..models import MODELS
+
+            spec = MODELS.get(self.model)
+            if spec is not None:
+                return spec.flops_per_token(self.seq_len)
+        return self.flops_per_token
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

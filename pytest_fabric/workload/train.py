@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from .. import stats
+from ..models import MFU_CONVENTION
 from . import faults, fsdp, metrics, signals, weights
 from .config import ConfigError, TrainConfig
 from .result import CollectivesResult, StepSignals, TrainResult, write_result
@@ -229,6 +230,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                 step_end_unix=step_ends),
             stopped=stopped,
             flops_per_token=spec.flops_per_token(cfg.seq_len),
+            flops_convention=MFU_CONVENTION,
             gpu_name=", ".join(gpu_names) or None,
             peak_gpu=peak.gpu if peak else None,
             peak_flops_per_gpu=peak.bf16_flops if peak else None,
