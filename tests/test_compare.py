@@ -351,14 +351,20 @@ def test_the_baselines_efficiency_is_taken_night_by_night():
     # The machine's speed moved both values of each baseline night by up to 10%, but each night's
     # efficiency is 0.9: taken night by night, the baseline's efficiency varies 0.1% between nights
     # (the launch-noise prior then carries its uncertainty); taken from the two cases' values apart,
-    # the speed's moves count twice (about 7% each).
+    # the speed's moves count twice (about 7% each, and as much again as each side's night-to-night
+    # component), which leaves that gate undecided.
     speed = [1.0, 0.9, 1.08, 0.95]
     past = {"m-n1-ib": [1000.0 * f for f in speed], "m-n2-ib": [1800.0 * f * (1 + d) for f, d in
                                                           zip(speed, (0.001, -0.001, 0.0005, 0.0))]}
     widths = {}
     for by_night in (True, False):
-        fixture, _, _ = regression({"m-n1-ib": 1000.0, "m-n2-ib": 1800.0}, past, by_night=by_night, noise=0.002)
-        outcome = fixture.no_regression(REF)
+        fixture, _, item = regression({"m-n1-ib": 1000.0, "m-n2-ib": 1800.0}, past, by_night=by_night, noise=0.002)
+        if by_night:
+            outcome = fixture.no_regression(REF)
+        else:
+            with pytest.raises(pytest.fail.Exception, match="inconclusive"):
+                fixture.no_regression(REF)
+            (outcome,) = item.stash[OUTCOMES_KEY]
         assert outcome.interval.point == pytest.approx(1.0, abs=0.01)
         widths[by_night] = outcome.interval.width
         assert outcome.values[1] == pytest.approx(0.9, abs=0.001 if by_night else 0.02)

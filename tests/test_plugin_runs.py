@@ -171,12 +171,17 @@ def test_terminal_table_shows_the_stored_numbers(plain_run):
     start = next(i for i, line in enumerate(lines) if "fabric throughput (tokens/s)" in line)
     assert lines[start + 1] == "qwen2-tiny:"
     assert lines[start + 2].split() == ["nodes", "GPUs", "ib", "tok/s", "eth", "tok/s", "eth", "vs", "ib",
-                                        "ib", "tok/s/GPU", "eth", "tok/s/GPU"]
+                                        "ib", "tok/s/GPU", "eth", "tok/s/GPU", "ib", "MFU", "eth", "MFU",
+                                        "ib", "peak", "GiB", "eth", "peak", "GiB"]
     ib, eth = plain_run.measured("ib"), plain_run.measured("eth")
     delta = (eth.tokens_per_s / ib.tokens_per_s - 1) * 100
-    assert lines[start + 3].split() == [
+    # Launch counts in parentheses (and how many were down-weighted) where there are any to show.
+    row = re.sub(r" \(\d+(?:, \d+ dw)?\)", "", lines[start + 3]).split()
+    assert row[:7] == [
         "2", "2", f"{ib.tokens_per_s:.1f}", f"{eth.tokens_per_s:.1f}", f"{delta:+.1f}%",
         f"{ib.tokens_per_s_per_gpu:.1f}", f"{eth.tokens_per_s_per_gpu:.1f}"]
+    # No GPU peak on CPU: MFU n/a; the peak memory per rank is the process's.
+    assert row[7:9] == ["n/a", "n/a"] and all(float(x) > 0 for x in row[9:11])
 
 
 def test_terminal_summary_prices_the_fabrics(plain_run):
@@ -293,7 +298,9 @@ def test_xdist_launches_each_configuration_once(xdist_run):
 def test_xdist_controller_prints_the_table(xdist_run):
     ib, eth = xdist_run.measured("ib"), xdist_run.measured("eth")
     assert "fabric throughput (tokens/s)" in xdist_run.output
-    assert re.search(rf"^\s+2\s+2\s+{ib.tokens_per_s:.1f}\s+{eth.tokens_per_s:.1f}\s", xdist_run.output, re.M)
+    count = r"(?: \(\d+(?:, \d+ dw)?\))?"
+    assert re.search(rf"^\s+2\s+2\s+{ib.tokens_per_s:.1f}{count}\s+{eth.tokens_per_s:.1f}{count}\s", xdist_run.output,
+                     re.M)
 
 
 def test_xdist_junit_has_system_out_and_xunit1_properties_for_every_test(xdist_run):
