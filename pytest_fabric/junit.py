@@ -39,7 +39,7 @@ from .models import MFU_CONVENTION
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
-from .nights import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
+from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
 from .workload.result import TrainResult
 
 SECTION = "pytest-fabric measurements"
