@@ -22,7 +22,7 @@ from .gates import GateOutcome, apply_verdict
 from .hostbound import host_bound
 from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s
 from .nights import identity_from_records, identity_mismatch
-from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
+from .session import ERRORED_KEY, MEASURED_KEY, NOTES_KEY, OUTCOMES_KEY, FabricSession
 from .stats import (STALL_MARGIN, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate,
                     configuration_value, contrast_interval, fabric_time_reference, fabric_time_sample,
                     reference_term, within_gate)
@@ -138,11 +138,9 @@ class CompareFixture:
         # Measured, floor and predicted side by side.
         predicted = "\n".join([predicted, *(self._session.floor_line(runs) for runs in (runs_a, runs_b))])
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
-        lines = self._item.stash.setdefault(VERDICTS_KEY, [])
         # In the output (JUnit system-out) whatever the verdict, and in a failure's message.
-        lines.append(predicted)
-        line = apply_verdict(outcome, self._session.options.inconclusive, note=predicted)
-        lines.insert(len(lines) - 1, line)
+        self._item.stash.setdefault(NOTES_KEY, []).append(predicted)
+        apply_verdict(outcome, self._session.options.inconclusive, note=predicted)
         return outcome
 
     def no_regression(self, case: Case, rel: float | None = None) -> GateOutcome:
@@ -256,7 +254,7 @@ class CompareFixture:
                               _down_weighted(launches),
                               "; ".join(filter(None, [stall_note([("tonight", tonight)]), extra])), gate.family)
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
-        self._item.stash.setdefault(VERDICTS_KEY, []).append(apply_verdict(outcome, o.inconclusive))
+        apply_verdict(outcome, o.inconclusive)
         return outcome
 
 

@@ -118,7 +118,7 @@ def _compact(text: str) -> str:
                      for line in text.splitlines())
 
 
-def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], verdicts: Sequence[str] = (),
+def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], notes: Sequence[str] = (),
                   outcomes: Sequence[GateOutcome] = ()) -> str:
     """A testcase's output, short enough that every viewer keeps it whole (Jenkins keeps 1,000
     characters of a passed test's output): human lines first, then name=value lines.
@@ -129,11 +129,9 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
     and each gate's fields. Everything else about a configuration (each launch, hosts, settings)
     and the run-wide facts are suite properties (``suite_properties``).
     """
-    # A gate's test: its verdict lines, whatever it decided (a failing or inconclusive gate raises
-    # before the plugin records its line), then the other lines (the prediction).
-    decided = ("pass: ", "inconclusive", "interval wholly")
-    lines = [verdict_line(g) for g in outcomes] + [_compact(v) for v in verdicts
-                                                   if not (outcomes and v.startswith(decided))]
+    # A gate's test: its verdict lines, rendered from its GateOutcomes whatever they decided, then
+    # the notes (the prediction and the floor).
+    lines = [verdict_line(g) for g in outcomes] + [_compact(n) for n in notes]
     groups: dict[tuple[str, str], list[Any]] = {}
     for m in measurements:
         groups.setdefault((type(m).__name__, m.case.id), []).append(m)
@@ -434,7 +432,12 @@ def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
     from junitparser import Error, Failure, Skipped
 
     outcome = PASS
-    message = next((line for line in out.splitlines() if line.startswith(("pass: ", "inconclusive"))), "")
+    gates = _gate_fields(out)
+    # The human line of a gate that passed or was left undecided: the one that starts with the outcome
+    # word its machine line stored (``fabric.gate.<a>_vs_<b>.verdict=``). A file written before gates
+    # had machine lines has only the sentence: its words are all there is.
+    said = {g.get("outcome") for g in gates} & {PASS, INCONCLUSIVE} if gates else {PASS, INCONCLUSIVE}
+    message = next((line for line in out.splitlines() if line.partition(":")[0].partition(" ")[0] in said), "")
     for r in case.result:
         if isinstance(r, (Failure, Error)):
             outcome = FAIL if isinstance(r, Failure) else ERROR
@@ -447,7 +450,7 @@ def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
         message = r.message or message
     verdict: dict[str, Any] = {"test": f"{case.classname}::{case.name}" if case.classname else case.name,
                                "outcome": outcome, "message": message.splitlines()[0] if message else "",
-                               "gates": _gate_fields(out)}
+                               "gates": gates}
     return {**verdict, **case_of_test(case.name or "")}
 
 
