@@ -40,6 +40,7 @@ from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per
 from .redact import redact_file
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
 from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
+from .units import mbit_to_gbit
 from .workload.result import TrainResult
 
 SECTION = "pytest-fabric measurements"
@@ -403,7 +404,7 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
                     settings = json.loads(m.get("fabric_settings") or "{}")
                     mbit = settings.get("emulated_mbit") if emulated else None
                     links[cid] = LinkResult(case.nodes, case.fabric, {op: v for op, (_, v) in sorted(busbw.items())},
-                                            max(size for size, _ in busbw.values()), mbit / 1000 if mbit else None)
+                                            max(size for size, _ in busbw.values()), mbit_to_gbit(mbit) if mbit else None)
             elif "tokens_per_s" in m:
                 gpus = int(m.get("gpus", "1"))
                 values, weights = launches.get(cid) or ([float(m["tokens_per_s"])], [1.0])

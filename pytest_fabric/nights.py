@@ -33,6 +33,7 @@ from .models import MFU_CONVENTION
 from .night_model import (CaseResult, LinkResult, ResultsError, SavedRun, case_of_test,  # noqa: F401 (public names)
                           parse_case_id, verdict_case)
 from .redact import redact_data
+from .units import mbit_to_gbit
 
 __all__ = [
     "BASELINE_FORMAT",
@@ -123,7 +124,7 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
                 links[m.case.id] = LinkResult(
                     m.case.nodes, m.case.fabric, {op: m.busbw_gbit(op) for op in ops},
                     int(m.largest(ops[0]).bytes) if ops else 0,
-                    mbit / 1000 if mbit and record.get("cluster") == "emulated" else None)
+                    mbit_to_gbit(mbit) if mbit and record.get("cluster") == "emulated" else None)
             else:
                 if not isinstance(Case(**record["case"]).nodes, int):
                     raise ValueError(f"case.nodes must be an integer, got {record['case']['nodes']!r}")

@@ -24,6 +24,7 @@ from .baselines import Baseline
 from .stats import DEFAULT_NOISE, FAMILY_RULES, NoisePrior
 from .workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from .nccl_evidence import parse_inventory
+from .units import GIB
 
 
 # name, help, default (as the ini string)
@@ -387,7 +388,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         mixed_precision=_choice(config, "mixed-precision"),
         activation_checkpointing=_flag(config, "activation-checkpointing"),
         compile=_choice(config, "compile"),
-        gpu_memory_bytes=(gib * 2**30 if (gib := _positive(config, "gpu-memory", "80")) else None),
+        gpu_memory_bytes=(gib * GIB if (gib := _positive(config, "gpu-memory", "80")) else None),
         model_path=str(Path(model_path).resolve()) if model_path else None,
         require_gdr=not _flag(config, "accept-no-gdr"),
         inventory=inventory,

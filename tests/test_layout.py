@@ -10,6 +10,7 @@ whatever runs.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_fabric"
 LOWER = ("pytest_fabric.cluster", "pytest_fabric.workload")
 # Leaf modules the lower half may use: data, catalogs and helpers that import nothing above them.
 LEAVES = {"pytest_fabric", "pytest_fabric.atomic", "pytest_fabric.case", "pytest_fabric.fabrics",
-          "pytest_fabric.models", "pytest_fabric.night_model", "pytest_fabric.redact", "pytest_fabric.stats"}
+          "pytest_fabric.models", "pytest_fabric.night_model", "pytest_fabric.redact", "pytest_fabric.stats",
+          "pytest_fabric.units"}
 
 
 def _modules() -> dict[str, Path]:
@@ -122,3 +124,15 @@ def test_plugin_holds_hooks_and_fixtures_only():
         elif isinstance(node, ast.FunctionDef) and not (node.name.startswith("pytest_") or _is_fixture(node)):
             others.append(f"def {node.name}")
     assert others == []
+
+
+# Unit conversions written out by hand: each has one definition, in units.py.
+_RAW_CONVERSIONS = re.compile(r"2\s*\*\*\s*(?:20|30)\b|mbit\w*\)?\s*/\s*1000\b|\*\s*1e9\s*/\s*8\b|1e6\s*/\s*8\b"
+                              r"|\*\s*8\s*/\s*\(?\w*\s*\*?\s*1e9|/\s*1e9\b.*(?:GB|Gbit|algbw|busbw)|GBps\s*\*\s*8")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "pytest_fabric.units"))
+def test_unit_conversions_go_through_units(name):
+    found = [line.strip() for line in MODULES[name].read_text().splitlines()
+             if _RAW_CONVERSIONS.search(line.partition("#")[0])]
+    assert found == [], f"{name}: write these with pytest_fabric.units: {found}"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..atomic import write_text
+from ..units import gbyte_to_gbit
 
 TRAIN_FORMAT = "pytest-fabric-train-result"
 COLLECTIVES_FORMAT = "pytest-fabric-collectives-result"
@@ -233,7 +234,7 @@ class CollectiveRow:
 
     @property
     def busbw_gbit(self) -> float:
-        return self.busbw_GBps * 8
+        return gbyte_to_gbit(self.busbw_GBps)
 
 
 @dataclass
