@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import replacing
-from .case import BANDWIDTH
+from .case import BANDWIDTH, FABRIC_NAME, Case
 from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
 from .hostbound import configuration_mfu, mfu_peak, peak_memory_gib
@@ -39,9 +39,9 @@ from .models import MFU_CONVENTION
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
-from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
+from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test
 from .units import mbit_to_gbit
-from .workload.result import TrainResult
+from .workload.result import TrainResult, host_list
 
 SECTION = "pytest-fabric measurements"
 
@@ -49,7 +49,7 @@ SECTION = "pytest-fabric measurements"
 # The name is one word, or op.bytes.busbw_gbit for bandwidth: a fabric name may contain dots (roce.v2).
 # "fabric.gate.<a>_vs_<b>.<name>=<value>"; fabric names may contain dots (roce.v2).
 _GATE_LINE = re.compile(r"^fabric\.gate\.(?P<pair>(?P<a>.+?)_vs_(?P<b>.+))\.(?P<name>[a-z_]+)=(?P<value>.*)$")
-_METRIC_LINE = re.compile(r"^fabric\.(?P<id>.+?-n\d+-[a-z][a-z0-9_.-]*?)\."
+_METRIC_LINE = re.compile(rf"^fabric\.(?P<id>.+?-n\d+-{FABRIC_NAME}?)\."  # the id as case.py spells it
                           r"(?P<name>[a-z_]+\.\d+\.busbw_gbit|[A-Za-z0-9_]+)=(?P<value>.*)$")
 
 
@@ -346,9 +346,8 @@ def load_junit(path: Path) -> SavedRun:
     for m in metrics.values():
         if m.get("cluster"):
             identity.setdefault("cluster_kind", m["cluster"])
-        host_list = m.get("hosts") or m.get("nodes")  # "nodes" in files written before result version 2
-        if host_list:
-            hosts = sorted(h for h in host_list.split(",") if h)
+        if listed := host_list(m, str):
+            hosts = sorted(h for h in listed.split(",") if h)
             if len(hosts) > len(identity.get("hosts", [])):
                 identity["hosts"] = hosts
         device, _, dtype = (m.get("device") or "").partition("/")  # "cuda/bfloat16"
@@ -390,7 +389,7 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
     cases: dict[str, CaseResult] = {}
     links: dict[str, LinkResult] = {}
     for cid, m in sorted(metrics.items()):
-        case = parse_case_id(cid)  # the metric pattern only matches case ids
+        case = Case.parse(cid)  # the metric pattern only matches case ids
         try:
             if case.model == BANDWIDTH:
                 busbw: dict[str, tuple[int, float]] = {}

@@ -34,6 +34,7 @@ from .night_model import (CaseResult, LinkResult, ResultsError, SavedRun, case_o
                           parse_case_id, verdict_case)
 from .redact import redact_data
 from .units import mbit_to_gbit
+from .workload.result import host_list
 
 __all__ = [
     "BASELINE_FORMAT",
@@ -77,8 +78,7 @@ def identity_from_records(records: Mapping[str, Any]) -> dict[str, Any]:
         "cluster_kind": widest.get("cluster"),
         "cluster": r.get("cluster"),
         "nodes": max(int(rec.get("case", {}).get("nodes", 0)) for rec in launched),
-        # "hosts" since result version 2; version 1 called the host list "nodes"
-        "hosts": next((sorted(h) for h in (r.get("hosts"), r.get("nodes")) if isinstance(h, list)), None),
+        "hosts": sorted(hosts) if (hosts := host_list(r)) is not None else None,
         "gpus_per_node": r.get("local_world_size"),
         "device": r.get("device"),
         "dtype": r.get("dtype"),
