@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 
 from .case import Case
-from .gates import GateOutcome, apply_verdict
+from .gates import DEFAULT_AHEAD, DEFAULT_WITHIN, GateOutcome, apply_verdict
 from .hostbound import host_bound
 from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s
 from .nights import identity_from_records, identity_mismatch
@@ -77,12 +77,12 @@ class CompareFixture:
         self._session = session
         self._item = item
 
-    def within(self, candidate: Case, reference: Case, rel: float = 0.05) -> GateOutcome:
+    def within(self, candidate: Case, reference: Case, rel: float = DEFAULT_WITHIN) -> GateOutcome:
         """``candidate`` is at most ``rel`` slower than ``reference`` (one-sided)."""
         return self._compare(candidate, reference, within_gate(rel), f"{candidate.fabric} at most {rel:.0%} slower",
                              parity=True)
 
-    def ahead(self, reference: Case, candidate: Case, by: float = 0.20) -> GateOutcome:
+    def ahead(self, reference: Case, candidate: Case, by: float = DEFAULT_AHEAD) -> GateOutcome:
         """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
         return self._compare(reference, candidate, ahead_gate(by), f"{reference.fabric} at least {by:.0%} ahead")
 

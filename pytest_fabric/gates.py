@@ -24,6 +24,10 @@ class NamedValue:
 
 
 Value = Union[Measurement, NamedValue, float, int]
+# The gates' defaults, defined once: the candidate at most 5% slower (parity), the reference at least
+# 20% ahead (advantage). The fixtures, the suites and the suite file's fallbacks use these names.
+DEFAULT_WITHIN = 0.05
+DEFAULT_AHEAD = 0.20
 # The name of 0.1, kept for suites written against it.
 Figure = NamedValue
 
@@ -59,7 +63,7 @@ def ratio(candidate: Value, reference: Value) -> float:
     return _value(candidate) / ref
 
 
-def assert_within(candidate: Value, reference: Value, rel: float = 0.05, unit: str = "tokens/s") -> float:
+def assert_within(candidate: Value, reference: Value, rel: float = DEFAULT_WITHIN, unit: str = "tokens/s") -> float:
     """The candidate is at most ``rel`` slower than the reference (faster never fails).
 
     Returns the ratio candidate/reference.
@@ -86,7 +90,7 @@ def assert_at_least(measured: Value, floor: float, what: str, unit: str = "Gbit/
     return value / floor
 
 
-def assert_ahead(reference: Value, candidate: Value, by: float = 0.20, unit: str = "tokens/s") -> float:
+def assert_ahead(reference: Value, candidate: Value, by: float = DEFAULT_AHEAD, unit: str = "tokens/s") -> float:
     """The reference is at least ``by`` faster than the candidate (reference >= (1+by) x candidate).
 
     This is the gate that catches a degraded fast fabric: where the job is communication-bound the
