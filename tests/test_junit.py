@@ -214,7 +214,7 @@ def test_a_gate_shows_its_verdict_lines_then_figures_and_gate_fields_after_a_bla
     props = suite_properties(ms, {"fabric.nodes": "2"})
     assert props["fabric.m-n2-ib.gpus"] == "2" and props["fabric.version.torch"] == "2.13.0"
     assert props["fabric.attention"] == "sdpa" and props["fabric.nodes"] == "2"
-    assert "versions" not in text and "fabric_settings" not in text
+    assert text and "versions" not in text and "fabric_settings" not in text
 
 
 @pytest.mark.parametrize("verdict", [Verdict.FAIL, Verdict.INCONCLUSIVE])
@@ -253,6 +253,8 @@ def test_repeated_launches_give_one_human_line_with_the_value_and_each_launch():
 
 def test_without_the_reference_fabric_there_is_no_ratio():
     text = text_of([train_measurement("m", 2, "eth", 800.0)])
+    # Not empty (an empty text would pass the check below): eth's own line and its figure are there.
+    assert "fabric.m-n2-eth.tokens_per_s=800.000" in text.splitlines() and text.startswith("m-n2-eth: ")
     assert "ratio" not in text
 
 
