@@ -32,6 +32,7 @@ from .models import MODELS
 from .fit import Calibration, calibrate
 from .predict import BOUND_WORDS, DEFAULT_LINK_EFFICIENCY, JobShape, Observation, predict_comparison, recorded_bytes
 from .stats import configuration_value, launch_estimate
+from .units import mbit_to_gbit
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
 
@@ -91,7 +92,7 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
             if fabric in gbit:
                 rate = gbit[fabric]
             elif record.get("cluster") == "emulated" and mbit:
-                rate = float(mbit) / 1000
+                rate = mbit_to_gbit(float(mbit))
             elif fabric in FABRICS and FABRICS[fabric].nominal_gbit:
                 rate = FABRICS[fabric].nominal_gbit
             else:

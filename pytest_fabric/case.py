@@ -13,7 +13,8 @@ from dataclasses import dataclass
 BANDWIDTH = "collectives"
 
 # Case.id is "<model>-n<nodes>-<fabric>"; fabric names are lowercase letters, digits, '_', '.', '-'.
-_CASE_ID = re.compile(r"^(?P<model>.+)-n(?P<nodes>\d+)-(?P<fabric>[a-z][a-z0-9_.-]*)$")
+FABRIC_NAME = r"[a-z][a-z0-9_.-]*"
+_CASE_ID = re.compile(rf"^(?P<model>.+)-n(?P<nodes>\d+)-(?P<fabric>{FABRIC_NAME})$")
 
 
 @dataclass(frozen=True, order=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .fabrics import FABRICS
+from .floor import DEFAULT_RATE_TOLERANCE
 from .models import MODELS
 
 if TYPE_CHECKING:
@@ -302,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
                     "impossible (its step needs more than its link can carry), 2 on bad input.")
     audit.add_argument("file", metavar="FILE.csv")
     audit.add_argument("--json", action="store_true", help="a JSON list of rows (input columns, plausible, figures)")
-    audit.add_argument("--tolerance", type=_number, default=0.10,
-                       help="how far a step may appear to beat the link rate before it is impossible (default 0.10)")
+    audit.add_argument("--tolerance", type=_number, default=DEFAULT_RATE_TOLERANCE,
+                       help="how far a step may appear to beat the link rate before it is impossible "
+                            f"(default {DEFAULT_RATE_TOLERANCE:.2f})")
     audit.set_defaults(func=_audit)
 
     args = parser.parse_args(argv)

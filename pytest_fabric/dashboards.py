@@ -25,6 +25,7 @@ from .measure import BandwidthMeasurement
 from .models import MFU_CONVENTION
 from .nights import SavedRun, verdict_case
 from .stats import DEFAULT_NOISE, WEIGHT_SIGMA, Interval, contrast_interval
+from .units import MIB
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, OUTCOMES, PASS, counts
 
 CONFIDENCE = 0.95  # of a configuration's interval (a gate's interval has its own, from its spending)
@@ -218,7 +219,7 @@ def job_summary(tables: Tables) -> str:
         lines += ["### Collective bandwidth (busbw, Gbit/s, largest payload)", "", *md_table(
             ["nodes", "fabric", "collective", "busbw", "link", "MiB"],
             [[r.nodes, r.fabric, r.op, f"{r.busbw_gbit:.3f}", f"{r.link_gbit:g}" if r.link_gbit else "-",
-              f"{r.bytes / 2**20:g}"] for r in largest.values()], "rllrrr"), ""]
+              f"{r.bytes / MIB:g}"] for r in largest.values()], "rllrrr"), ""]
     return "\n".join(lines)
 
 

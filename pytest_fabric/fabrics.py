@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from .units import mbit_to_gbit
+
 
 @dataclass(frozen=True)
 class Fabric:
@@ -34,7 +36,7 @@ class Fabric:
         else on the emulated cluster the exact shaped rate, else the nominal rate (None: unknown)."""
         if self.declared_gbit:
             return self.declared_gbit
-        return self.emulated_mbit / 1000 if emulated else self.nominal_gbit
+        return mbit_to_gbit(self.emulated_mbit) if emulated else self.nominal_gbit
 
     def with_rate(self, mbit: float) -> Fabric:
         return replace(self, emulated_mbit=mbit)

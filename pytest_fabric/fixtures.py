@@ -18,11 +18,11 @@ from dataclasses import replace
 import pytest
 
 from .case import Case
-from .gates import GateOutcome, apply_verdict
+from .gates import DEFAULT_AHEAD, DEFAULT_WITHIN, GateOutcome, apply_verdict
 from .hostbound import host_bound
 from .measure import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s
 from .nights import identity_from_records, identity_mismatch
-from .session import ERRORED_KEY, MEASURED_KEY, OUTCOMES_KEY, VERDICTS_KEY, FabricSession
+from .session import ERRORED_KEY, MEASURED_KEY, NOTES_KEY, OUTCOMES_KEY, FabricSession
 from .stats import (STALL_MARGIN, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate,
                     configuration_value, contrast_interval, fabric_time_reference, fabric_time_sample,
                     reference_term, within_gate)
@@ -77,12 +77,12 @@ class CompareFixture:
         self._session = session
         self._item = item
 
-    def within(self, candidate: Case, reference: Case, rel: float = 0.05) -> GateOutcome:
+    def within(self, candidate: Case, reference: Case, rel: float = DEFAULT_WITHIN) -> GateOutcome:
         """``candidate`` is at most ``rel`` slower than ``reference`` (one-sided)."""
         return self._compare(candidate, reference, within_gate(rel), f"{candidate.fabric} at most {rel:.0%} slower",
                              parity=True)
 
-    def ahead(self, reference: Case, candidate: Case, by: float = 0.20) -> GateOutcome:
+    def ahead(self, reference: Case, candidate: Case, by: float = DEFAULT_AHEAD) -> GateOutcome:
         """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
         return self._compare(reference, candidate, ahead_gate(by), f"{reference.fabric} at least {by:.0%} ahead")
 
@@ -138,11 +138,9 @@ class CompareFixture:
         # Measured, floor and predicted side by side.
         predicted = "\n".join([predicted, *(self._session.floor_line(runs) for runs in (runs_a, runs_b))])
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
-        lines = self._item.stash.setdefault(VERDICTS_KEY, [])
         # In the output (JUnit system-out) whatever the verdict, and in a failure's message.
-        lines.append(predicted)
-        line = apply_verdict(outcome, self._session.options.inconclusive, note=predicted)
-        lines.insert(len(lines) - 1, line)
+        self._item.stash.setdefault(NOTES_KEY, []).append(predicted)
+        apply_verdict(outcome, self._session.options.inconclusive, note=predicted)
         return outcome
 
     def no_regression(self, case: Case, rel: float | None = None) -> GateOutcome:
@@ -256,7 +254,7 @@ class CompareFixture:
                               _down_weighted(launches),
                               "; ".join(filter(None, [stall_note([("tonight", tonight)]), extra])), gate.family)
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
-        self._item.stash.setdefault(VERDICTS_KEY, []).append(apply_verdict(outcome, o.inconclusive))
+        apply_verdict(outcome, o.inconclusive)
         return outcome
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .models import ModelSpec
+from .units import gbit_per_s, transfer_s
 
 __all__ = ["DEFAULT_RATE_TOLERANCE", "SHARDINGS", "Floor", "collective_node_gbit", "floor_for", "impossible_payloads",
            "node_bytes", "run_floor", "transport_hint"]
@@ -95,13 +96,13 @@ class Floor:
     @property
     def step_s(self) -> float:
         """The shortest possible step on this link."""
-        return self.bytes * 8 / (self.link_gbit * 1e9)
+        return transfer_s(self.bytes, self.link_gbit)
 
     def implied_gbit(self, step_s: float) -> float:
         """The per-node rate a measured step needs: the floor's bytes over the step."""
         if not step_s > 0:
             raise ValueError(f"a step must be positive, got {step_s}")
-        return self.bytes * 8 / step_s / 1e9
+        return gbit_per_s(self.bytes, step_s)
 
     def impossible(self, step_s: float) -> bool:
         """The step needs more than the link (plus the tolerance) can carry."""
@@ -188,7 +189,7 @@ def collective_node_gbit(op: str, nbytes: float, time_s: float, nodes: int) -> f
     if not time_s > 0:
         raise ValueError(f"a collective's time must be positive, got {time_s}")
     share = 1.0 if op in ("all_reduce", "broadcast") else (nodes - 1) / nodes
-    return share * nbytes * 8 / time_s / 1e9
+    return gbit_per_s(share * nbytes, time_s)
 
 
 def impossible_payloads(rows: Iterable[Any], nodes: int, link_gbit: float,

@@ -24,6 +24,10 @@ class NamedValue:
 
 
 Value = Union[Measurement, NamedValue, float, int]
+# The gates' defaults, defined once: the candidate at most 5% slower (parity), the reference at least
+# 20% ahead (advantage). The fixtures, the suites and the suite file's fallbacks use these names.
+DEFAULT_WITHIN = 0.05
+DEFAULT_AHEAD = 0.20
 # The name of 0.1, kept for suites written against it.
 Figure = NamedValue
 
@@ -59,7 +63,7 @@ def ratio(candidate: Value, reference: Value) -> float:
     return _value(candidate) / ref
 
 
-def assert_within(candidate: Value, reference: Value, rel: float = 0.05, unit: str = "tokens/s") -> float:
+def assert_within(candidate: Value, reference: Value, rel: float = DEFAULT_WITHIN, unit: str = "tokens/s") -> float:
     """The candidate is at most ``rel`` slower than the reference (faster never fails).
 
     Returns the ratio candidate/reference.
@@ -86,7 +90,7 @@ def assert_at_least(measured: Value, floor: float, what: str, unit: str = "Gbit/
     return value / floor
 
 
-def assert_ahead(reference: Value, candidate: Value, by: float = 0.20, unit: str = "tokens/s") -> float:
+def assert_ahead(reference: Value, candidate: Value, by: float = DEFAULT_AHEAD, unit: str = "tokens/s") -> float:
     """The reference is at least ``by`` faster than the candidate (reference >= (1+by) x candidate).
 
     This is the gate that catches a degraded fast fabric: where the job is communication-bound the
@@ -110,6 +114,11 @@ def assert_ahead(reference: Value, candidate: Value, by: float = 0.20, unit: str
 INCONCLUSIVE_POLICIES = ("xfail", "fail", "warn")
 # What a regression gate judges (CompareFixture.no_regression), the default first.
 REGRESSION_MEASURES = ("fabric-time", "scaling", "tokens")
+
+
+# What a verdict's sentence starts with, in the terminal and a failure's message.
+VERDICT_WORDS = {Verdict.PASS: "pass", Verdict.FAIL: "interval wholly below the threshold",
+                 Verdict.INCONCLUSIVE: "inconclusive after the launch budget"}
 
 
 class InconclusiveWarning(UserWarning):
@@ -148,6 +157,7 @@ class GateOutcome:
         return text + (f"; {iv.noise_note}" if iv.noise_note else "")
 
     def line(self) -> str:
+        """The full verdict line without its leading words (``render("full")`` adds them)."""
         iv = self.interval
         launches = "+".join(map(str, iv.launches))
         aside = (f" ({len(self.set_aside)} down-weighted: {'; '.join(self.set_aside)})" if self.set_aside else "")
@@ -157,6 +167,31 @@ class GateOutcome:
                 f"({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} {self.values[1]:.1f} "
                 f"{self.unit} {self.context}; {self.noise_text()}{family}"
                 + (f"; {self.extra}" if self.extra else ""))
+
+    def render(self, detail: str = "full", note: str | None = None) -> str:
+        """The one renderer of a decided gate; every place that shows a verdict calls it.
+
+        ``full``: the terminal's and the failure message's sentence (``VERDICT_WORDS`` of the verdict,
+        then ``line()``; ``note``, the model's prediction, on a line of its own below it);
+        ``testcase``: the JUnit testcase output's line, short enough for a dashboard (how many
+        launches were down-weighted, not why; the noise with its source); ``headline``: the
+        one-line JUnit message part (ratio, interval, threshold, verdict, launches).
+        """
+        iv = self.interval
+        launches = "+".join(map(str, iv.launches))
+        if detail == "full":
+            return f"{VERDICT_WORDS[self.verdict]}: {self.line()}" + (f"\n{note}" if note else "")
+        if detail == "testcase":
+            aside = f", {len(self.set_aside)} down-weighted" if self.set_aside else ""
+            return (f"{self.verdict}: {self.a_name}/{self.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI "
+                    f"[{iv.low:.3f}, {iv.high:.3f}] over {launches} launches{aside}; required >= "
+                    f"{self.threshold:.3f} ({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} "
+                    f"{self.values[1]:.1f} {self.unit} {self.context}; noise {iv.sigma * 100:.1f}% on {iv.df:g} df "
+                    f"({self.noise.source})" + (f"; {self.extra}" if self.extra else ""))
+        if detail == "headline":
+            return (f"{self.a_name}/{self.b_name} = {iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}] vs threshold "
+                    f"{self.threshold:.3f} {self.context}: {self.verdict} after {launches} launches")
+        raise ValueError(f"unknown detail {detail!r}: full, testcase or headline")
 
     def fields(self) -> dict[str, str]:
         """The verdict as name=value pairs: what a script reads instead of the sentence."""
@@ -171,25 +206,24 @@ class GateOutcome:
 def apply_verdict(outcome: GateOutcome, inconclusive: str = "xfail", note: str | None = None) -> str:
     """Turn a decided comparison into the test's outcome.
 
-    Pass returns the verdict line (for the report); fail is a pytest failure whose message carries
-    the ratio, its interval, the launches and the threshold; inconclusive follows ``inconclusive``:
-    ``xfail`` (reported, not failing the night), ``fail``, or ``warn`` (passes with a warning).
-    ``note`` (the model's prediction) goes on a line of its own below a failure's or an
+    Pass returns the verdict sentence (``outcome.render()``); fail is a pytest failure whose message
+    carries the ratio, its interval, the launches and the threshold; inconclusive follows
+    ``inconclusive``: ``xfail`` (reported, not failing the night), ``fail``, or ``warn`` (passes with a
+    warning). ``note`` (the model's prediction) goes on a line of its own below a failure's or an
     inconclusive result's message; the pass line leaves it to the caller.
+
+    The returned sentence is for people: the ``GateOutcome`` is the record (the plugin keeps it, and
+    JUnit, the saved night and the summary render from it); nothing reads the sentence back.
     """
-    line = outcome.line()
     verdict = outcome.verdict
     if verdict is Verdict.PASS:
-        return f"pass: {line}"
-    more = f"\n{note}" if note else ""
-    if verdict is Verdict.FAIL:
-        pytest.fail(f"interval wholly below the threshold: {line}{more}", pytrace=False)
-    message = f"inconclusive after the launch budget: {line}{more}"
-    if inconclusive == "fail":
+        return outcome.render()
+    message = outcome.render(note=note)
+    if verdict is Verdict.FAIL or inconclusive == "fail":
         pytest.fail(message, pytrace=False)
     if inconclusive == "xfail":
         pytest.xfail(message)
     import warnings
 
     warnings.warn(InconclusiveWarning(message), stacklevel=2)
-    return f"inconclusive after the launch budget: {line}"
+    return outcome.render()

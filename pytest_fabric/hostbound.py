@@ -26,6 +26,8 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from .units import GIB
+
 BUSY_SHARE = 0.80
 MIN_MFU = 0.25
 
@@ -88,7 +90,7 @@ def peak_memory_gib(launches: Any) -> float | None:
     allocator's peak; CPU: the peak resident set); None where no launch recorded one (results
     written before peak memory was)."""
     peak = max(m.result.peak_memory_bytes for m in launches)
-    return peak / 2**30 if peak else None
+    return peak / GIB if peak else None
 
 
 def gib_text(gib: float | None) -> str:

@@ -34,6 +34,7 @@ from .redact import redact
 from .baselines import night_labels
 from .hostbound import gib_text, mfu_text
 from .nights import CaseResult, ResultsError, SavedRun, identity_mismatch, load_records, verdict_case
+from .units import MIB
 
 __all__ = ["Written", "combine", "cost_lines", "write_report", "write_trend"]
 
@@ -392,7 +393,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
         doc.table(["nodes", "fabric", "link Gbit/s", *(f"{op} busbw" for op in ops), "payload MiB"],
                   [[str(b.nodes), b.fabric, f"{b.link_gbit:g}" if b.link_gbit else "-",
                     *(f"{b.busbw_gbit[op]:.3f}" if op in b.busbw_gbit else "-" for op in ops),
-                    f"{b.payload_bytes / 2**20:g}"] for b in links])
+                    f"{b.payload_bytes / MIB:g}"] for b in links])
         if Figure is not None and tables.busbw:
             for op in sorted({r.op for r in tables.busbw}):
                 png = directory / PLOTS_DIR / f"busbw-{_slug(op)}.png"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import replacing
-from .case import BANDWIDTH
+from .case import BANDWIDTH, FABRIC_NAME, Case
 from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
 from .hostbound import configuration_mfu, mfu_peak, peak_memory_gib
@@ -39,8 +39,9 @@ from .models import MFU_CONVENTION
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
-from .nights import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test, parse_case_id
-from .workload.result import TrainResult
+from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test
+from .units import mbit_to_gbit
+from .workload.result import TrainResult, host_list
 
 SECTION = "pytest-fabric measurements"
 
@@ -48,7 +49,7 @@ SECTION = "pytest-fabric measurements"
 # The name is one word, or op.bytes.busbw_gbit for bandwidth: a fabric name may contain dots (roce.v2).
 # "fabric.gate.<a>_vs_<b>.<name>=<value>"; fabric names may contain dots (roce.v2).
 _GATE_LINE = re.compile(r"^fabric\.gate\.(?P<pair>(?P<a>.+?)_vs_(?P<b>.+))\.(?P<name>[a-z_]+)=(?P<value>.*)$")
-_METRIC_LINE = re.compile(r"^fabric\.(?P<id>.+?-n\d+-[a-z][a-z0-9_.-]*?)\."
+_METRIC_LINE = re.compile(rf"^fabric\.(?P<id>.+?-n\d+-{FABRIC_NAME}?)\."  # the id as case.py spells it
                           r"(?P<name>[a-z_]+\.\d+\.busbw_gbit|[A-Za-z0-9_]+)=(?P<value>.*)$")
 
 
@@ -118,7 +119,7 @@ def _compact(text: str) -> str:
                      for line in text.splitlines())
 
 
-def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], verdicts: Sequence[str] = (),
+def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], notes: Sequence[str] = (),
                   outcomes: Sequence[GateOutcome] = ()) -> str:
     """A testcase's output, short enough that every viewer keeps it whole (Jenkins keeps 1,000
     characters of a passed test's output): human lines first, then name=value lines.
@@ -129,11 +130,9 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], ve
     and each gate's fields. Everything else about a configuration (each launch, hosts, settings)
     and the run-wide facts are suite properties (``suite_properties``).
     """
-    # A gate's test: its verdict lines, whatever it decided (a failing or inconclusive gate raises
-    # before the plugin records its line), then the other lines (the prediction).
-    decided = ("pass: ", "inconclusive", "interval wholly")
-    lines = [verdict_line(g) for g in outcomes] + [_compact(v) for v in verdicts
-                                                   if not (outcomes and v.startswith(decided))]
+    # A gate's test: its verdict lines, rendered from its GateOutcomes whatever they decided, then
+    # the notes (the prediction and the floor).
+    lines = [verdict_line(g) for g in outcomes] + [_compact(n) for n in notes]
     groups: dict[tuple[str, str], list[Any]] = {}
     for m in measurements:
         groups.setdefault((type(m).__name__, m.case.id), []).append(m)
@@ -347,9 +346,8 @@ def load_junit(path: Path) -> SavedRun:
     for m in metrics.values():
         if m.get("cluster"):
             identity.setdefault("cluster_kind", m["cluster"])
-        host_list = m.get("hosts") or m.get("nodes")  # "nodes" in files written before result version 2
-        if host_list:
-            hosts = sorted(h for h in host_list.split(",") if h)
+        if listed := host_list(m, str):
+            hosts = sorted(h for h in listed.split(",") if h)
             if len(hosts) > len(identity.get("hosts", [])):
                 identity["hosts"] = hosts
         device, _, dtype = (m.get("device") or "").partition("/")  # "cuda/bfloat16"
@@ -391,7 +389,7 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
     cases: dict[str, CaseResult] = {}
     links: dict[str, LinkResult] = {}
     for cid, m in sorted(metrics.items()):
-        case = parse_case_id(cid)  # the metric pattern only matches case ids
+        case = Case.parse(cid)  # the metric pattern only matches case ids
         try:
             if case.model == BANDWIDTH:
                 busbw: dict[str, tuple[int, float]] = {}
@@ -405,7 +403,7 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
                     settings = json.loads(m.get("fabric_settings") or "{}")
                     mbit = settings.get("emulated_mbit") if emulated else None
                     links[cid] = LinkResult(case.nodes, case.fabric, {op: v for op, (_, v) in sorted(busbw.items())},
-                                            max(size for size, _ in busbw.values()), mbit / 1000 if mbit else None)
+                                            max(size for size, _ in busbw.values()), mbit_to_gbit(mbit) if mbit else None)
             elif "tokens_per_s" in m:
                 gpus = int(m.get("gpus", "1"))
                 values, weights = launches.get(cid) or ([float(m["tokens_per_s"])], [1.0])
@@ -434,7 +432,12 @@ def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
     from junitparser import Error, Failure, Skipped
 
     outcome = PASS
-    message = next((line for line in out.splitlines() if line.startswith(("pass: ", "inconclusive"))), "")
+    gates = _gate_fields(out)
+    # The human line of a gate that passed or was left undecided: the one that starts with the outcome
+    # word its machine line stored (``fabric.gate.<a>_vs_<b>.verdict=``). A file written before gates
+    # had machine lines has only the sentence: its words are all there is.
+    said = {g.get("outcome") for g in gates} & {PASS, INCONCLUSIVE} if gates else {PASS, INCONCLUSIVE}
+    message = next((line for line in out.splitlines() if line.partition(":")[0].partition(" ")[0] in said), "")
     for r in case.result:
         if isinstance(r, (Failure, Error)):
             outcome = FAIL if isinstance(r, Failure) else ERROR
@@ -447,7 +450,7 @@ def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
         message = r.message or message
     verdict: dict[str, Any] = {"test": f"{case.classname}::{case.name}" if case.classname else case.name,
                                "outcome": outcome, "message": message.splitlines()[0] if message else "",
-                               "gates": _gate_fields(out)}
+                               "gates": gates}
     return {**verdict, **case_of_test(case.name or "")}
 
 

@@ -34,6 +34,7 @@ from .stats import LaunchEstimate, configuration_value, launch_estimate
 from .storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
+from .units import MIB
 from .workload import faults
 from .workload.signals import reference_probe, slow_phase
 from .workload.config import CollectivesConfig, TrainConfig
@@ -250,7 +251,7 @@ class BandwidthMeasurement:
         return self.largest(op).busbw_gbit
 
     def summary(self) -> str:
-        parts = [f"{op} {self.busbw_gbit(op):.3f} Gbit/s at {self.largest(op).bytes / 2**20:g} MiB"
+        parts = [f"{op} {self.busbw_gbit(op):.3f} Gbit/s at {self.largest(op).bytes / MIB:g} MiB"
                  for op in self.result.ops()]
         return f"{self.case.id}: busbw " + ", ".join(parts)
 

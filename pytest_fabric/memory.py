@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .models import ModelSpec
+from .units import GIB, MIB
 
-GIB = 2**30
 # What "80 GB" means when a default shape must fit an H100 80GB: its 81,559 MiB, less 10% kept free
 # for the allocator's fragmentation and NCCL's buffers.
-H100_BYTES = 81_559 * 2**20
+H100_BYTES = 81_559 * MIB
 HEADROOM = 0.90
 
 COMPILED_ACTIVATIONS = 0.74  # compiled block's saved activations / eager's (calibrated)
@@ -162,7 +162,7 @@ def local_gpu_bytes() -> int | None:
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20, check=True).stdout
-        sizes = [int(float(line)) * 2**20 for line in out.split() if line.strip()]  # MiB
+        sizes = [int(float(line)) * MIB for line in out.split() if line.strip()]  # MiB
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return min(sizes) if sizes else None

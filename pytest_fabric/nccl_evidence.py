@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from .fabrics import FABRICS, Fabric
+from .units import gbyte_to_gbit, mbit_to_gbit
 
 # A log source: a file, a directory of ``nccl.*`` files, or the text of a log.
 LogSource = str | Path | bytes
@@ -381,7 +382,7 @@ def parse_nccl_logs(paths_or_texts: LogSource | Iterable[LogSource] | None) -> T
                     facts.host_devices.setdefault(host or label, devices)
                     facts.host_devices_evidence.setdefault(host or label, ev)
             elif gn := _GRAPH_NET.match(msg):
-                facts.speeds.setdefault(f"{host or label}/NET/{int(gn.group(1), 16)}", (float(gn.group(2)) * 8, ev))
+                facts.speeds.setdefault(f"{host or label}/NET/{int(gn.group(1), 16)}", (gbyte_to_gbit(float(gn.group(2))), ev))
             elif en := (_ENV.match(msg) or _ENV_NET.match(msg)):
                 facts.env.setdefault(en.group(1), (en.group(2).strip(), ev))
             elif cn := _COMM.match(msg):
@@ -400,7 +401,7 @@ def parse_nccl_logs(paths_or_texts: LogSource | Iterable[LogSource] | None) -> T
                 _add_link_layer(facts, f"{dm.group(1)}:{dm.group(2)}", dm.group(3), ev)
                 if sp := _IB_SPEED.search(msg):
                     port = f"{host or label}/{dm.group(1)}:{dm.group(2)}"
-                    facts.speeds.setdefault(port, (int(sp.group(1)) / 1000, ev))
+                    facts.speeds.setdefault(port, (mbit_to_gbit(int(sp.group(1))), ev))
             elif sm := _SOCKET_USING.match(msg):
                 for iface in _SOCKET_IF.findall(sm.group(1)):
                     if iface not in facts.socket_interfaces:

@@ -20,21 +20,21 @@ from __future__ import annotations
 
 import json
 import platform
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .atomic import write_text
-from .fabrics import FABRICS
 from .case import BANDWIDTH, Case
 from .hostbound import configuration_mfu, mfu_peak, peak_memory_gib
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .models import MFU_CONVENTION
+from .night_model import (CaseResult, LinkResult, ResultsError, SavedRun, case_of_test,  # noqa: F401 (public names)
+                          parse_case_id, verdict_case)
 from .redact import redact_data
-from .stats import configuration_value
+from .units import mbit_to_gbit
+from .workload.result import host_list
 
 __all__ = [
     "BASELINE_FORMAT",
@@ -57,120 +57,6 @@ RESULTS_FORMAT = "pytest-fabric-results"
 BASELINE_FORMAT = "pytest-fabric-baseline"
 FORMAT_VERSION = 1
 
-# Case.id is "<model>-n<nodes>-<fabric>"; fabric names are lowercase letters, digits, '_', '.', '-'.
-_CASE_ID = re.compile(r"^(?P<model>.+)-n(?P<nodes>\d+)-(?P<fabric>[a-z][a-z0-9_.-]*)$")
-class ResultsError(Exception):
-    """A file that is not a readable pytest-fabric results file; the message says which and why."""
-
-
-def parse_case_id(case_id: str) -> Case:
-    """``Case`` from its id (``qwen2-tiny-n2-eth``); ValueError when it is not one."""
-    match = _CASE_ID.match(case_id)
-    if not match:
-        raise ValueError(f"{case_id!r} is not a case id (MODEL-nNODES-FABRIC)")
-    return Case(match["model"], int(match["nodes"]), match["fabric"])
-
-
-@dataclass
-class CaseResult:
-    """One (model, nodes, fabric) of a night: a value per launch, and the step's figures."""
-
-    model: str
-    nodes: int
-    fabric: str
-    gpus: int
-    tokens_per_s: list[float]
-    tokens_per_s_per_gpu: list[float]
-    # Each launch's weight (``stats.LaunchEstimate.weight``: 1, small for a launch disturbed as a
-    # whole); None: all 1 (files written before 0.4, which left disturbed launches out instead).
-    weights: list[float] | None = None
-    # The step's figures (``hostbound.py``), as the terminal and JUnit show them: the MFU at the
-    # configuration's value (``models.MFU_CONVENTION``) against ``mfu_peak`` ("H200 SXM 989 TFLOP/s
-    # dense bf16"), and the largest per-rank peak memory over the launches, GiB. None: a CPU run (MFU
-    # and its peak: no GPU peak), a baseline, or a file written before they were saved (all three).
-    mfu: float | None = None
-    mfu_peak: str | None = None
-    peak_memory_gib: float | None = None
-
-    @property
-    def id(self) -> str:
-        return Case(self.model, self.nodes, self.fabric).id
-
-    @property
-    def launches(self) -> int:
-        return len(self.tokens_per_s)
-
-    @property
-    def down_weighted(self) -> int:
-        """Launches that counted with a small weight (disturbed as a whole)."""
-        return sum(1 for w in self.weights or () if w < 1.0)
-
-    @property
-    def mean(self) -> float:
-        """The configuration's value: ``stats.configuration_value`` of its launches with their
-        weights (the number the gates judged and the terminal and JUnit showed)."""
-        return configuration_value(self.tokens_per_s, self.weights)
-
-    @property
-    def mean_per_gpu(self) -> float:
-        return configuration_value(self.tokens_per_s_per_gpu, self.weights)
-
-
-@dataclass
-class LinkResult:
-    """Collective bandwidth of one (nodes, fabric): busbw at each collective's largest payload."""
-
-    nodes: int
-    fabric: str
-    busbw_gbit: dict[str, float]
-    payload_bytes: int
-    link_gbit: float | None = None  # the emulated link rate; None on a real fabric
-
-    @property
-    def id(self) -> str:
-        return Case(BANDWIDTH, self.nodes, self.fabric).id
-
-
-@dataclass
-class SavedRun:
-    """One night (or a baseline, or several JUnit files of one night, combined)."""
-
-    identity: dict[str, Any]
-    cases: dict[str, CaseResult] = field(default_factory=dict)
-    bandwidth: dict[str, LinkResult] = field(default_factory=dict)
-    # {"test", "outcome" (a verdicts.OUTCOMES word; older nights: pytest's), "message", "gates"} and,
-    # where known, {"model", "nodes", "fabric"}.
-    verdicts: list[dict[str, Any]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)  # first line of each failed launch
-    source: Path | None = None
-    kind: str = "results"  # "results", "store", "junit" or "baseline"
-    # USD per GPU-hour by fabric, as the night was run with (ini fabric_price, --fabric-price).
-    prices: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def measurements(self) -> dict[str, list[float]]:
-        """case id -> tokens/s of each launch."""
-        return {cid: list(c.tokens_per_s) for cid, c in self.cases.items()}
-
-    @property
-    def label(self) -> str:
-        """What a trend calls this night: when it ran, else its session directory or file name."""
-        created = self.identity.get("created")
-        if isinstance(created, str) and len(created) >= 16:
-            return created[:16].replace("T", " ")
-        if self.source is None:
-            return "unnamed"
-        # A store is always measurements.json; its session directory is named after the start time.
-        return self.source.parent.name if self.kind == "store" else self.source.name
-
-    def fabrics(self) -> list[str]:
-        """The fabrics measured, the session's order first, then the presets' order, then by name."""
-        seen = {c.fabric for c in self.cases.values()} | {b.fabric for b in self.bandwidth.values()}
-        declared = [f for f in self.identity.get("fabrics") or [] if f in seen]
-        presets = [f for f in FABRICS if f in seen and f not in declared]
-        return declared + presets + sorted(seen - set(declared) - set(presets))
-
-
 # --------------------------------------------------------------------------------------------
 # From a session's store
 # --------------------------------------------------------------------------------------------
@@ -192,8 +78,7 @@ def identity_from_records(records: Mapping[str, Any]) -> dict[str, Any]:
         "cluster_kind": widest.get("cluster"),
         "cluster": r.get("cluster"),
         "nodes": max(int(rec.get("case", {}).get("nodes", 0)) for rec in launched),
-        # "hosts" since result version 2; version 1 called the host list "nodes"
-        "hosts": next((sorted(h) for h in (r.get("hosts"), r.get("nodes")) if isinstance(h, list)), None),
+        "hosts": sorted(hosts) if (hosts := host_list(r)) is not None else None,
         "gpus_per_node": r.get("local_world_size"),
         "device": r.get("device"),
         "dtype": r.get("dtype"),
@@ -239,7 +124,7 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
                 links[m.case.id] = LinkResult(
                     m.case.nodes, m.case.fabric, {op: m.busbw_gbit(op) for op in ops},
                     int(m.largest(ops[0]).bytes) if ops else 0,
-                    mbit / 1000 if mbit and record.get("cluster") == "emulated" else None)
+                    mbit_to_gbit(mbit) if mbit and record.get("cluster") == "emulated" else None)
             else:
                 if not isinstance(Case(**record["case"]).nodes, int):
                     raise ValueError(f"case.nodes must be an integer, got {record['case']['nodes']!r}")
@@ -489,24 +374,6 @@ def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
         raise ResultsError(f"{path}: \"prices\" must map fabric names to positive USD per GPU-hour")
     return SavedRun(identity, cases, links, verdicts, errors, path, "results",
                     {str(f): float(v) for f, v in prices.items()})
-
-
-def case_of_test(test: str) -> dict[str, Any]:
-    """model, nodes and fabric when the test's parameter is a case id (``test_x[qwen2-tiny-n2-eth]``)."""
-    _, bracket, param = test.partition("[")
-    try:
-        case = parse_case_id(param.rstrip("]")) if bracket else None
-    except ValueError:
-        return {}
-    return {"model": case.model, "nodes": case.nodes, "fabric": case.fabric} if case else {}
-
-
-def verdict_case(verdict: Mapping[str, Any]) -> tuple[str, int, str] | None:
-    """(model, nodes, fabric) a verdict is about: given explicitly, or the test id's parameter."""
-    if all(k in verdict for k in ("model", "nodes", "fabric")):
-        return str(verdict["model"]), int(verdict["nodes"]), str(verdict["fabric"])
-    found = case_of_test(str(verdict.get("test", "")))
-    return (found["model"], found["nodes"], found["fabric"]) if found else None
 
 
 # --------------------------------------------------------------------------------------------

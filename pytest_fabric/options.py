@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from .cluster import CLUSTER_KINDS, cluster_kinds
+from .floor import DEFAULT_RATE_TOLERANCE
 from .fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table, fabric_value
 from .cluster.ssh import STRICT_HOST_KEY_CHECKING
 from .gates import INCONCLUSIVE_POLICIES, REGRESSION_MEASURES
@@ -24,6 +25,7 @@ from .baselines import Baseline
 from .stats import DEFAULT_NOISE, FAMILY_RULES, NoisePrior
 from .workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from .nccl_evidence import parse_inventory
+from .units import GIB
 
 
 # name, help, default (as the ini string)
@@ -64,7 +66,8 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
                          "physical floor and the prediction assume for that fabric (default: the emulated rate on "
                          "the emulated cluster, else the fabric's nominal rate)", None),
     ("floor-tolerance", "how far a measured step may appear to beat the physical floor, as a fraction of the link "
-                        "rate, before it is an error (default 0.10)", "0.10"),
+                        f"rate, before it is an error (default {DEFAULT_RATE_TOLERANCE:.2f})",
+     f"{DEFAULT_RATE_TOLERANCE:.2f}"),
     ("device", "where ranks compute: auto (cuda when visible, else cpu), cpu, cuda (default auto)", "auto"),
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
      "2"),
@@ -338,7 +341,7 @@ class FabricOptions:
     # Declared launch-to-launch noise; None: the baseline's learned one, else stats.DEFAULT_NOISE.
     launch_noise: NoisePrior | None = None
     # How far a step may appear to beat the physical floor before it is an error (floor.py).
-    floor_tolerance: float = 0.10
+    floor_tolerance: float = DEFAULT_RATE_TOLERANCE
 
 
 def parse(config: pytest.Config) -> FabricOptions:
@@ -387,7 +390,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         mixed_precision=_choice(config, "mixed-precision"),
         activation_checkpointing=_flag(config, "activation-checkpointing"),
         compile=_choice(config, "compile"),
-        gpu_memory_bytes=(gib * 2**30 if (gib := _positive(config, "gpu-memory", "80")) else None),
+        gpu_memory_bytes=(gib * GIB if (gib := _positive(config, "gpu-memory", "80")) else None),
         model_path=str(Path(model_path).resolve()) if model_path else None,
         require_gdr=not _flag(config, "accept-no-gdr"),
         inventory=inventory,

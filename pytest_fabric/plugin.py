@@ -22,7 +22,7 @@ from .matrix import expand
 from .measure import BandwidthMeasurement, Measurement
 from .references import References
 from .reporter import REPORTER_NAME, FabricReporter
-from .session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, OUTCOMES_KEY, SESSION_KEY, VERDICTS_KEY,
+from .session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, NOTES_KEY, OUTCOMES_KEY, SESSION_KEY,
                       FabricSession, session_directory, with_inputs)
 from .verdicts import INCONCLUSIVE, gate_record, headline, outcome_of
 from .workload import faults
@@ -236,7 +236,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     gates = item.stash.get(OUTCOMES_KEY, [])
     if call.when == "call" and measured:
-        report.sections.append((SECTION, testcase_text(measured, item.stash.get(VERDICTS_KEY, []), gates)))
+        report.sections.append((SECTION, testcase_text(measured, item.stash.get(NOTES_KEY, []), gates)))
     # Plain attributes: they travel with the report from an xdist worker to the controller.
     report.fabric_outcome = outcome_of(report, gates, item.stash.get(ERRORED_KEY, False))
     report.fabric_gate = bool(gates)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .models import ModelSpec, get_model
+from .units import gbit_to_bytes_per_s
 
 __all__ = [
     "BOUND_WORDS",
@@ -245,9 +246,9 @@ def predict_step(
     # Seconds per byte of a collective's per-rank share: the ring's slowest edge sets the pace.
     rates = []
     if nodes > 1:
-        rates.append(inter_gbit * 1e9 / 8 * link_efficiency)
+        rates.append(gbit_to_bytes_per_s(inter_gbit) * link_efficiency)
     if gpus_per_node > 1 and intra_gbit:
-        rates.append(intra_gbit * 1e9 / 8 * link_efficiency)
+        rates.append(gbit_to_bytes_per_s(intra_gbit) * link_efficiency)
     spb = 1.0 / min(rates) if rates else 0.0
     share = (world - 1) / world
 

@@ -37,11 +37,21 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .case import Case
+from .fabrics import REFERENCE_FABRIC
 from .stats import ahead_gate, within_gate
 
-GATE_KEYS = {"within", "ahead", "reference"}
+GATE_KEYS = {"within", "ahead"}
 MATCH_KEYS = {"model", "nodes", "fabric"}
-METRICS = {"tokens_per_s", "tokens_per_s_per_gpu", "median_step_s", "busbw_gbps"}
+METRICS = {"tokens_per_s", "tokens_per_s_per_gpu", "median_step_s"}
+# Keys a suite file could once give that nothing ever checked: refused, saying what to write instead.
+REFUSED = {
+    ("gate", "reference"): f"every gate compares against the reference fabric '{REFERENCE_FABRIC}', so another "
+                           f"reference here would never be used; remove 'reference', and compare against another "
+                           f"fabric in a test of your own (fabric_compare.within(candidate, reference))",
+    ("expect", "busbw_gbps"): "no suite checks a busbw expectation (suites/test_bandwidth.py judges busbw against "
+                              "the link rate: at least 85% of it, and ib 20% ahead); remove 'busbw_gbps', and set "
+                              "the link rate with --fabric-rate (emulated) or --fabric-link-gbit (declared)",
+}
 
 
 class ReferenceError(ValueError):
@@ -68,7 +78,6 @@ class Match:
 class Gate:
     within: float | None = None  # candidate / reference >= 1 - within
     ahead: float | None = None  # reference / candidate >= 1 + ahead
-    reference: str | None = None  # the fabric compared against (default: the suite's reference)
 
 
 @dataclass(frozen=True)
@@ -112,16 +121,17 @@ class References:
         refs = cls(path)
         for i, entry in enumerate(_entries(path, data, "gate")):
             where = f"{path}: [[gate]] #{i + 1}"
+            _refuse(where, "gate", entry)
             _no_unknown(where, entry, MATCH_KEYS | GATE_KEYS)
-            if not GATE_KEYS & set(entry) - {"reference"}:
+            if not GATE_KEYS & set(entry):
                 raise ReferenceError(f"{where}: give 'within = 0.05' (candidate at most 5% slower) "
                                      f"or 'ahead = 0.20' (reference at least 20% faster)")
             gate = Gate(within=_gate_value(where, entry, "within", within_gate),
-                        ahead=_gate_value(where, entry, "ahead", ahead_gate),
-                        reference=_text(where, entry, "reference"))
+                        ahead=_gate_value(where, entry, "ahead", ahead_gate))
             refs.gates.append((_match(where, entry), gate))
         for i, entry in enumerate(_entries(path, data, "expect")):
             where = f"{path}: [[expect]] #{i + 1}"
+            _refuse(where, "expect", entry)
             _no_unknown(where, entry, MATCH_KEYS | METRICS)
             exps = [_expectation(where, metric, entry[metric]) for metric in sorted(METRICS & set(entry))]
             if not exps:
@@ -167,6 +177,12 @@ def _entries(path: Path, data: dict[str, Any], key: str) -> list[dict[str, Any]]
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise ReferenceError(f"{path}: '{key}' must be a list of tables: write [[{key}]] entries")
     return value
+
+
+def _refuse(where: str, section: str, entry: dict[str, Any]) -> None:
+    for key in sorted(entry):
+        if (section, key) in REFUSED:
+            raise ReferenceError(f"{where}: '{key}' is not supported: {REFUSED[section, key]}")
 
 
 def _no_unknown(where: str, entry: dict[str, Any], allowed: set[str]) -> None:

@@ -64,8 +64,6 @@ class FabricReporter:
         if text is None:
             return
         self.fabric.outputs[report.nodeid] = text
-        if word == "pass" and not message:
-            message = next((line for line in text.splitlines() if line.startswith("pass:")), "")
         self.verdicts.append({"test": report.nodeid, "outcome": word, "message": message,
                               "gates": list(getattr(report, "fabric_gates", []))})
 

@@ -177,7 +177,10 @@ class FabricSession:
 
 SESSION_KEY = pytest.StashKey[FabricSession]()
 MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
-VERDICTS_KEY = pytest.StashKey[list[str]]()
+# Lines shown below a test's verdicts (the prediction, the floor). The verdicts themselves are the
+# GateOutcomes under OUTCOMES_KEY: every renderer writes their words from those.
+NOTES_KEY = pytest.StashKey[list[str]]()
+VERDICTS_KEY = NOTES_KEY  # the name before 0.5
 OUTCOMES_KEY = pytest.StashKey[list[GateOutcome]]()
 ERRORED_KEY = pytest.StashKey[bool]()  # a measurement the test needed failed: its outcome is "error"
 NO_FABRICS_KEY = pytest.StashKey[bool]()  # a comparison skipped because the fabrics share one link

@@ -13,6 +13,7 @@ from .fabrics import REFERENCE_FABRIC
 from .models import MFU_CONVENTION
 from .hostbound import configuration_mfu, gib_text, mfu_text, peak_memory_gib
 from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
+from .units import MIB, mbit_to_gbit
 
 
 def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) -> list[str]:
@@ -80,8 +81,8 @@ def bandwidth_table(measurements: Iterable[BandwidthMeasurement]) -> list[str]:
     body = []
     for m in ms:
         link = m.result.fabric.get("emulated_mbit")
-        body.append([str(m.case.nodes), m.case.fabric, f"{link / 1000:g}" if link else "-",
-                     *(f"{m.busbw_gbit(op):.3f}" for op in ops), f"{m.largest(ops[0]).bytes / 2**20:g}"])
+        body.append([str(m.case.nodes), m.case.fabric, f"{mbit_to_gbit(link):g}" if link else "-",
+                     *(f"{m.busbw_gbit(op):.3f}" for op in ops), f"{m.largest(ops[0]).bytes / MIB:g}"])
     widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
     return ["collective bandwidth (Gbit/s, largest payload):",
             *("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [header, *body])]

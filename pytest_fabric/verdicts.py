@@ -50,27 +50,13 @@ def outcome_of(report: Any, gates: Sequence[GateOutcome] = (), errored: bool = F
 
 
 def verdict_line(g: GateOutcome) -> str:
-    """A gate's verdict for its testcase's output: word, ratio, interval, launches, threshold and both
-    sides' numbers and the launch noise with its source, short enough for a dashboard (which
-    launches were down-weighted, and why, is in the failure message and the suite properties)."""
-    iv = g.interval
-    aside = f", {len(g.set_aside)} down-weighted" if g.set_aside else ""
-    return (f"{g.verdict}: {g.a_name}/{g.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, "
-            f"{iv.high:.3f}] over {'+'.join(map(str, iv.launches))} launches{aside}; required >= {g.threshold:.3f} "
-            f"({g.requirement}); {g.a_name} {g.values[0]:.1f} vs {g.b_name} {g.values[1]:.1f} {g.unit} {g.context}; "
-            f"noise {iv.sigma * 100:.1f}% on {iv.df:g} df ({g.noise.source})"
-            + (f"; {g.extra}" if g.extra else ""))
+    """A gate's verdict for its testcase's output (``GateOutcome.render("testcase")``)."""
+    return g.render("testcase")
 
 
 def headline(gates: Sequence[GateOutcome]) -> str:
     """One short line per test: each gate's ratio, interval and threshold (the JUnit message)."""
-    parts = []
-    for g in gates:
-        iv = g.interval
-        launches = "+".join(map(str, iv.launches))
-        parts.append(f"{g.a_name}/{g.b_name} = {iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}] vs threshold "
-                     f"{g.threshold:.3f} {g.context}: {g.verdict} after {launches} launches")
-    return "; ".join(parts)
+    return "; ".join(g.render("headline") for g in gates)
 
 
 def gate_record(g: GateOutcome) -> dict[str, Any]:

@@ -10,10 +10,11 @@ import pytest
 from workloads import COMMUNICATION_BOUND
 
 from pytest_fabric import REFERENCE_FABRIC
+from pytest_fabric.gates import DEFAULT_AHEAD
 
 
 @pytest.mark.fabric_comparison
 @pytest.mark.fabric_matrix(models=COMMUNICATION_BOUND, exclude_fabrics=[REFERENCE_FABRIC], min_nodes=2)
 def test_reference_shows_its_advantage(fabric_case, fabric_compare, fabric_references):
     fabric_compare.ahead(fabric_case.with_fabric(REFERENCE_FABRIC), fabric_case,
-                         by=fabric_references.ahead(fabric_case, default=0.20))
+                         by=fabric_references.ahead(fabric_case, default=DEFAULT_AHEAD))

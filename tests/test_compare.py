@@ -19,7 +19,7 @@ from pytest_fabric.case import Case
 from pytest_fabric.measure import LaunchSettings
 from pytest_fabric.baselines import Baseline
 from pytest_fabric.fixtures import CompareFixture
-from pytest_fabric.session import OUTCOMES_KEY, VERDICTS_KEY, FabricSession
+from pytest_fabric.session import NOTES_KEY, OUTCOMES_KEY, FabricSession
 from pytest_fabric.stats import Interval, NoisePrior, Verdict
 
 CAND, REF = Case("m", 2, "eth"), Case("m", 2, "ib")
@@ -62,6 +62,11 @@ class StandInSession(SimpleNamespace):
     gates = 0
 
 
+def said(item) -> list[str]:
+    """The verdict sentences a test's gates showed: rendered from the GateOutcomes the fixture kept."""
+    return [g.render() for g in item.stash.get(OUTCOMES_KEY, [])]
+
+
 def options(**kw):
     defaults = dict(repeats=3, max_repeats=6, inconclusive="xfail", launch_noise=None, baseline=None,
                     regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=LaunchSettings(),
@@ -85,7 +90,7 @@ def test_equal_fabrics_pass_and_launches_are_interleaved():
     assert 2 < rounds < 6
     # Each launch index once per side; the reference first in rounds 1, 3, ..., the candidate in 2, 4, ...
     assert launches.order == [(f, i) for i in range(rounds) for f in (("ib", "eth") if i % 2 == 0 else ("eth", "ib"))]
-    line, predicted = item.stash[VERDICTS_KEY]
+    (line,), (predicted,) = said(item), item.stash[NOTES_KEY]
     assert line.startswith("pass: eth/ib = ") and f"over {rounds}+{rounds} launches" in line and ">= 0.950" in line
     # The noise the interval used, with its source and degrees of freedom, on a pass too.
     assert re.search(r"launch noise \d\.\d% on \d+ df \(prior 2\.0%: declared default, 4 df; tonight \d+ df\)", line)
@@ -157,7 +162,7 @@ def test_one_launch_per_side_decides_a_wide_gap(max_repeats, rounds):
     assert result.verdict is Verdict.PASS and result.interval.launches == (rounds, rounds)
     assert launches.order == [("eth", 0), ("ib", 0), ("ib", 1), ("eth", 1)][:2 * rounds]
     assert 1.2 < result.interval.low < result.interval.point < result.interval.high
-    line = item.stash[VERDICTS_KEY][0]
+    line = said(item)[0]
     assert re.match(r"pass: ib/eth = (3\.9|4\.0)", line)
     assert ("one launch per side: launch noise widened to 10%" in line) == (rounds == 1)
 
@@ -205,7 +210,7 @@ def test_a_disturbed_launch_counts_down_weighted_and_a_large_effect_still_decide
                                       disturbed={("eth", 0)})
     result = fixture.ahead(REF, CAND, by=0.20)
     assert result.verdict is Verdict.PASS
-    line = item.stash[VERDICTS_KEY][0]
+    line = said(item)[0]
     assert "(1 down-weighted: m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4))" in line
     assert launches.order == [("eth", 0), ("ib", 0)]
     assert result.fields()["down_weighted"] == "1"
@@ -251,7 +256,7 @@ def test_declared_launch_noise_is_used_and_named():
         warnings.simplefilter("ignore")
         result = fixture.within(CAND, REF, rel=0.05)
     assert result.noise == declared
-    assert "(prior 5.0%: declared --launch-noise 0.05, 8 df;" in item.stash[VERDICTS_KEY][0]
+    assert "(prior 5.0%: declared --launch-noise 0.05, 8 df;" in said(item)[0]
 
 
 def test_more_declared_noise_widens_the_interval():
@@ -318,7 +323,7 @@ def test_regression_against_baseline_is_caught():
 def test_same_as_baseline_passes_and_missing_case_skips():
     fixture, _, item = regression({"m-n2-ib": 1000.0}, {"m-n2-ib": [1000.0, 1010.0, 990.0]})
     assert fixture.no_regression(REF).verdict is Verdict.PASS
-    assert item.stash[VERDICTS_KEY][0].startswith("pass: tonight/baseline = 1.0")
+    assert said(item)[0].startswith("pass: tonight/baseline = 1.0")
     with pytest.raises(pytest.skip.Exception, match="no measurement of m-n2-eth"):
         fixture.no_regression(CAND)
 
@@ -341,7 +346,7 @@ def test_a_machine_slower_all_night_is_no_regression_of_scaling():
     # One-node and two-node launches interleaved, which goes first alternating by round.
     assert launches.ids[:4] == [("m-n1-ib", 0), ("m-n2-ib", 0), ("m-n2-ib", 1), ("m-n1-ib", 1)]
     assert result.values[0] == pytest.approx(0.9, abs=0.03) and result.values[1] == pytest.approx(0.9, abs=0.01)
-    line = item.stash[VERDICTS_KEY][0]
+    line = said(item)[0]
     assert "scaling at most 10% below the baseline" in line
     assert "scaling efficiency (n2 over n1 tokens/s/GPU)" in line
     assert "raw tokens/s tonight/baseline = 0.70" in line and "tonight 12" in line and "baseline 1800.0" in line
@@ -437,14 +442,14 @@ def test_fabric_time_is_the_default_and_a_single_saved_night_serves_too():
     fixture, _, item = regression({"m-n1-ib": 504.0, "m-n2-ib": 222.2}, LINK_BOUND, noise=0.005, by_night=False,
                                   regression_on=default)
     outcome = fixture.no_regression(REF, rel=0.05)
-    assert outcome.verdict is Verdict.PASS and "fabric time at most 5% below" in item.stash[VERDICTS_KEY][0]
+    assert outcome.verdict is Verdict.PASS and "fabric time at most 5% below" in said(item)[0]
 
 
 def test_one_node_is_judged_on_tokens_per_s():
     fixture, launches, item = regression({"m-n1-ib": 1000.0}, PAST)
     assert fixture.no_regression(Case("m", 1, "ib")).verdict is Verdict.PASS
-    assert "tokens/s at most 10% below the baseline" in item.stash[VERDICTS_KEY][0]
-    assert "judged on raw tokens/s" not in item.stash[VERDICTS_KEY][0]
+    assert "tokens/s at most 10% below the baseline" in said(item)[0]
+    assert "judged on raw tokens/s" not in said(item)[0]
 
 
 # -- the model's prediction next to the measurement --------------------------------------------------
@@ -492,7 +497,7 @@ def predicting(model, rates_mbit, cluster="emulated", fabric_flops=None, inconcl
 def test_prediction_sits_next_to_the_measurement_with_the_emulated_rates():
     fixture, item = predicting("llama-wide", {"eth": 200})  # --fabric-rate eth=200
     fixture.ahead(Case("llama-wide", 2, "ib"), Case("llama-wide", 2, "eth"), by=0.20)
-    passed, predicted = item.stash[VERDICTS_KEY]
+    (passed,), (predicted,) = said(item), item.stash[NOTES_KEY]
     assert passed.startswith("pass: ib/eth")
     assert predicted.startswith("predicted: eth ") and "% slower than ib" in predicted
     assert "eth 0.2 vs ib 2 Gbit/s per node" in predicted and "fitted to ib's measured step" in predicted
@@ -513,13 +518,13 @@ def test_failure_message_carries_the_prediction():
     # Each side's step next to its physical floor, under the prediction.
     assert [f.split(" measured ")[0] for f in floors] == ["floor: eth", "floor: ib"]
     assert "over eth's 0.4 Gbit/s link" in floors[0] and floors[0].endswith(": plausible")
-    assert item.stash[VERDICTS_KEY] == ["\n".join([second, *floors])]  # in system-out as well
+    assert item.stash[NOTES_KEY] == ["\n".join([second, *floors])]  # in system-out as well
 
 
 def test_deeply_compute_bound_comparison_is_labelled():
     fixture, item = predicting("qwen2-tiny", {})
     fixture.within(Case("qwen2-tiny", 2, "eth"), Case("qwen2-tiny", 2, "ib"), rel=0.05)
-    predicted = item.stash[VERDICTS_KEY][-1]
+    predicted = item.stash[NOTES_KEY][-1]
     assert "compute-bound: cannot tell the fabrics apart" in predicted
 
 
@@ -528,7 +533,7 @@ def test_off_the_emulated_cluster_the_nominal_rates_and_a_given_throughput_are_u
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fixture.within(Case("llama-wide", 2, "eth"), Case("llama-wide", 2, "ib"), rel=0.05)
-    predicted = item.stash[VERDICTS_KEY][-1]
+    predicted = item.stash[NOTES_KEY][-1]
     assert "eth 100 vs ib 3200 Gbit/s per node" in predicted and "20 GFLOP/s per rank given" in predicted
     # Transfer hides behind compute, but the first all-gather and last reduce-scatter cannot: a few %.
     assert "compute-bound: only the unhidden first all-gather" in predicted
@@ -537,7 +542,7 @@ def test_off_the_emulated_cluster_the_nominal_rates_and_a_given_throughput_are_u
 def test_equal_rates_predict_no_difference():
     fixture, item = predicting("llama-wide", {"eth": 2000})
     fixture.within(Case("llama-wide", 2, "eth"), Case("llama-wide", 2, "ib"), rel=0.05)
-    predicted = item.stash[VERDICTS_KEY][-1]
+    predicted = item.stash[NOTES_KEY][-1]
     assert predicted.startswith("predicted: no difference (") and "cannot tell the fabrics apart" in predicted
 
 

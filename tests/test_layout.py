@@ -2,13 +2,15 @@
 (``cluster/``, ``workload/``) never imports the upper half, the rank programs never import pytest,
 and ``plugin.py`` is glue (hooks, fixtures and their registration, nothing else).
 
-Read from the source with ``ast`` (module-level imports: an import inside a function is a deliberate
-lazy one), so a change that breaks a rule fails here, whatever runs.
+Read from the source with ``ast``, every import counted, those inside functions too (a lazy import
+hides a cycle at import time, not in the design), so a change that breaks a rule fails here,
+whatever runs.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pytest_fabric"
 LOWER = ("pytest_fabric.cluster", "pytest_fabric.workload")
 # Leaf modules the lower half may use: data, catalogs and helpers that import nothing above them.
 LEAVES = {"pytest_fabric", "pytest_fabric.atomic", "pytest_fabric.case", "pytest_fabric.fabrics",
-          "pytest_fabric.models", "pytest_fabric.redact", "pytest_fabric.stats"}
+          "pytest_fabric.models", "pytest_fabric.night_model", "pytest_fabric.redact", "pytest_fabric.stats",
+          "pytest_fabric.units"}
 
 
 def _modules() -> dict[str, Path]:
@@ -33,11 +36,11 @@ MODULES = _modules()
 
 
 def _imports(name: str) -> set[str]:
-    """Modules of the package (and outside names, as written) ``name`` imports at module level."""
+    """Modules of the package (and outside names, as written) ``name`` imports, anywhere in it."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -58,6 +61,15 @@ GRAPH = {name: {m for m in _imports(name) if m in MODULES and m != name} for nam
 def test_the_layout_is_read_from_the_whole_package():
     assert {"pytest_fabric.plugin", "pytest_fabric.cluster.base", "pytest_fabric.workload.train"} <= set(MODULES)
     assert "pytest_fabric.session" in GRAPH["pytest_fabric.plugin"]
+    # Imports inside functions count: nights.load_results imports junit lazily, and that edge is seen.
+    assert "pytest_fabric.junit" in GRAPH["pytest_fabric.nights"]
+
+
+def test_the_leaves_import_only_leaves():
+    # The night model is a leaf (as pytest's reports.py): junit and nights both use it, neither
+    # needs the other for it.
+    for leaf in sorted(LEAVES - {"pytest_fabric"}):
+        assert {m for m in GRAPH[leaf] if m not in LEAVES} == set(), leaf
 
 
 def test_no_import_cycle():
@@ -112,3 +124,15 @@ def test_plugin_holds_hooks_and_fixtures_only():
         elif isinstance(node, ast.FunctionDef) and not (node.name.startswith("pytest_") or _is_fixture(node)):
             others.append(f"def {node.name}")
     assert others == []
+
+
+# Unit conversions written out by hand: each has one definition, in units.py.
+_RAW_CONVERSIONS = re.compile(r"2\s*\*\*\s*(?:20|30)\b|mbit\w*\)?\s*/\s*1000\b|\*\s*1e9\s*/\s*8\b|1e6\s*/\s*8\b"
+                              r"|\*\s*8\s*/\s*\(?\w*\s*\*?\s*1e9|/\s*1e9\b.*(?:GB|Gbit|algbw|busbw)|GBps\s*\*\s*8")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "pytest_fabric.units"))
+def test_unit_conversions_go_through_units(name):
+    found = [line.strip() for line in MODULES[name].read_text().splitlines()
+             if _RAW_CONVERSIONS.search(line.partition("#")[0])]
+    assert found == [], f"{name}: write these with pytest_fabric.units: {found}"

@@ -80,3 +80,18 @@ def test_bad_suite_files_say_what_to_write(tmp_path, text, fragment):
 def test_missing_file(tmp_path):
     with pytest.raises(ReferenceError, match="does not exist"):
         References.load(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("section, entry, fix", [
+    ("gate", 'fabric = "eth"\nwithin = 0.05\nreference = "roce"', "compares against the reference fabric 'ib'"),
+    ("expect", 'fabric = "ib"\nbusbw_gbps = [1.6, -0.1, 0.1]', "no suite checks a busbw expectation"),
+])
+def test_keys_nothing_would_check_are_refused_saying_what_to_write(tmp_path, section, entry, fix):
+    """Parsed and never used before: such an expectation was silently never checked."""
+    path = tmp_path / "suite.toml"
+    path.write_text(f"[[{section}]]\n{entry}\n")
+    with pytest.raises(ReferenceError) as info:
+        References.load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: [[{section}]] #1: '") and "is not supported: " in message
+    assert fix in message and "remove '" in message

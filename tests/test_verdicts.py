@@ -25,7 +25,7 @@ from pytest_fabric.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, cou
 GATE_SUITE = """
     import pytest
     from pytest_fabric.gates import apply_verdict
-    from pytest_fabric.session import OUTCOMES_KEY, VERDICTS_KEY
+    from pytest_fabric.session import OUTCOMES_KEY
     from pytest_fabric.stats import Verdict
     from test_junit import outcome
 
@@ -34,8 +34,7 @@ GATE_SUITE = """
         def run(verdict):
             gate = outcome(Verdict(verdict))
             request.node.stash.setdefault(OUTCOMES_KEY, []).append(gate)
-            request.node.stash.setdefault(VERDICTS_KEY, []).append(
-                apply_verdict(gate, fabric_session.options.inconclusive))
+            apply_verdict(gate, fabric_session.options.inconclusive)
         return run
 
     @pytest.mark.parametrize("verdict", {verdicts})

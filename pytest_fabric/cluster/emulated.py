@@ -21,6 +21,7 @@ from itertools import count
 
 from .base import Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env, THREADS_PER_RANK, torchrun_argv
 from .supervisor import LaunchOutcome, ProcSpec, supervise
+from ..units import mbit_to_bytes_per_s
 
 # RFC 2544 benchmark range: never routed, never anybody's real network.
 SUBNET = "198.18.0"
@@ -56,7 +57,7 @@ MIN_BURST_BYTES = 3200
 
 def burst_bytes(mbit: float) -> int:
     """The token bucket of a link shaped to ``mbit``."""
-    return max(MIN_BURST_BYTES, int(mbit * 1e6 / 8 * BURST_S))
+    return max(MIN_BURST_BYTES, int(mbit_to_bytes_per_s(mbit) * BURST_S))
 
 
 def _tbf(netns: str, dev: str, mbit: float) -> None:

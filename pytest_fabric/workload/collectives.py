@@ -26,6 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from .config import CollectivesConfig
 from .result import CollectiveRow, CollectivesResult
 from .train import _dump_stacks_on_sigusr1, _exit_now, finish
+from ..units import gbyte_per_s
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -107,7 +108,7 @@ def run(cfg: CollectivesConfig) -> CollectivesResult | None:
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             seconds = float(elapsed.item())
             nbytes = total * 4
-            algbw = nbytes / seconds / 1e9
+            algbw = gbyte_per_s(nbytes, seconds)
             rows.append(CollectiveRow(op, nbytes, seconds, algbw, algbw * bus_factor(op, world)))
     result = None
     if rank == 0:

@@ -19,12 +19,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..atomic import write_text
+from ..units import gbyte_to_gbit
 
 TRAIN_FORMAT = "pytest-fabric-train-result"
 COLLECTIVES_FORMAT = "pytest-fabric-collectives-result"
 # 2: typed results; per-step disturbance signals; no derived figures (tokens/s, MFU) from the rank;
 #    the host list is "hosts" (version 1 called it "nodes").
 RESULT_VERSION = 2
+# The host list's key, then version 1's: every reader of a result of any version (result.json, a store
+# record, JUnit machine lines) finds it with ``host_list``.
+HOST_KEYS = ("hosts", "nodes")
+
+
+def host_list(data: Any, kind: type = list) -> Any:
+    """The host list of a result (or of its machine lines, ``kind=str``), whatever version wrote it:
+    the first of ``HOST_KEYS`` whose value is a ``kind`` (for ``str``, a non-empty one); None if none."""
+    return next((data[k] for k in HOST_KEYS if isinstance(data.get(k), kind) and (kind is not str or data[k])), None)
 
 
 class ResultFormatError(ValueError):
@@ -206,8 +216,9 @@ def _upgrade_train_v1(data: dict[str, Any]) -> dict[str, Any]:
     computes itself, no signals (every step counts as clean)."""
     data = {k: v for k, v in data.items()
             if k not in ("median_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")}
-    if "hosts" not in data and isinstance(data.get("nodes"), list):
-        data["hosts"] = data.pop("nodes")
+    if "hosts" not in data and (hosts := host_list(data)) is not None:
+        data["hosts"] = hosts
+        del data["nodes"]
     data.setdefault("hosts", [])
     data.setdefault("local_world_size", 1)
     data.setdefault("batch_size", 0)
@@ -233,7 +244,7 @@ class CollectiveRow:
 
     @property
     def busbw_gbit(self) -> float:
-        return self.busbw_GBps * 8
+        return gbyte_to_gbit(self.busbw_GBps)
 
 
 @dataclass
