@@ -70,10 +70,12 @@ class ConfigRow:
     tokens_per_s: float
     low: float
     high: float
-    launches: int
+    launches: int | str  # "6", or "6 (1 dw)" with one down-weighted
     mfu: float | None = None
     mfu_peak: str | None = None
     peak_memory_gib: float | None = None
+    launch_count: int = 0  # the launches the value rests on...
+    down_weighted: int = 0  # ...and how many of them counted with a small weight
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,8 @@ def build_tables(run: SavedRun, records: Mapping[str, Any] | None = None) -> Tab
     configs = []
     for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
         iv = configuration_interval(c.tokens_per_s, c.weights)
-        configs.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, len(c.tokens_per_s),
-                                 c.mfu, c.mfu_peak, c.peak_memory_gib))
+        configs.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, c.count_text,
+                                 c.mfu, c.mfu_peak, c.peak_memory_gib, c.launches, c.down_weighted))
     return Tables(tests, gates, configs, _busbw_rows(run, records), dict(run.identity))
 
 
@@ -241,8 +243,11 @@ def openmetrics(tables: Tables) -> str:
 
     for c in tables.configs:
         where = {"model": c.model, "nodes": c.nodes, "fabric": c.fabric}
-        add("fabric_tokens_per_second", "tokens/s of the whole job (geometric mean of the launches)", where,
-            c.tokens_per_s)
+        add("fabric_tokens_per_second", "tokens/s of the whole job (weighted geometric mean of the launches)",
+            where, c.tokens_per_s)
+        add("fabric_launches", "launches the configuration's value rests on", where, c.launch_count)
+        add("fabric_launches_down_weighted", "of those, launches disturbed as a whole, counted with a small weight",
+            where, c.down_weighted)
         add("fabric_tokens_per_second_low", f"lower bound of the {CONFIDENCE:.0%} interval of tokens/s", where, c.low)
         add("fabric_tokens_per_second_high", f"upper bound of the {CONFIDENCE:.0%} interval of tokens/s", where,
             c.high)

@@ -252,7 +252,7 @@ def _delta(row: Mapping[str, CaseResult], fabric: str, ref: str | None, nodes: i
 
 
 def _with_interval(c: CaseResult) -> str:
-    iv = configuration_interval(c.tokens_per_s)
+    iv = configuration_interval(c.tokens_per_s, c.weights)
     return f"{c.mean:.1f} [{iv.low:.1f}, {iv.high:.1f}]"
 
 
@@ -283,7 +283,7 @@ def _cheapest(row: Mapping[str, CaseResult], cost: Mapping[str, float], prices: 
     best = min(cost, key=cost.__getitem__)
 
     def bounds(f: str) -> tuple[float, float]:
-        iv = configuration_interval(row[f].tokens_per_s)
+        iv = configuration_interval(row[f].tokens_per_s, row[f].weights)
         return (cost_per_million_tokens(iv.high, row[f].gpus, prices[f]),
                 cost_per_million_tokens(iv.low, row[f].gpus, prices[f]))
 
@@ -337,7 +337,8 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     if not by_model:
         doc.para("No training measurements.")
     else:
-        doc.para(f"tokens/s of the whole job, mean over launches; deltas against {ref}. "
+        doc.para(f"tokens/s of the whole job, mean over launches (a launch disturbed as a whole counts with a small "
+                 f"weight: 'dw'); deltas against {ref}. "
                  "One node never crosses the fabric: its measurement serves every fabric (n/a).")
     if by_model and Figure is None:
         notes.append(NO_MATPLOTLIB)
@@ -359,7 +360,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
                 *(f"{row[f].mean_per_gpu:.1f}" if f in row else "-" for f in fabrics),
                 *(mfu_text(row[f].mfu) if f in row else "-" for f in fabrics),
                 *(gib_text(row[f].peak_memory_gib) if f in row else "-" for f in fabrics),
-                ", ".join(f"{f} {len(row[f].tokens_per_s)}" for f in fabrics if f in row),
+                ", ".join(f"{f} {row[f].count_text}" for f in fabrics if f in row),
                 "; ".join(verdict_rows.get((model, nodes), [])) or "-",
             ])
         doc.table(header, body)
@@ -494,7 +495,7 @@ def _plot_per_gpu(Figure, png: Path, model: str, rows: dict[int, dict[str, CaseR
         xs = [nodes * (1 + shift[fabric]) for nodes, _ in cases]
         for x, (_, c) in zip(xs, cases):
             ax.scatter([x] * len(c.tokens_per_s_per_gpu), c.tokens_per_s_per_gpu, s=12, alpha=0.45, color=color)
-        ivs = [configuration_interval(c.tokens_per_s_per_gpu) for _, c in cases]
+        ivs = [configuration_interval(c.tokens_per_s_per_gpu, c.weights) for _, c in cases]
         ax.errorbar(xs, [iv.point for iv in ivs], yerr=[[iv.point - iv.low for iv in ivs], [iv.high - iv.point for iv in ivs]],
                     marker="o", capsize=4, color=color, label=fabric)
     ax.set_title(f"{model}: tokens/s per GPU")

@@ -65,6 +65,11 @@ class CaseResult:
         return sum(1 for w in self.weights or () if w < 1.0)
 
     @property
+    def count_text(self) -> str:
+        """"6", or "6 (1 dw)" with one of them down-weighted: the count every output shows."""
+        return f"{self.launches}" + (f" ({self.down_weighted} dw)" if self.down_weighted else "")
+
+    @property
     def mean(self) -> float:
         """The configuration's value: ``stats.configuration_value`` of its launches with their
         weights (the number the gates judged and the terminal and JUnit showed)."""

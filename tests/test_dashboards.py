@@ -251,3 +251,22 @@ def test_an_output_in_a_missing_directory_is_a_usage_error(pytester, option):
     result = pytester.runpytest(f"{option}=/nonexistent/dir/out")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{option} /nonexistent/dir/out: the directory /nonexistent/dir does not exist*"])
+
+
+def test_a_down_weighted_launch_is_counted_and_weighed_the_same_in_every_dashboard():
+    """One number and one count per configuration: the summary's 'launches' says how many were
+    down-weighted, the metrics carry both counts, and the interval is centred on the weighted value."""
+    from pytest_fabric.night_model import CaseResult, SavedRun
+    from pytest_fabric.stats import configuration_value
+
+    values, weights = [1000.0, 1100.0, 400.0], [1.0, 1.0, 0.04]
+    case = CaseResult("m", 2, "ib", 2, values, [v / 2 for v in values], weights)
+    run = SavedRun({"cluster_kind": "emulated"}, {case.id: case}, {}, [], [], Path("night.json"), "saved")
+    (row,) = build_tables(run).configs
+    assert row.tokens_per_s == pytest.approx(configuration_value(values, weights)) == pytest.approx(case.mean)
+    assert row.low < row.tokens_per_s < row.high
+    assert (row.launch_count, row.down_weighted, row.launches) == (3, 1, "3 (1 dw)")
+    assert re.search(r"\| m \| 2 \| ib \| 2 \| [\d.]+ \| .* \| 3 \(1 dw\) \|", job_summary(build_tables(run)))
+    metrics = openmetrics(build_tables(run))
+    assert 'fabric_launches{model="m",nodes="2",fabric="ib"} 3' in metrics
+    assert 'fabric_launches_down_weighted{model="m",nodes="2",fabric="ib"} 1' in metrics
