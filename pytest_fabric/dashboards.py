@@ -47,6 +47,19 @@ class GateRow:
     model: str = ""
     nodes: int = 0
     launches: str = ""
+    # The launch noise the gate's interval used (log scale), its degrees of freedom and source;
+    # None in nights saved before 0.4.
+    noise: float | None = None
+    noise_df: float | None = None
+    noise_source: str = ""
+
+    @property
+    def noise_text(self) -> str:
+        """"1.4% on 9 df (declared default)", or "-" where the night did not record it."""
+        if self.noise is None:
+            return "-"
+        df = f" on {self.noise_df:g} df" if self.noise_df is not None else ""
+        return f"{self.noise * 100:.1f}%{df}" + (f" ({self.noise_source})" if self.noise_source else "")
 
     @property
     def name(self) -> str:
@@ -114,6 +127,13 @@ def configuration_interval(values: Sequence[float], weights: Sequence[float] | N
                              CONFIDENCE)
 
 
+def _number(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def _word(outcome: str) -> str:
     """Saved nights written before the outcome words used pytest's."""
     return {"passed": PASS, "failed": FAIL, "xfailed": INCONCLUSIVE}.get(outcome, outcome)
@@ -133,7 +153,9 @@ def build_tables(run: SavedRun, records: Mapping[str, Any] | None = None) -> Tab
                                  float(g["ratio"]), float(g["ci_low"]), float(g["ci_high"]),
                                  float(g.get("confidence", CONFIDENCE)), float(g["threshold"]),
                                  where[0] if where else "", where[1] if where else 0,
-                                 "+".join(map(str, launches)) if isinstance(launches, list) else str(launches)))
+                                 "+".join(map(str, launches)) if isinstance(launches, list) else str(launches),
+                                 _number(g.get("launch_noise")), _number(g.get("noise_df")),
+                                 str(g.get("noise_source") or "")))
     configs = []
     for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
         iv = configuration_interval(c.tokens_per_s, c.weights)
@@ -203,10 +225,10 @@ def job_summary(tables: Tables) -> str:
         order = {FAIL: 0, ERROR: 1, INCONCLUSIVE: 2, PASS: 3}
         gates = sorted(tables.gates, key=lambda g: (order.get(g.outcome, 4), g.test))
         lines += ["### Verdicts", "", *md_table(
-            ["outcome", "gate", "where", "ratio", "interval", "threshold", "launches"],
+            ["outcome", "gate", "where", "ratio", "interval", "threshold", "launches", "launch noise"],
             [[g.outcome.upper(), g.name, g.where, f"{g.ratio:.3f}",
-              f"{_interval(g.low, g.high)} ({g.confidence:.4g})", f"{g.threshold:.3f}", g.launches] for g in gates],
-            "lllrrrr"), ""]
+              f"{_interval(g.low, g.high)} ({g.confidence:.4g})", f"{g.threshold:.3f}", g.launches, g.noise_text]
+             for g in gates], "lllrrrrl"), ""]
     if tables.configs:
         lines += [f"### Throughput (tokens/s, {CONFIDENCE:.0%} interval)", "", *md_table(
             ["model", "nodes", "fabric", "GPUs", "tokens/s", "interval", "tokens/s/GPU", "MFU", "peak GiB", "launches"],
@@ -264,6 +286,12 @@ def openmetrics(tables: Tables) -> str:
         add("fabric_gate_ratio_low", "lower bound of the gate's interval", where, g.low)
         add("fabric_gate_ratio_high", "upper bound of the gate's interval", where, g.high)
         add("fabric_gate_threshold", "the ratio the gate requires (at least)", where, g.threshold)
+        if g.noise is not None:
+            add("fabric_gate_launch_noise", "the launch-to-launch noise (log scale) the gate's interval used",
+                {**where, "source": g.noise_source}, g.noise)
+            if g.noise_df is not None:
+                add("fabric_gate_noise_df", "degrees of freedom of that noise (the prior's and tonight's)", where,
+                    g.noise_df)
         for word in (PASS, FAIL, INCONCLUSIVE, ERROR):
             add("fabric_gate_outcome", "1 for the gate's outcome, 0 for the others", {**where, "outcome": word},
                 1.0 if g.outcome == word else 0.0)

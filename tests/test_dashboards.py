@@ -270,3 +270,22 @@ def test_a_down_weighted_launch_is_counted_and_weighed_the_same_in_every_dashboa
     metrics = openmetrics(build_tables(run))
     assert 'fabric_launches{model="m",nodes="2",fabric="ib"} 3' in metrics
     assert 'fabric_launches_down_weighted{model="m",nodes="2",fabric="ib"} 1' in metrics
+
+
+def test_every_gate_shows_the_noise_it_used_in_the_summary_and_the_metrics():
+    from pytest_fabric.night_model import SavedRun
+
+    gate = {"a": "eth", "b": "ib", "outcome": "pass", "ratio": 0.99, "ci_low": 0.97, "ci_high": 1.01,
+            "confidence": 0.9, "threshold": 0.95, "launches": [3, 3], "launch_noise": 0.014, "noise_df": 9.0,
+            "noise_source": "declared default"}
+    verdict = {"test": "suites/test_parity.py::test_x[m-n2-eth]", "outcome": "pass", "gates": [gate]}
+    run = SavedRun({}, {}, {}, [verdict], [], Path("night.json"), "saved")
+    summary = job_summary(build_tables(run))
+    assert "| 3+3 | 1.4% on 9 df (declared default) |" in summary
+    metrics = openmetrics(build_tables(run))
+    assert re.search(r'fabric_gate_launch_noise\{.*source="declared default"\} 0\.014', metrics)
+    assert re.search(r"fabric_gate_noise_df\{.*\} 9\b", metrics)
+    # A night saved before the noise was recorded: a dash, no metric.
+    old = SavedRun({}, {}, {}, [{**verdict, "gates": [{k: v for k, v in gate.items() if "noise" not in k}]}], [],
+                   Path("night.json"), "saved")
+    assert "| 3+3 | - |" in job_summary(build_tables(old)) and "launch_noise" not in openmetrics(build_tables(old))
