@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                "-o", "fabric_define=" + "\n".join(f"{item['fabric']}: ib" for item in group),
                f"--fabric-save={save}", f"--junitxml={junit}"]
         env = {**base_env, "PYTEST_FABRIC_FAULT": fault_env(group)}
-        kill = {"at": rng.uniform(8, len(group) * 15), "how": rng.choice(["int", "kill"])} if g in killed_runs else None
+        # A moment inside the run (a smoke run's 3 launches may all end within 25 s).
+        latest = 20 if args.smoke else len(group) * 15
+        kill = {"at": rng.uniform(8, latest), "how": rng.choice(["int", "kill"])} if g in killed_runs else None
         attempt = 0
         while True:
             attempt += 1
