@@ -392,6 +392,8 @@ class Measurer:
             env=nccl_debug_env(nccl_logs, graph=bool(inventory and inventory.gbit_per_nic)),
             # Harness self-tests (workload/faults.py, checked by the plugin): a node that never joins.
             links_down=tuple(sorted(faults.nodes_left_out(faults.from_env(), fabric.name))),
+            links_cut=tuple((i, Path(faults.cut_request(run_dir, i)))
+                            for i in sorted(faults.links_cut(faults.from_env(), fabric.name))),
             # Launchers on shared nodes (ssh, slurm) say here when another session's launch holds them.
             notify=(lambda text: self.progress(f"{case.id}: {text}")) if self.progress is not None else None,
         )
@@ -405,8 +407,8 @@ class Measurer:
         try:
             result = kind.from_dict(json.loads(Path(config.result_path).read_text()), config.result_path)
         except (OSError, ValueError) as exc:  # ResultFormatError is a ValueError
-            return {"case": asdict(case), "error": f"{case.id}: every rank exited 0 but the result is unreadable "
-                                                   f"({exc}).\n{outcome.describe()}"}
+            return {"case": asdict(case), "error": f"{case.id}: every rank exited 0 but the result written by "
+                                                   f"global rank 0 (node0) is unreadable ({exc}).\n{outcome.describe()}"}
         if result.device == "cuda" and self.cluster.proves_transport:
             # The log files exist, so nccl_debug_env (ENV included) reached NCCL: env_logged.
             facts, problem = prove_transport(case.fabric, nccl_logs, crosses_fabric=case.crosses_fabric,

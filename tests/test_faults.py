@@ -75,6 +75,27 @@ def test_a_malformed_fault_is_a_usage_error_before_any_launch(pytester, monkeypa
     assert "PYTEST_FABRIC_FAULT: rank='x'" in result.stderr.str()
 
 
+def test_parse_reads_the_chaos_faults_with_their_defaults():
+    garbage, truncate, linkcut = faults.parse("garbage:fabric=eth,mb=40; truncate; linkcut:node=1,step=2")
+    assert garbage == faults.Fault("garbage", fabric="eth", rank=1, step=1, mb=40)
+    assert faults.parse("garbage")[0].mb == 50
+    assert truncate == faults.Fault("truncate", rank=0)  # rank 0 writes the result
+    assert linkcut == faults.Fault("linkcut", node=1, step=2)
+    assert faults.links_cut([linkcut], "ib") == {1} and faults.links_cut([garbage], "eth") == set()
+    assert faults.truncates([truncate], 0, "ib") == truncate and faults.truncates([truncate], 1, "ib") is None
+    assert "40 MB of binary garbage" in garbage.describe()
+    assert "node 1's link cut at step 2" in linkcut.describe()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("crash:mb=3", "mb= in 'crash:mb=3' applies to garbage faults only"),
+    ("garbage:mb=lots", "mb='lots'"),
+])
+def test_parse_refuses_mb_where_it_means_nothing(text, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        faults.parse(text)
+
+
 # -- real launches ---------------------------------------------------------------------------------
 
 def harness_namespaces_of_dead_owners(before: set[str]) -> set[str]:
@@ -83,20 +104,21 @@ def harness_namespaces_of_dead_owners(before: set[str]) -> set[str]:
 
 
 class FaultRun:
-    def __init__(self, pytester: pytest.Pytester, monkeypatch) -> None:
+    def __init__(self, pytester: pytest.Pytester, monkeypatch, fault_text: str = FAULTS,
+                 fabrics: str = "ib,eth,eth-b,roce,efa", deadline_s: int = DEADLINE_S) -> None:
         tmp = pytester.path / "tmp"
         tmp.mkdir()
         monkeypatch.setenv("TMPDIR", str(tmp))
-        monkeypatch.setenv(faults.ENV, FAULTS)
+        monkeypatch.setenv(faults.ENV, fault_text)
         pytester.makeini("[pytest]\nfabric_define = eth-b: eth\n")
         pytester.makepyfile(test_generated=SOURCE)
         self.saved = pytester.path / "saved.json"
         self.junit = pytester.path / "junit.xml"
         before = namespaces()
         start = time.monotonic()
-        self.result = pytester.runpytest_subprocess(*ARGS, "--fabrics", "ib,eth,eth-b,roce,efa",
+        self.result = pytester.runpytest_subprocess(*ARGS, "--launch-timeout", str(deadline_s), "--fabrics", fabrics,
                                                     f"--fabric-save={self.saved}", f"--junitxml={self.junit}",
-                                                    timeout=5 * DEADLINE_S + 120)
+                                                    timeout=(fabrics.count(",") + 1) * deadline_s + 120)
         self.wall_s = time.monotonic() - start
         self.output = self.result.stdout.str()
         self.directory = session_directory(self.output)
@@ -242,3 +264,48 @@ def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pyte
     assert ib["result"]["step_s"][0] > 0
     saved_text = saved.read_text()
     assert "tokens_per_s" in saved_text and '"ib"' in saved_text
+
+
+# -- garbage, a truncated result, a link cut mid-step -----------------------------------------------
+
+CHAOS_DEADLINE_S = 60  # the stop after a deadline (stacks, TERM, KILL) takes ~4.5 s: +10% needs >= 50
+CHAOS_FAULTS = "garbage:fabric=eth,rank=1,step=0,mb=40; truncate:fabric=eth-b; linkcut:fabric=roce,node=1,step=1"
+
+
+@pytest.fixture
+def chaos(_cache, pytester, monkeypatch) -> FaultRun:
+    needs(UNAVAILABLE)
+    if "chaos" not in _cache:
+        _cache["chaos"] = FaultRun(pytester, monkeypatch, CHAOS_FAULTS, "eth,eth-b,roce", CHAOS_DEADLINE_S)
+    return _cache["chaos"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fabric, says", [
+    ("eth", r"log limit exceeded after [\d.]+s\nnode1: its log passed 32 MiB"),
+    ("eth-b", r"the result written by global rank 0 \(node0\) is unreadable"),
+    ("roce", r"deadline exceeded after [\d.]+s\ninjected fault: linkcut: node1's link cut by the harness"),
+])
+def test_each_chaos_fault_is_an_error_naming_the_node_within_the_deadline(chaos, fabric, says):
+    failure = chaos.failure(fabric)
+    assert re.search(says, failure), failure
+    match = re.search(r"(launch failed|deadline exceeded|log limit exceeded) after ([\d.]+)s", failure)
+    assert match and float(match.group(2)) <= CHAOS_DEADLINE_S * 1.1, failure
+    assert "injected fault: " + {"eth": "garbage", "eth-b": "truncate", "roce": "linkcut"}[fabric] in failure
+
+
+@pytest.mark.slow
+def test_a_garbage_rank_s_report_is_bounded_and_printable(chaos):
+    failure = chaos.failure("eth")
+    assert len(failure) < 40_000, len(failure)
+    assert "[line cut]" in failure and "\x00" not in failure
+    assert all(len(line) <= 320 for line in failure.splitlines() if not line.startswith("--- node"))
+    record = chaos.record("eth")["error"]
+    assert len(record) < 40_000
+
+
+@pytest.mark.slow
+def test_chaos_faults_leave_nothing_behind(chaos):
+    chaos.result.assert_outcomes(failed=3)
+    assert chaos.leftover_processes == []
+    assert chaos.leftover_namespaces == set()

@@ -74,6 +74,9 @@ class LaunchRequest:
     # Nodes whose fabric link is down: an injected fault (the harness's own tests), which the emulated
     # cluster realises by taking the node's cable out; the launcher never reads faults itself.
     links_down: tuple[int, ...] = ()
+    # Nodes whose link the launcher cuts mid-launch (an injected fault too), each when its request file
+    # appears (a rank creates it at the step the fault names): (node index, request file).
+    links_cut: tuple[tuple[int, Path], ...] = ()
     # What the launcher says while the launch cannot start yet (another session's launch holds its
     # nodes): the session's progress line. None: wait silently.
     notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)

@@ -191,6 +191,9 @@ class EmulatedCluster(OnThisMachine, Cluster):
             for i in request.links_down:
                 if i < len(net.nodes):  # an injected fault: this node's cable is out
                     _ip("-n", net.nodes[i].netns, "link", "set", IFNAME, "down")
+            on_tick, notes = self._cutting_links(request, net, on_tick)
+            notes += [f"injected fault: nojoin: {net.nodes[i].name}'s link left down by the harness"
+                      for i in request.links_down if i < len(net.nodes)]
             head = net.nodes[0].address
             specs = [
                 ProcSpec(
@@ -203,4 +206,27 @@ class EmulatedCluster(OnThisMachine, Cluster):
                 )
                 for i, node in enumerate(net.nodes)
             ]
-            return supervise(specs, request.workdir, request.deadline_s, on_tick)
+            outcome = supervise(specs, request.workdir, request.deadline_s, on_tick)
+            outcome.notes += notes
+            return outcome
+
+    @staticmethod
+    def _cutting_links(request: LaunchRequest, net: EmulatedNetwork, on_tick: Callable[[float], None] | None
+                       ) -> tuple[Callable[[float], None] | None, list[str]]:
+        """``on_tick`` that also cuts each requested node's link once its request file appears (an
+        injected fault), and the notes saying when it did."""
+        pending = {i: path for i, path in request.links_cut if i < len(net.nodes)}
+        notes: list[str] = []
+        if not pending:
+            return on_tick, notes
+
+        def tick(elapsed: float) -> None:
+            for i, path in list(pending.items()):
+                if os.path.exists(path):
+                    _ip("-n", net.nodes[i].netns, "link", "set", IFNAME, "down")
+                    notes.append(f"injected fault: linkcut: {net.nodes[i].name}'s link cut by the harness at "
+                                 f"{elapsed:.1f}s")
+                    del pending[i]
+            if on_tick is not None:
+                on_tick(elapsed)
+        return tick, notes

@@ -26,6 +26,12 @@ FAILURE_GRACE_S = 5.0
 # Between SIGTERM and SIGKILL.
 TERM_GRACE_S = 3.0
 LOG_TAIL_LINES = 30
+# What a report reads of a log at most (its end), and of one line: a rank printing binary garbage or
+# a runaway log must not paste megabytes into the failure, the JUnit and the store.
+LOG_TAIL_BYTES = 64 * 1024
+LOG_LINE_CHARS = 300
+# A log that outgrows this stops the launch (a rank printing garbage fills the results disk otherwise).
+LOG_LIMIT_BYTES = 32 * 1024 * 1024
 # At the deadline, processes whose command line holds this marker (the rank programs, which register
 # faulthandler on SIGUSR1) are asked to print every thread's Python stack before anything is killed,
 # so the report of a hang shows where each rank was waiting.
@@ -55,10 +61,23 @@ class ProcOutcome:
         """The log's last lines, secrets masked (they are shown and stored: see ``redact``)."""
         try:
             with open(self.log_path, "rb") as f:
-                text = f.read(self.log_upto if self.log_upto is not None else -1).decode(errors="replace")
+                end = self.log_upto if self.log_upto is not None else f.seek(0, os.SEEK_END)
+                start = max(0, end - LOG_TAIL_BYTES)
+                f.seek(start)
+                text = f.read(end - start).decode(errors="replace")
         except OSError as exc:
             return f"(log unreadable: {exc})"
-        return redact("\n".join(text.splitlines()[-lines:]))
+        kept = text.splitlines()[-lines:]
+        if start and len(kept) < lines:
+            kept.insert(0, f"[... {start} earlier bytes not shown]")
+        return redact("\n".join(_printable(line) for line in kept))
+
+
+def _printable(line: str) -> str:
+    """One log line as a report shows it: control characters (binary garbage) as ``?``, cut to
+    LOG_LINE_CHARS."""
+    line = "".join(c if c.isprintable() or c == "\t" else "?" for c in line[:LOG_LINE_CHARS + 1])
+    return line if len(line) <= LOG_LINE_CHARS else line[:LOG_LINE_CHARS] + " [line cut]"
 
 
 @dataclass
@@ -67,16 +86,25 @@ class LaunchOutcome:
     elapsed_s: float
     timed_out: bool = False
     killed: list[str] = field(default_factory=list)
+    # A process whose log outgrew LOG_LIMIT_BYTES: the launch was stopped for it.
+    log_overflow: str | None = None
+    # What the launcher did to the launch besides running it (an injected fault's link cut).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.timed_out and all(p.returncode == 0 for p in self.procs)
+        return not self.timed_out and self.log_overflow is None and all(p.returncode == 0 for p in self.procs)
 
     def describe(self) -> str:
         """A failure report: what happened to each process, with the last lines of its log (secrets
         masked by ``tail``)."""
-        head = "deadline exceeded" if self.timed_out else "launch failed"
+        head = "deadline exceeded" if self.timed_out else "log limit exceeded" if self.log_overflow else \
+            "launch failed"
         parts = [f"{head} after {self.elapsed_s:.1f}s"]
+        if self.log_overflow:
+            parts.append(f"{self.log_overflow}: its log passed {LOG_LIMIT_BYTES >> 20} MiB (a rank printing "
+                         f"garbage or a runaway log); the launch was stopped")
+        parts += self.notes
         for p in self.procs:
             state = "killed" if p.returncode is None else f"exit code {p.returncode}"
             parts.append(f"--- {p.name}: {state}; last lines of {p.log_path} ---\n{p.tail()}")
@@ -118,6 +146,7 @@ def supervise(
             started.append((spec, proc, log_path))
 
         timed_out = False
+        overflow: str | None = None
         log_upto: dict[str, int | None] = {}
         first_failure: float | None = None
         while True:
@@ -128,6 +157,11 @@ def supervise(
             if first_failure is None and any(c not in (None, 0) for c in codes):
                 first_failure = now
             if first_failure is not None and now - first_failure > FAILURE_GRACE_S:
+                break
+            overflow = next((spec.name for spec, _, log_path in started
+                             if (_size(log_path) or 0) > LOG_LIMIT_BYTES), None)
+            if overflow is not None:
+                log_upto = {spec.name: _size(log_path) for spec, _, log_path in started}
                 break
             if now - start > deadline_s:
                 timed_out = True
@@ -151,6 +185,7 @@ def supervise(
         elapsed_s=time.monotonic() - start,
         timed_out=timed_out,
         killed=killed,
+        log_overflow=overflow,
     )
 
 

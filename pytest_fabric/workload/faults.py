@@ -18,6 +18,14 @@ One or more faults separated by ``;``, each ``KIND[:key=value,...]``:
   ranks sleep): a flapping link, congestion bursts or retransmits, which cost the job its mean
   throughput and leave the fast steps alone. Which steps stall is drawn per launch (seeded by the
   launch's rendezvous id and the step), so every rank agrees.
+- ``garbage``: global rank ``rank`` prints ``mb`` (default 50) MB of binary garbage and long lines to
+  its stdout and stderr at step ``step``, then goes on: the harness must keep its report (and the
+  node's log it reads) bounded, and stops a launch whose log outgrows its limit.
+- ``truncate``: global rank ``rank`` (default 0, the one that writes it) writes its result.json cut
+  in the middle (the file exists, half of it) and exits 0: the harness reports an unreadable result.
+- ``linkcut``: node ``node``'s fabric link is cut mid-step: when that node's first rank reaches step
+  ``step`` it asks the harness (a request file in the launch's directory), which takes the node's
+  cable out (emulated cluster only); the ranks then fail or hang until the launch deadline.
 
 ``fabric=NAME`` limits a fault to launches on that fabric (default: every launch). Defaults:
 ``rank=1``, ``step=1``, ``node=1``. The harness reads the variable from its own environment; the
@@ -37,10 +45,10 @@ from dataclasses import dataclass
 
 ENV = "PYTEST_FABRIC_FAULT"
 RANK_KINDS = ("crash", "abort", "hang")
-KINDS = (*RANK_KINDS, "nojoin", "slow", "stall")
+KINDS = (*RANK_KINDS, "nojoin", "slow", "stall", "garbage", "truncate", "linkcut")
 # Planted effects that scale steps: their factor= (and stall's p=) apply to them alone.
 SCALING_KINDS = ("slow", "stall")
-_INTS = ("rank", "step", "node")
+_INTS = ("rank", "step", "node", "mb")
 
 
 class InjectedFault(RuntimeError):
@@ -56,18 +64,21 @@ class Fault:
     node: int = 1
     factor: float = 1.10
     p: float = 0.2  # stall: the fraction of steps that stall
+    mb: int = 50  # garbage: megabytes printed
 
     def applies(self, fabric: str | None) -> bool:
         return self.fabric is None or self.fabric == fabric
 
     def describe(self) -> str:
-        if self.kind == "slow":
-            return f"slow: every step x{self.factor:g}" + (f" (fabric {self.fabric})" if self.fabric else "")
-        if self.kind == "stall":
-            return (f"stall: {self.p:.0%} of steps x{self.factor:g}"
-                    + (f" (fabric {self.fabric})" if self.fabric else ""))
-        where = f"node {self.node}" if self.kind == "nojoin" else f"rank {self.rank} at step {self.step}"
-        return f"{self.kind} on {where}" + (f" (fabric {self.fabric})" if self.fabric else "")
+        what = {
+            "slow": lambda: f"slow: every step x{self.factor:g}",
+            "stall": lambda: f"stall: {self.p:.0%} of steps x{self.factor:g}",
+            "garbage": lambda: f"garbage: rank {self.rank} prints {self.mb} MB of binary garbage at step {self.step}",
+            "truncate": lambda: f"truncate: rank {self.rank} writes result.json cut mid-write",
+            "linkcut": lambda: f"linkcut: node {self.node}'s link cut at step {self.step}",
+            "nojoin": lambda: f"nojoin on node {self.node}",
+        }.get(self.kind, lambda: f"{self.kind} on rank {self.rank} at step {self.step}")()
+        return what + (f" (fabric {self.fabric})" if self.fabric else "")
 
 
 def parse(text: str) -> list[Fault]:
@@ -84,7 +95,7 @@ def parse(text: str) -> list[Fault]:
             key, sep, value = (s.strip() for s in pair.partition("="))
             if not sep or key not in ("fabric", "factor", "p", *_INTS) or not value:
                 raise ValueError(f"{ENV}: {pair!r} in {item!r} is not one of fabric=NAME, rank=N, step=N, node=N, "
-                                 f"factor=X, p=FRACTION")
+                                 f"factor=X, p=FRACTION, mb=N")
             if key == "factor":
                 try:
                     fields[key] = float(value)
@@ -109,6 +120,10 @@ def parse(text: str) -> list[Fault]:
                 fields[key] = value
         if ("factor" in fields or "p" in fields) and kind not in SCALING_KINDS:
             raise ValueError(f"{ENV}: factor= and p= in {item!r} apply to slow and stall faults only")
+        if "mb" in fields and kind != "garbage":
+            raise ValueError(f"{ENV}: mb= in {item!r} applies to garbage faults only")
+        if kind == "truncate":
+            fields.setdefault("rank", 0)  # global rank 0 writes the result
         if kind == "stall":
             fields.setdefault("factor", 1.6)
         elif "p" in fields:
@@ -126,9 +141,66 @@ def nodes_left_out(faults: list[Fault], fabric: str) -> set[int]:
     return {f.node for f in faults if f.kind == "nojoin" and f.applies(fabric)}
 
 
-def at_step(faults: list[Fault], rank: int, step: int, fabric: str | None) -> None:
+def links_cut(faults: list[Fault], fabric: str) -> set[int]:
+    """The node indexes whose link the harness cuts mid-launch on ``fabric`` (on request)."""
+    return {f.node for f in faults if f.kind == "linkcut" and f.applies(fabric)}
+
+
+def cut_request(run_dir: str | os.PathLike[str], node: int) -> str:
+    """The file node ``node``'s rank creates to ask the harness to cut its link now."""
+    return os.path.join(os.fspath(run_dir), f"linkcut-node{node}.request")
+
+
+def truncates(faults: list[Fault], rank: int, fabric: str | None) -> Fault | None:
+    """The ``truncate`` fault that makes ``rank`` write its result cut in the middle, if any."""
+    return next((f for f in faults if f.kind == "truncate" and f.rank == rank and f.applies(fabric)), None)
+
+
+def write_truncated(fault: Fault, path: str, text: str) -> None:
+    """``text`` cut in the middle at ``path``, written in place (not atomically): a writer that died mid-write."""
+    print(f"pytest-fabric: injected fault: {fault.describe()}", file=sys.stderr, flush=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text[: len(text) // 2])
+
+
+def _print_garbage(fault: Fault) -> None:
+    """``fault.mb`` MB of random bytes and newline-free lines on stdout and stderr, every 32 KiB
+    followed by the fault's line (so that a log's tail still says what happened)."""
+    line = f"\npytest-fabric: injected fault: {fault.describe()}\n".encode()
+    for i in range(fault.mb * 32):
+        chunk = os.urandom(1 << 15) if i % 2 == 0 else b"x" * (1 << 15)
+        os.write(1 + i % 2, chunk + line)
+
+
+def _cut_my_link(fault: Fault, run_dir: str | None) -> None:
+    """Node ``fault.node``'s first rank asks the harness to cut its link, and waits (10 s at most) until
+    it is down, so that the cut falls inside this step."""
+    if run_dir is None or int(os.environ.get("GROUP_RANK", "0")) != fault.node \
+            or int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return
+    print(f"pytest-fabric: injected fault: {fault.describe()}", file=sys.stderr, flush=True)
+    open(cut_request(run_dir, fault.node), "w").close()
+    state = f"/sys/class/net/{os.environ.get('GLOO_SOCKET_IFNAME', 'fab0')}/operstate"
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        try:
+            with open(state) as f:
+                if f.read().strip() != "up":
+                    return
+        except OSError:
+            return
+        time.sleep(0.1)
+
+
+def at_step(faults: list[Fault], rank: int, step: int, fabric: str | None, run_dir: str | None = None) -> None:
     """Called by every rank at the start of every step: do what a fault for here says."""
     for fault in faults:
+        if fault.kind == "linkcut" and fault.step == step and fault.applies(fabric):
+            _cut_my_link(fault, run_dir)
+            continue
+        if fault.kind == "garbage" and fault.rank == rank and fault.step == step and fault.applies(fabric):
+            _print_garbage(fault)
+            continue
         if fault.kind not in RANK_KINDS or fault.rank != rank or fault.step != step or not fault.applies(fabric):
             continue
         print(f"pytest-fabric: injected fault: {fault.describe()}", file=sys.stderr, flush=True)

@@ -168,7 +168,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     compute_dtype = None  # what the forward really ran in, as the logits show
     stopped, step = "", 0
     while not stopped:
-        faults.at_step(injected, rank, step, cfg.fabric.get("name"))
+        faults.at_step(injected, rank, step, cfg.fabric.get("name"), os.path.dirname(cfg.result_path))
         sync()
         before = sampler.cpu()
         start = time.perf_counter()
@@ -258,6 +258,9 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             fabric=cfg.fabric,
             host=platform.node(),
         )
+    if result is not None and (cut := faults.truncates(injected, rank, cfg.fabric.get("name"))):
+        faults.write_truncated(cut, cfg.result_path, json.dumps(result.to_dict(), indent=1))
+        result = None  # the harness self-test: the file stays cut in the middle
     finish(result, cfg.result_path)
     return result
 
