@@ -145,7 +145,7 @@ def test_failed_launch_is_cached_with_the_log_tail(tmp_path):
 
 
 def test_success_without_a_result_file_is_an_error(tmp_path):
-    with pytest.raises(MeasurementError, match="every rank exited 0 but the result is unreadable"):
+    with pytest.raises(MeasurementError, match="every rank exited 0 but the result written by global rank 0 \(node0\) is unreadable"):
         measurer(tmp_path, FakeCluster(write_result=False)).measure(Case("qwen2-tiny", 2, "ib"))
 
 
