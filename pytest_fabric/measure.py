@@ -36,7 +36,7 @@ from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from .units import MIB
 from .workload import faults
-from .workload.signals import reference_probe, slow_phase
+from .workload.signals import probe_judged, reference_probe, slow_phase
 from .workload.config import CollectivesConfig, TrainConfig
 from .workload.result import CollectiveRow, CollectivesResult, TrainResult
 
@@ -197,7 +197,8 @@ def result_estimate(result: TrainResult) -> LaunchEstimate:
     launch's value is taken from a result (measurements, calibration, the benchmarks)."""
     sig = result.signals
     return launch_estimate(result.step_s, sig.disturbed or None,
-                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s), loss=step_loss(result))
+                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s, sig.cpu_busy),
+                           loss=step_loss(result))
 
 
 def step_loss(result: TrainResult) -> list[float]:
@@ -205,13 +206,14 @@ def step_loss(result: TrainResult) -> list[float]:
     time over the step (the worst node's cores, counted as if one core: an upper bound), or a CPU
     probe slower than the launch's median (1 - median / probe); 0 where nothing was recorded."""
     sig, n = result.signals, len(result.step_s)
-    probes = sorted(p for p in sig.probe_s if p > 0)
+    busy = sig.cpu_busy or [None] * n
+    probes = sorted(p for p, b in zip(sig.probe_s, busy) if probe_judged(p, b))
     median = probes[(len(probes) - 1) // 2] if probes else 0.0  # the lower median, as signals.judge_launch
     out = []
     for i, step in enumerate(result.step_s):
         cpu = ((sig.steal_s[i] if i < len(sig.steal_s) else 0.0)
                + (sig.foreign_s[i] if i < len(sig.foreign_s) else 0.0)) / step
-        probe = sig.probe_s[i] if i < len(sig.probe_s) else 0.0
+        probe = sig.probe_s[i] if i < len(sig.probe_s) and probe_judged(sig.probe_s[i], busy[i]) else 0.0
         slowed = 1 - median / probe if median and probe > median else 0.0
         out.append(min(1.0, max(cpu, slowed)))
     return out[:n]

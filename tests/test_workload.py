@@ -365,8 +365,9 @@ def row(step_s=0.5, own_run_s=0.0, busy_s=0.0, steal_s=0.0, cores=2, probe_s=0.0
     return [step_s, own_run_s, busy_s, steal_s, cores, probe_s, clock, mask]
 
 
-def view(step_s=0.5, steal_s=0.0, foreign_s=0.0, cores=2, probe_s=0.0, throttle=()) -> signals.StepView:
-    return signals.StepView(step_s, steal_s, foreign_s, cores, probe_s, None, list(throttle), steal_cores=cores)
+def view(step_s=0.5, steal_s=0.0, foreign_s=0.0, cores=2, probe_s=0.0, throttle=(), cpu_busy=None) -> signals.StepView:
+    return signals.StepView(step_s, steal_s, foreign_s, cores, probe_s, None, list(throttle), steal_cores=cores,
+                            cpu_busy=cpu_busy)
 
 
 def test_combine_takes_the_slowest_rank_and_the_worst_node():
@@ -433,9 +434,30 @@ def test_a_launch_that_probes_slow_on_most_steps_is_not_flagged_step_by_step():
 
 
 def test_a_slow_phase_is_judged_against_the_sessions_fastest_probe():
-    assert signals.slow_phase([0.00024, 0.00025], 0.00014) == pytest.approx(0.00024 / 0.00014 - 1)
-    assert signals.slow_phase([0.00015, 0.00024], 0.00014) == 0.0  # 7%: within PHASE_SLOWDOWN
-    assert signals.slow_phase([0.0, 0.0], 0.00014) == 0.0 and signals.slow_phase([0.0002], 0.0) == 0.0
+    assert signals.slow_phase([0.00024, 0.00025, 0.00026], 0.00014) == pytest.approx(0.00024 / 0.00014 - 1)
+    assert signals.slow_phase([0.00015, 0.00024, 0.00025], 0.00014) == 0.0  # 7%: within PHASE_SLOWDOWN
+    assert signals.slow_phase([0.0, 0.0, 0.0], 0.00014) == 0.0 and signals.slow_phase([0.0002] * 3, 0.0) == 0.0
+    # Fewer than three probes say nothing of a phase.
+    assert signals.slow_phase([0.00024, 0.00025], 0.00014) == 0.0
+
+
+def test_the_probe_is_judged_only_on_steps_that_kept_their_cores_busy():
+    # A communication-bound launch: its ranks ran 30% of each step, waiting on the network; after
+    # such waits a vCPU here probes ~1.7x slow. Neither a step nor the launch is judged on it.
+    idle = [view(probe_s=0.00014, cpu_busy=0.3)] * 5 + [view(probe_s=0.00024, cpu_busy=0.3)] * 5
+    assert signals.judge_launch(idle) == [""] * 10
+    assert signals.slow_phase([v.probe_s for v in idle], 0.00012, [v.cpu_busy for v in idle]) == 0.0
+    # Busy steps are judged: one probe 70% slow among them is flagged, and a whole launch of busy
+    # steps that probe slow is a slow phase.
+    busy = [view(probe_s=0.00014, cpu_busy=0.97)] * 5 + [view(probe_s=0.00024, cpu_busy=0.97)]
+    assert signals.judge_launch(busy)[-1].startswith("cpu slowed 7")
+    assert signals.slow_phase([0.00024] * 5, 0.00014, [0.97] * 5) == pytest.approx(0.00024 / 0.00014 - 1)
+
+
+def test_the_busy_share_is_the_launchs_own_run_time_over_its_cores_time():
+    # Two nodes on their own cores, 0.5 s steps: node 0 ran 0.45 s, node 1 0.15 s (it waited).
+    rows = [[0.5, 0.45, 0.45, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0], [0.5, 0.15, 0.15, 0.0, 1.0, 0.0, 0.0, 0.0, 2.0]]
+    assert signals.combine(rows, 1).cpu_busy == pytest.approx(0.3)
 
 
 def test_the_launchs_own_ranks_on_shared_cores_are_not_other_processes():

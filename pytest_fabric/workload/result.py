@@ -95,6 +95,9 @@ class StepSignals:
     step_end_unix: list[float] = field(default_factory=list)
     # The GPU's busy share after each step (NVML utilization, the least busy GPU); [] where unknown.
     gpu_busy: list[float | None] = field(default_factory=list)
+    # The launch's ranks' run time over their cores' time per step (least busy group of cores): the
+    # CPU probe is judged only where it is high (workload/signals.py PROBE_BUSY_SHARE); [] in older results.
+    cpu_busy: list[float | None] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -199,7 +202,7 @@ class TrainResult(LaunchFacts):
         # One entry per measured step in every signal (none at all: no signals, every step clean);
         # stats would otherwise pair step times with the wrong steps' flags, or fail later.
         for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy",
-                     "step_end_unix"):
+                     "step_end_unix", "cpu_busy"):
             values = getattr(result.signals, name)
             if not isinstance(values, list) or (values and len(values) != len(steps)):
                 raise ResultFormatError(f"{where}: signals.{name} must list one entry per measured step "

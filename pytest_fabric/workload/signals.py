@@ -104,12 +104,14 @@ def reference_probe(runs: int = 40) -> float:
     return min(cpu_probe() for _ in range(runs))
 
 
-def slow_phase(probes: Sequence[float], reference_s: float) -> float:
+def slow_phase(probes: Sequence[float], reference_s: float, cpu_busy: Sequence[float | None] = ()) -> float:
     """How much slower than ``reference_s`` (the session's full speed) a launch's fastest CPU probe
     ran, as a fraction (0.18: 18% slower), when beyond ``PHASE_SLOWDOWN``; 0.0 when not, or when
-    nothing was probed."""
-    measured = [p for p in probes if p > 0]
-    if not measured or reference_s <= 0:
+    fewer than 3 steps were busy enough for their probe to say anything (``probe_judged``: a
+    communication-bound launch idles every step, and its probes read that)."""
+    busy = list(cpu_busy) if cpu_busy else [None] * len(probes)
+    measured = [p for p, b in zip(probes, busy) if probe_judged(p, b)]
+    if len(measured) < 3 or reference_s <= 0:
         return 0.0
     slower = min(measured) / reference_s - 1.0
     return slower if slower > PHASE_SLOWDOWN else 0.0
@@ -235,6 +237,16 @@ class StepView:
     throttle: list[str]  # every throttle reason any GPU reported
     steal_cores: int = 1  # cores of the node with that steal
     gpu_busy: float | None = None  # the least busy GPU's busy share (NVML); None: unknown (CPU, no pynvml)
+    # The launch's own ranks' run time over their cores' time in the step, for the least busy group
+    # of cores (1.0: the ranks computed throughout; low: they waited on the network); None: unknown.
+    cpu_busy: float | None = None
+
+
+# The CPU probe is judged only on steps whose ranks kept their cores at least this busy: a vCPU here
+# runs about 1.7x slower for tens of milliseconds after it idles (measured: a probe after a 20-100 ms
+# sleep read 0.22-0.25 ms against 0.14 ms, even after 30 ms of spinning), so after a step that waited
+# on the network the probe reads the job's own idling, not a disturbance.
+PROBE_BUSY_SHARE = 0.8
 
 
 def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
@@ -263,6 +275,7 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     # Per group (cpu seconds, cores); the worst group is the one that lost the largest share of its
     # cores' time, since the rule's budget is a share of the cores' own time.
     foreign, steal = (0.0, 1), (0.0, 1)
+    busy_shares = []
     for union, members in groups:
         speaking: dict[int, Sequence[float]] = {}  # one node speaks for each distinct core set
         for i in members:
@@ -271,6 +284,7 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
         group_steal = sum(first[3] for first in speaking.values())
         cores = bin(union).count("1") if union else max(1, int(nodes[members[0]][0][4]))
         own = sum(r[1] for i in members for r in nodes[i])
+        busy_shares.append(own / (step_s * cores) if step_s > 0 else 0.0)
         group_foreign = max(0.0, busy - own)
         if group_foreign / cores > foreign[0] / foreign[1]:
             foreign = (group_foreign, cores)
@@ -283,7 +297,7 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     busy = [r[9] for r in rows if len(r) > 9 and r[9] >= 0]
     return StepView(step_s, steal[0], foreign[0], foreign[1], max(r[5] for r in rows),
                     min(clocks) if clocks else None, throttle_names(mask), steal_cores=steal[1],
-                    gpu_busy=min(busy) if busy else None)
+                    gpu_busy=min(busy) if busy else None, cpu_busy=min(busy_shares) if busy_shares else None)
 
 
 def disturbance(view: StepView, probe_reference_s: float = 0.0) -> str:
@@ -309,10 +323,16 @@ def _took_too_much(cpu_s: float, step_s: float, cores: int) -> bool:
     return cpu_s > CPU_SHARE * step_s * max(1, cores) and cpu_s * CLK_TCK >= MIN_TICKS - 1e-6
 
 
+def probe_judged(probe_s: float, cpu_busy: float | None) -> bool:
+    """Whether a step's CPU probe says anything of the machine: it was taken, and the ranks kept
+    their cores busy through the step (``PROBE_BUSY_SHARE``; unknown counts as busy)."""
+    return probe_s > 0 and (cpu_busy is None or cpu_busy >= PROBE_BUSY_SHARE)
+
+
 def judge_launch(views: Sequence[StepView]) -> list[str]:
-    """The rule applied to every step of a launch so far, the CPU probe judged against the
-    launch's median probe (a slow phase of the whole launch is judged by the harness against the
-    session's fastest probe: ``slow_phase``)."""
-    probes = sorted(v.probe_s for v in views if v.probe_s > 0)
+    """The rule applied to every step of a launch so far, the CPU probe of each busy step judged
+    against the launch's median probe over its busy steps (a slow phase of the whole launch is
+    judged by the harness against the session's fastest probe: ``slow_phase``)."""
+    probes = sorted(v.probe_s for v in views if probe_judged(v.probe_s, v.cpu_busy))
     reference = probes[(len(probes) - 1) // 2] if probes else 0.0  # the lower median
-    return [disturbance(v, reference) for v in views]
+    return [disturbance(v, reference if probe_judged(v.probe_s, v.cpu_busy) else 0.0) for v in views]

@@ -227,6 +227,8 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                 probe_s=[v.probe_s for v in measured], sm_clock_mhz=[v.sm_clock_mhz for v in measured],
                 throttle=[v.throttle for v in measured], disturbed=signals.judge_launch(measured),
                 gpu_busy=[v.gpu_busy for v in measured] if any(v.gpu_busy is not None for v in measured) else [],
+                cpu_busy=[None if v.cpu_busy is None else round(v.cpu_busy, 3) for v in measured]
+                if device.type == "cpu" else [],
                 step_end_unix=step_ends),
             stopped=stopped,
             flops_per_token=spec.flops_per_token(cfg.seq_len),
