@@ -12,7 +12,10 @@ CPU runs (the emulated and local clusters pin each node's ranks to their own cor
 - ``steal``: the hypervisor's steal time on the node's cores (``/proc/stat``, column 8);
 - ``foreign``: the cores' busy time (user + nice + system in ``/proc/stat``) less the run time
   of this launch's own ranks on them (``/proc/self/task/*/schedstat``, nanoseconds): CPU time
-  other processes took from the ranks.
+  other processes took from the ranks. Nodes pinned to the same cores (more emulated nodes than
+  cores) are one group: every rank of the launch on those cores is subtracted (``core_mask``);
+- ``probe``: a fixed Python loop timed after the step (``cpu_probe``): the vCPU's speed level,
+  judged only on steps whose ranks kept their cores busy (``cpu_busy``, ``PROBE_BUSY_SHARE``).
 
 ``/proc/stat`` counts in clock ticks (10 ms at the usual USER_HZ of 100), so a step's figure is
 only good to about two ticks; the rule's thresholds sit above that.
@@ -22,10 +25,13 @@ otherwise nothing is recorded and no GPU step is set aside), and the GPU's busy 
 utilization (the share of its last sample period, 1/6 to 1 s, in which a kernel ran), read right
 after each step; the least busy GPU's figure is the step's. ``hostbound.py`` judges it.
 
-The rule (``disturbance``), documented in the README: a step is disturbed when, on any node,
-steal or foreign CPU time exceeds ``CPU_SHARE`` (10%) of the step's time on that node's cores and
-at least ``MIN_TICKS`` clock ticks, or when any GPU reports a thermal or hardware slowdown or a
-power brake. (A software power cap is the normal state of a busy GPU and does not count.)
+The rule (``disturbance``), documented in the README: a step is disturbed when, on any group of
+cores, steal or foreign CPU time exceeds ``CPU_SHARE`` (10%) of the step's time on those cores and
+at least ``MIN_TICKS`` clock ticks; when its probe (a busy step's) ran ``PROBE_SLOWDOWN`` (30%)
+slower than the launch's median busy-step probe; or when any GPU reports a thermal or hardware
+slowdown or a power brake. (A software power cap is the normal state of a busy GPU and does not
+count.) A slow phase of the whole launch (``slow_phase``) is judged by the harness against the
+session's fastest probe.
 
 Standard library only: the harness imports the rule and the names without torch.
 """
