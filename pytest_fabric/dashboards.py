@@ -48,7 +48,7 @@ class GateRow:
     nodes: int = 0
     launches: str = ""
     # The launch noise the gate's interval used (log scale), its degrees of freedom and source;
-    # None in nights saved before 0.4.
+    # None in nights saved before 0.2.
     noise: float | None = None
     noise_df: float | None = None
     noise_source: str = ""

@@ -407,7 +407,7 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
             elif "tokens_per_s" in m:
                 gpus = int(m.get("gpus", "1"))
                 values, weights = launches.get(cid) or ([float(m["tokens_per_s"])], [1.0])
-                # A weight of 0: a launch a file before 0.4 set aside (all of them when every one was).
+                # A weight of 0: a launch a file before 0.2 set aside (all of them when every one was).
                 kept = [(v, w) for v, w in zip(values, weights) if w > 0] or [(v, 1.0) for v in values]
                 values, weights = [v for v, _ in kept], [w for _, w in kept]
                 # The step's figures; "n/a" (a CPU run) and files written before them: None.

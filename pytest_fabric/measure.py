@@ -153,7 +153,7 @@ class Measurement:
         """Why the whole launch counts with a small weight ("" when it counts fully)."""
         return self.estimate.disturbed
 
-    # The name before 0.4, when a disturbed launch was left out.
+    # The name before 0.2, when a disturbed launch was left out.
     set_aside = down_weighted
 
     @property
@@ -221,7 +221,7 @@ def step_loss(result: TrainResult) -> list[float]:
 
 def counted(launches: Sequence[Measurement]) -> list[Measurement]:
     """The launches a configuration's value rests on: all of them (a disturbed one with its small
-    weight). Kept for suites written against 0.3, when disturbed launches were left out."""
+    weight). Kept for suites written against 0.1, when disturbed launches were left out."""
     return list(launches)
 
 

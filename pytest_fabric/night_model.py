@@ -41,7 +41,7 @@ class CaseResult:
     tokens_per_s: list[float]
     tokens_per_s_per_gpu: list[float]
     # Each launch's weight (``stats.LaunchEstimate.weight``: 1, small for a launch disturbed as a
-    # whole); None: all 1 (files written before 0.4, which left disturbed launches out instead).
+    # whole); None: all 1 (files written before 0.2, which left disturbed launches out instead).
     weights: list[float] | None = None
     # The step's figures (``hostbound.py``), as the terminal and JUnit show them: the MFU at the
     # configuration's value (``models.MFU_CONVENTION``) against ``mfu_peak`` ("H200 SXM 989 TFLOP/s

@@ -194,7 +194,7 @@ def measuring_done(step_s: Sequence[float], disturbed: Sequence[str] | None, *, 
     to ``precision`` (half-width of its 95% interval over the value); "time cap": ``measure_s``
     seconds of measured steps spent (with at least ``min_steps`` steps); "step cap": ``max_steps``.
     Deterministic in its inputs, so every rank, given the same all-reduced step times, stops at
-    the same step. (``q`` is ignored: the value is the mean since 0.4.)
+    the same step. (``q`` is ignored: the value is the mean since 0.2.)
     """
     n = len(step_s)
     if n >= max_steps:

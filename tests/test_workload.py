@@ -471,7 +471,7 @@ def test_the_launchs_own_ranks_on_shared_cores_are_not_other_processes():
     step = signals.combine(rows, 1)
     assert step.foreign_s == pytest.approx(0.3) and step.cores == 1
     assert signals.disturbance(step).startswith("other processes 300 ms")
-    # Without masks (results before 0.4), each node stands alone, as before.
+    # Without masks (results before 0.2), each node stands alone, as before.
     alone = signals.combine([r[:8] for r in rows], 1)
     assert alone.foreign_s == pytest.approx(0.8 - 0.125)
 

@@ -128,7 +128,7 @@ class TrainResult(LaunchFacts):
     # Why measuring stopped: "precision", "time cap", "step cap" or "fixed" (version 1 results).
     stopped: str = "fixed"
     flops_per_token: float = 0.0
-    # How flops_per_token counts (models.MFU_CONVENTION); None: recorded before 0.4, when the output
+    # How flops_per_token counts (models.MFU_CONVENTION); None: recorded before 0.2, when the output
     # head was left out, so MFU takes the catalog's count for the model instead (``flops_for_mfu``).
     flops_convention: str | None = None
     gpu_name: str | None = None
