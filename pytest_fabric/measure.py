@@ -36,7 +36,7 @@ from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from .units import MIB
 from .workload import faults
-from .workload.signals import probe_judged, reference_probe, slow_phase
+from .workload.signals import probe_judged, slow_phase
 from .workload.config import CollectivesConfig, TrainConfig
 from .workload.result import CollectiveRow, CollectivesResult, TrainResult
 
@@ -193,7 +193,7 @@ class Measurement:
 
 def result_estimate(result: TrainResult) -> LaunchEstimate:
     """A training result's launch value (``stats.launch_estimate``): its steps, their disturbance
-    flags, and the slow phase its CPU probes show against the session's reference. The one place a
+    flags, and the slow phase its CPU probes show against its configuration's fastest launch. The one place a
     launch's value is taken from a result (measurements, calibration, the benchmarks)."""
     sig = result.signals
     return launch_estimate(result.step_s, sig.disturbed or None,
@@ -283,7 +283,8 @@ class Measurer:
         # Pre-flight facts of the nodes, by fabric: read once per session (locally or by a probe
         # through the launcher), then the inventory the transport proof compares NCCL's NICs with.
         self._nodes: dict[str, list[preflight.NodeFacts]] = {}
-        self._probe_reference = 0.0  # the fastest CPU probe seen this session (0: not yet probed)
+        # Per configuration (its cache key), the fastest busy-step CPU probe seen this session.
+        self._probe_reference: dict[str, float] = {}
 
     def key(self, case: Case) -> str:
         """Cache key: the case plus every setting that changes the measurement."""
@@ -419,23 +420,28 @@ class Measurer:
             result.transport = facts.summary()
             result.transport_problem = problem
         if isinstance(result, TrainResult):
-            self._judge_speed(result)
+            self._judge_speed(case, result)
         result.cluster = self.cluster.describe()
         result.launch_s = round(outcome.elapsed_s, 2)
         result.run_dir = str(run_dir)
         return {"case": asdict(case), "cluster": self.cluster.name, "result": result.to_dict()}
 
-    def _judge_speed(self, result: TrainResult) -> None:
-        """Record the session's full-speed CPU probe with the result (the harness's own probe at the
-        first launch, then the fastest any launch showed), so that a launch run in a slow phase of
-        the machine is known as such for good (``stats.launch_estimate``, ``signals.slow_phase``)."""
-        probes = [p for p in result.signals.probe_s if p > 0]
-        if not probes:
+    def _judge_speed(self, case: Case, result: TrainResult) -> None:
+        """Record with the result the full-speed CPU probe of its configuration: the fastest busy-step
+        probe any launch of the same configuration showed this session, this one included, so that a
+        launch run in a slow phase of the machine is known as such for good (``stats.launch_estimate``,
+        ``signals.slow_phase``). Per configuration: the job's own load sets the vCPU's speed (two
+        busy cores probe slower than one; a node idling on the network slower still), so only
+        launches of the same job are comparable; the first launch of a configuration is its own
+        reference."""
+        sig = result.signals
+        busy = sig.cpu_busy or [None] * len(sig.probe_s)
+        probes = [p for p, b in zip(sig.probe_s, busy) if probe_judged(p, b)]
+        if len(probes) < 3:
             return
-        if not self._probe_reference:
-            self._probe_reference = reference_probe()
-        self._probe_reference = min(self._probe_reference, min(probes))
-        result.signals.probe_reference_s = self._probe_reference
+        key = self.key(case)
+        self._probe_reference[key] = min(self._probe_reference.get(key, math.inf), min(probes))
+        sig.probe_reference_s = self._probe_reference[key]
 
     @contextmanager
     def _machine_slot(self, case: Case) -> Iterator[None]:

@@ -311,7 +311,7 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
 
     A launch with fewer than ``MIN_CLEAN_STEPS`` clean steps, more than half of its steps
     disturbed, or run in a slow phase of the machine (``slow_phase`` > 0: its fastest CPU probe that
-    much slower than the session's, as ``workload.signals.slow_phase`` judged) is marked ``disturbed``:
+    much slower than its configuration's fastest launch's, as ``workload.signals.slow_phase`` judged) is marked ``disturbed``:
     its value falls back to all steady steps when too few are clean, and the gates weigh it down
     (``DISTURBED_SIGMA``) instead of dropping it. The 25% quantile (``fast_step_s``) is kept as a
     diagnostic: the mean far above it says some steps stall.
@@ -336,7 +336,7 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
             clean = [float(t) for t in step_s[start:]]
     if slow_phase > 0:
         why.append(f"machine slow {slow_phase:.0%} for the whole launch (its fastest CPU probe against the "
-                   f"session's)")
+                   f"fastest of its configuration's launches)")
     mean = statistics.fmean(clean)
     log_se = mean_standard_error(clean) / mean
     fast = _quantile(sorted(clean), FAST_QUANTILE)

@@ -284,3 +284,30 @@ def test_a_free_machine_launches_at_once_without_a_message(tmp_path):
                  tmp_path / "launches", progress=said.append)
     m.measure(Case("qwen2-tiny", 2, "eth"))
     assert len(cluster.started_at) == 1 and not any("waiting" in s for s in said)
+
+
+def test_a_slow_phase_is_judged_against_the_same_configurations_fastest_launch(tmp_path):
+    """Each configuration's launches set its reference: a later launch of the same configuration
+    whose busy steps all probe 70% slow ran in a slow phase; another configuration (another load on
+    the cores) is never judged against it; idle steps' probes say nothing."""
+    from test_junit import train_record
+
+    from pytest_fabric.measure import Measurement
+
+    m = measurer(tmp_path, FakeCluster())
+
+    def launch(case: Case, probe: float, busy: float = 0.95) -> Measurement:
+        record = train_record(case, 1000.0, steps=6)
+        result = TrainResult.from_dict(record["result"])
+        result.signals = StepSignals(probe_s=[probe] * 6, cpu_busy=[busy] * 6)
+        m._judge_speed(case, result)
+        return Measurement.from_record(case, {**record, "result": result.to_dict()})
+
+    fast, slow = Case("qwen2-tiny", 2, "ib"), Case("qwen2-tiny", 1, "ib")
+    assert not launch(fast, 0.00014).down_weighted
+    phase = launch(fast, 0.00024)
+    assert "machine slow 71%" in phase.down_weighted and phase.weight < 0.2
+    # Another configuration's first launch is its own reference, however slow.
+    assert not launch(slow, 0.00024).down_weighted
+    # Steps that idled (a communication-bound launch): their probes are not judged at all.
+    assert not launch(fast, 0.00030, busy=0.3).down_weighted

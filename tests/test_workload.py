@@ -501,7 +501,7 @@ def test_node_sampler_reads_this_machine():
     sample = sampler.step_row(0.1, before, after, 0.001)
     assert len(sample) == len(signals.FIELDS) and sample[4] == len(sampler.cores) and sample[5] == 0.001
     assert sample[8] == float(sum(1 << c for c in sampler.cores))  # the core mask
-    assert 0 < signals.cpu_probe() and signals.reference_probe(3) > 0
+    assert 0 < signals.cpu_probe()
 
 
 # --- Weights -------------------------------------------------------------------------------------

@@ -88,8 +88,8 @@ class StepSignals:
     sm_clock_mhz: list[float | None] = field(default_factory=list)
     throttle: list[list[str]] = field(default_factory=list)
     disturbed: list[str] = field(default_factory=list)
-    # The session's fastest CPU probe when the launch ran (the harness's reference for full speed;
-    # 0: unknown): a launch whose fastest probe is well above it ran in a slow phase of the machine.
+    # The fastest busy-step CPU probe of this configuration's launches in the session when the launch
+    # ran (0: unknown): a launch whose fastest probe is well above it ran in a slow phase of the machine.
     probe_reference_s: float = 0.0
     # Wall clock (Unix seconds) at the end of each measured step on global rank 0; [] in older results.
     step_end_unix: list[float] = field(default_factory=list)

@@ -31,7 +31,7 @@ at least ``MIN_TICKS`` clock ticks; when its probe (a busy step's) ran ``PROBE_S
 slower than the launch's median busy-step probe; or when any GPU reports a thermal or hardware
 slowdown or a power brake. (A software power cap is the normal state of a busy GPU and does not
 count.) A slow phase of the whole launch (``slow_phase``) is judged by the harness against the
-session's fastest probe.
+fastest probe of the same configuration's launches in the session.
 
 Standard library only: the harness imports the rule and the names without torch.
 """
@@ -78,8 +78,9 @@ FIELDS = ("step_s", "own_run_s", "cores_busy_s", "cores_steal_s", "cores", "prob
 # steps; that is the job's own pattern, paid by every launch of it, not a disturbance.
 PROBE_SLOWDOWN = 0.30
 # A whole launch ran in a slow phase of the machine when even its fastest probe is this much slower
-# than the session's fastest (the machine's full speed): a speed level that lasts minutes slows every
-# step of a launch alike, so no step stands out from its own launch.
+# than the fastest of its configuration's launches this session (the machine's full speed under the
+# same job): a speed level that lasts minutes slows every step of a launch alike, so no step stands
+# out from its own launch.
 PHASE_SLOWDOWN = 0.15
 
 _PROBE_LOOPS = 4000
@@ -93,7 +94,7 @@ def cpu_probe() -> float:
     speed a step ran at. A plain Python loop on the calling thread, the best of five runs (about
     0.7 ms in all): a torch matmul here would use the intra-op thread pool, whose workers wake slowly
     after the step's collectives; the best of five drops a single interrupt, while a slowed vCPU
-    slows all five. The harness runs the same loop for the session's reference (``reference_probe``).
+    slows all five.
     """
     best = float("inf")
     for _ in range(5):
@@ -103,11 +104,6 @@ def cpu_probe() -> float:
             x += i * i
         best = min(best, time.perf_counter() - start)
     return best
-
-
-def reference_probe(runs: int = 40) -> float:
-    """The fastest of ``runs`` probes on this machine now: the harness's reference for full speed."""
-    return min(cpu_probe() for _ in range(runs))
 
 
 def slow_phase(probes: Sequence[float], reference_s: float, cpu_busy: Sequence[float | None] = ()) -> float:
@@ -338,7 +334,7 @@ def probe_judged(probe_s: float, cpu_busy: float | None) -> bool:
 def judge_launch(views: Sequence[StepView]) -> list[str]:
     """The rule applied to every step of a launch so far, the CPU probe of each busy step judged
     against the launch's median probe over its busy steps (a slow phase of the whole launch is
-    judged by the harness against the session's fastest probe: ``slow_phase``)."""
+    judged by the harness against its configuration's fastest launch: ``slow_phase``)."""
     probes = sorted(v.probe_s for v in views if probe_judged(v.probe_s, v.cpu_busy))
     reference = probes[(len(probes) - 1) // 2] if probes else 0.0  # the lower median
     return [disturbance(v, reference if probe_judged(v.probe_s, v.cpu_busy) else 0.0) for v in views]
