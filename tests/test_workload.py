@@ -378,7 +378,9 @@ def test_combine_takes_the_slowest_rank_and_the_worst_node():
             row(0.49, own_run_s=0.40, busy_s=1.30, steal_s=0.10, cores=8, probe_s=0.0011),
             row(0.48, own_run_s=0.40, busy_s=0.00, steal_s=0.00, cores=8, probe_s=0.0010)]
     got = signals.combine(rows, local_world_size=2)
-    assert got.step_s == 0.52 and got.probe_s == 0.0012
+    # A node's cores probe as fast as the fastest of its ranks (a probe cut short by another rank is
+    # no slow CPU); the step's probe is the slowest node's: both nodes here 1.0 ms.
+    assert got.step_s == 0.52 and got.probe_s == 0.0010
     # Foreign: node 0 1.00 - 0.90 = 0.10 on 2 cores (5%), node 1 1.30 - 0.80 = 0.50 on 8 (6.25%).
     assert (got.foreign_s, got.cores) == (pytest.approx(0.50), 8)
     # Steal: node 0 0.05 on 2 cores (2.5%) is a larger share than node 1's 0.10 on 8 (1.25%).
@@ -452,6 +454,15 @@ def test_the_probe_is_judged_only_on_steps_that_kept_their_cores_busy():
     busy = [view(probe_s=0.00014, cpu_busy=0.97)] * 5 + [view(probe_s=0.00024, cpu_busy=0.97)]
     assert signals.judge_launch(busy)[-1].startswith("cpu slowed 7")
     assert signals.slow_phase([0.00024] * 5, 0.00014, [0.97] * 5) == pytest.approx(0.00024 / 0.00014 - 1)
+
+
+def test_nodes_sharing_a_core_probe_it_by_their_fastest_probe():
+    # Four nodes on one core (mask 1): one node's probe was cut short by another rank (2.5 ms), the
+    # others ran at full speed (1.0 ms): the core is not slow. All four slow: it is.
+    rows = [[0.5, 0.125, 0.5, 0.0, 1.0, p, 0.0, 0.0, 1.0] for p in (0.0025, 0.0010, 0.0011, 0.0010)]
+    assert signals.combine(rows, 1).probe_s == 0.0010
+    rows = [[0.5, 0.125, 0.5, 0.0, 1.0, p, 0.0, 0.0, 1.0] for p in (0.0025, 0.0024, 0.0026, 0.0025)]
+    assert signals.combine(rows, 1).probe_s == 0.0024
 
 
 def test_the_busy_share_is_the_launchs_own_run_time_over_its_cores_time():

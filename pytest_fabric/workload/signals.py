@@ -234,7 +234,7 @@ class StepView:
     steal_s: float  # the steal of the node whose cores lost the largest share to steal
     foreign_s: float  # the foreign CPU time of the node whose cores lost the largest share to it
     cores: int  # cores of the node with that foreign time
-    probe_s: float  # the slowest node's CPU probe time (0: no probe)
+    probe_s: float  # the slowest group of cores' probe time, each group's its fastest rank's (0: no probe)
     sm_clock_mhz: float | None  # the lowest SM clock of any GPU; None on CPU runs
     throttle: list[str]  # every throttle reason any GPU reported
     steal_cores: int = 1  # cores of the node with that steal
@@ -277,7 +277,7 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     # Per group (cpu seconds, cores); the worst group is the one that lost the largest share of its
     # cores' time, since the rule's budget is a share of the cores' own time.
     foreign, steal = (0.0, 1), (0.0, 1)
-    busy_shares = []
+    busy_shares, probes = [], []
     for union, members in groups:
         speaking: dict[int, Sequence[float]] = {}  # one node speaks for each distinct core set
         for i in members:
@@ -287,6 +287,10 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
         cores = bin(union).count("1") if union else max(1, int(nodes[members[0]][0][4]))
         own = sum(r[1] for i in members for r in nodes[i])
         busy_shares.append(own / (step_s * cores) if step_s > 0 else 0.0)
+        # A slowed vCPU slows every node on it; one node's probe cut short by another rank on the
+        # same core is not a slow CPU: the group's probe is the fastest of its nodes'.
+        timed = [r[5] for i in members for r in nodes[i] if r[5] > 0]
+        probes.append(min(timed) if timed else 0.0)
         group_foreign = max(0.0, busy - own)
         if group_foreign / cores > foreign[0] / foreign[1]:
             foreign = (group_foreign, cores)
@@ -297,7 +301,7 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     for r in rows:
         mask |= int(r[7])
     busy = [r[9] for r in rows if len(r) > 9 and r[9] >= 0]
-    return StepView(step_s, steal[0], foreign[0], foreign[1], max(r[5] for r in rows),
+    return StepView(step_s, steal[0], foreign[0], foreign[1], max(probes),
                     min(clocks) if clocks else None, throttle_names(mask), steal_cores=steal[1],
                     gpu_busy=min(busy) if busy else None, cpu_busy=min(busy_shares) if busy_shares else None)
 
