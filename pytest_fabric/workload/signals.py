@@ -28,7 +28,8 @@ after each step; the least busy GPU's figure is the step's. ``hostbound.py`` jud
 The rule (``disturbance``), documented in the README: a step is disturbed when, on any group of
 cores, steal or foreign CPU time exceeds ``CPU_SHARE`` (10%) of the step's time on those cores and
 at least ``MIN_TICKS`` clock ticks; when its probe (a busy step's) ran ``PROBE_SLOWDOWN`` (30%)
-slower than the launch's median busy-step probe; or when any GPU reports a thermal or hardware
+slower than the launch's median busy-step probe and the step itself ran ``STEP_CORROBORATION`` (5%)
+longer than the launch's median step; or when any GPU reports a thermal or hardware
 slowdown or a power brake. (A software power cap is the normal state of a busy GPU and does not
 count.) A slow phase of the whole launch (``slow_phase``) is judged by the harness against the
 fastest probe of the same configuration's launches in the session.
@@ -249,6 +250,10 @@ class StepView:
 # sleep read 0.22-0.25 ms against 0.14 ms, even after 30 ms of spinning), so after a step that waited
 # on the network the probe reads the job's own idling, not a disturbance.
 PROBE_BUSY_SHARE = 0.8
+# ... and only where the step itself ran this much longer than the launch's median step: a slow CPU
+# slows the step it computes; a slow probe beside a step of the usual length is the probe's own
+# bad luck (another rank took the core for a moment), not a slowed step.
+STEP_CORROBORATION = 0.05
 
 
 def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
@@ -306,16 +311,18 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
                     gpu_busy=min(busy) if busy else None, cpu_busy=min(busy_shares) if busy_shares else None)
 
 
-def disturbance(view: StepView, probe_reference_s: float = 0.0) -> str:
+def disturbance(view: StepView, probe_reference_s: float = 0.0, step_reference_s: float = 0.0) -> str:
     """Why ``view``'s step is set aside ("" when it is not): the rule in the module docstring.
 
-    ``probe_reference_s``: the same launch's typical CPU probe time (its median).
+    ``probe_reference_s``: the same launch's typical CPU probe time (its median); ``step_reference_s``:
+    its typical step time (the median; 0: not known, the probe alone decides).
     """
     if _took_too_much(view.steal_s, view.step_s, view.steal_cores):
         return f"cpu steal {view.steal_s * 1000:.0f} ms"
     if _took_too_much(view.foreign_s, view.step_s, view.cores):
         return f"other processes {view.foreign_s * 1000:.0f} ms on the node's cores"
-    if probe_reference_s > 0 and view.probe_s > (1 + PROBE_SLOWDOWN) * probe_reference_s:
+    if (probe_reference_s > 0 and view.probe_s > (1 + PROBE_SLOWDOWN) * probe_reference_s
+            and view.step_s > (1 + STEP_CORROBORATION) * step_reference_s):
         return f"cpu slowed {(view.probe_s / probe_reference_s - 1) * 100:.0f}%"
     bad = [t for t in view.throttle if t in DISTURBING_THROTTLE]
     if bad:
@@ -341,4 +348,7 @@ def judge_launch(views: Sequence[StepView]) -> list[str]:
     judged by the harness against its configuration's fastest launch: ``slow_phase``)."""
     probes = sorted(v.probe_s for v in views if probe_judged(v.probe_s, v.cpu_busy))
     reference = probes[(len(probes) - 1) // 2] if probes else 0.0  # the lower median
-    return [disturbance(v, reference if probe_judged(v.probe_s, v.cpu_busy) else 0.0) for v in views]
+    steps = sorted(v.step_s for v in views)
+    step_reference = steps[(len(steps) - 1) // 2] if steps else 0.0
+    return [disturbance(v, reference if probe_judged(v.probe_s, v.cpu_busy) else 0.0, step_reference)
+            for v in views]
