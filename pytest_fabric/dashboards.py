@@ -52,6 +52,7 @@ class GateRow:
     noise: float | None = None
     noise_df: float | None = None
     noise_source: str = ""
+    family: int = 0  # gates a failure's allowance was shared over (0: not recorded)
 
     @property
     def noise_text(self) -> str:
@@ -155,7 +156,7 @@ def build_tables(run: SavedRun, records: Mapping[str, Any] | None = None) -> Tab
                                  where[0] if where else "", where[1] if where else 0,
                                  "+".join(map(str, launches)) if isinstance(launches, list) else str(launches),
                                  _number(g.get("launch_noise")), _number(g.get("noise_df")),
-                                 str(g.get("noise_source") or "")))
+                                 str(g.get("noise_source") or ""), int(_number(g.get("family")) or 0)))
     configs = []
     for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
         iv = configuration_interval(c.tokens_per_s, c.weights)
@@ -224,7 +225,10 @@ def job_summary(tables: Tables) -> str:
     if tables.gates:
         order = {FAIL: 0, ERROR: 1, INCONCLUSIVE: 2, PASS: 3}
         gates = sorted(tables.gates, key=lambda g: (order.get(g.outcome, 4), g.test))
-        lines += ["### Verdicts", "", *md_table(
+        families = {g.family for g in gates if g.family}
+        family_note = ([f"Failures judged over {max(families)} gates (Bonferroni, `--family-wise`)."]
+                       if families and max(families) > 1 else [])
+        lines += ["### Verdicts", "", *family_note, *([""] if family_note else []), *md_table(
             ["outcome", "gate", "where", "ratio", "interval", "threshold", "launches", "launch noise"],
             [[g.outcome.upper(), g.name, g.where, f"{g.ratio:.3f}",
               f"{_interval(g.low, g.high)} ({g.confidence:.4g})", f"{g.threshold:.3f}", g.launches, g.noise_text]

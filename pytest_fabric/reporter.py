@@ -25,6 +25,14 @@ from .verdicts import INCONCLUSIVE, counts, undecided_night
 REPORTER_NAME = "fabric-reporter"
 
 
+def family_line(rule: str, family: int) -> str:
+    """How the night's gates shared the allowance for false failures, in words (terminal, summary)."""
+    if rule == "bonferroni" and family > 1:
+        return (f"fabric: failures judged over {family} gates (--family-wise bonferroni: a failure must hold at "
+                f"the error allowance over {family})")
+    return f"fabric: each gate judged alone (--family-wise {rule})"
+
+
 class FabricReporter:
     """Controller-side reporting, registered per config (it needs the session's state in hooks that
     receive only a report): collects each test's text, edits the JUnit file, prints the tables."""
@@ -200,6 +208,8 @@ class FabricReporter:
                 terminalreporter.write_line(line)
         for line in errors:
             terminalreporter.write_line(f"failed launch: {line}")
+        if fabric.gates:
+            terminalreporter.write_line(family_line(fabric.options.family_wise, fabric.family()))
         terminalreporter.write_line(f"launch logs and results: {fabric.directory}")
         if fabric.options.save and self.saved:
             terminalreporter.write_line(f"results saved to {fabric.options.save}")

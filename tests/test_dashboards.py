@@ -277,11 +277,12 @@ def test_every_gate_shows_the_noise_it_used_in_the_summary_and_the_metrics():
 
     gate = {"a": "eth", "b": "ib", "outcome": "pass", "ratio": 0.99, "ci_low": 0.97, "ci_high": 1.01,
             "confidence": 0.9, "threshold": 0.95, "launches": [3, 3], "launch_noise": 0.014, "noise_df": 9.0,
-            "noise_source": "declared default"}
+            "noise_source": "declared default", "family": 4}
     verdict = {"test": "suites/test_parity.py::test_x[m-n2-eth]", "outcome": "pass", "gates": [gate]}
     run = SavedRun({}, {}, {}, [verdict], [], Path("night.json"), "saved")
     summary = job_summary(build_tables(run))
     assert "| 3+3 | 1.4% on 9 df (declared default) |" in summary
+    assert "Failures judged over 4 gates (Bonferroni, `--family-wise`)." in summary
     metrics = openmetrics(build_tables(run))
     assert re.search(r'fabric_gate_launch_noise\{.*source="declared default"\} 0\.014', metrics)
     assert re.search(r"fabric_gate_noise_df\{.*\} 9\b", metrics)

@@ -255,3 +255,11 @@ def test_old_files_read_an_xfailed_gate_as_inconclusive(tmp_path):
 fabric.m-n2-eth.gpus=2</system-out></testcase></testsuite></testsuites>"""))
     (verdict,) = load_junit(xml).verdicts
     assert verdict["outcome"] == INCONCLUSIVE and verdict["message"].startswith("inconclusive after")
+
+
+def test_the_family_wise_rule_is_said_in_words():
+    from pytest_fabric.reporter import family_line
+
+    assert "failures judged over 5 gates" in family_line("bonferroni", 5)
+    assert "each gate judged alone (--family-wise none)" in family_line("none", 1)
+    assert "each gate judged alone" in family_line("bonferroni", 1)
