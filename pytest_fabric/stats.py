@@ -885,7 +885,8 @@ class SequentialGate:
                                      fixed, blocked)
             verdict = decide(wide, self.threshold, self.direction)
             if verdict is not Verdict.FAIL:
-                verdict = Verdict.INCONCLUSIVE
+                # Shown as judged: the family's interval, which straddles the threshold.
+                verdict, interval = Verdict.INCONCLUSIVE, wide
         look = Look(spent, interval, verdict)
         self.looks.append(look)
         return look

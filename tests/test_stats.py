@@ -874,3 +874,15 @@ def test_a_regression_interval_holds_the_night_to_night_variance():
     assert reference_term(nights[:2], prior)[1] == pytest.approx(
         ((10.0 * 0.01 ** 2 + statistics.variance(logs[:2])) / 11.0) / 2)
     assert night_variance(0.005 ** 2, 4, prior) == 0.0
+
+
+def test_a_failure_the_family_cannot_confirm_is_inconclusive_and_shows_the_familys_interval():
+    # 8% below a 5% threshold on 3 launches a side: one gate alone fails it; over 30 gates the
+    # failure must hold at alpha / 30, and the interval it was judged on (shown) straddles 0.95.
+    rng = random.Random(21)
+    groups = [(1, side(lognormal(920, 0.02, 3, rng))), (-1, side(lognormal(1000, 0.02, 3, rng)))]
+    alone = SequentialGate(0.95, start=3, budget=3).look(groups)
+    family = SequentialGate(0.95, start=3, budget=3, family=30).look(groups)
+    assert alone.verdict is Verdict.FAIL and alone.interval.high < 0.95
+    assert family.verdict is Verdict.INCONCLUSIVE and family.interval.contains(0.95)
+    assert family.interval.confidence > alone.interval.confidence
