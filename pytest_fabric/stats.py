@@ -202,7 +202,7 @@ def measuring_done(step_s: Sequence[float], disturbed: Sequence[str] | None, *, 
     if n < min_steps:
         return ""
     clean, _, _ = _clean(step_s, disturbed)
-    if len(clean) >= min_steps:
+    if len(clean) >= max(min_steps, 2):  # one step says nothing of its own precision
         mean = statistics.fmean(clean)
         if _Z95 * mean_standard_error(clean) <= precision * mean:
             return "precision"

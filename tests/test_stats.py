@@ -313,6 +313,8 @@ class TestMeasuringDone:
     def test_precision_for_steady_steps(self):
         steps = [1.0, 1.001, 0.999, 1.0, 1.0005, 0.9995] * 2 + [1.0]
         assert measuring_done(steps, None, **self.kw) == "precision"
+        # One step says nothing of its own precision, whatever min_steps allows.
+        assert measuring_done([1.0], None, **{**self.kw, "min_steps": 1}) == ""
         # Fewer than min_steps clean steps: not yet, however steady.
         assert measuring_done(steps[:4], None, **{**self.kw, "min_steps": 5}) == ""
         # Steps that vary 20% are not known to 1% after 13.
