@@ -36,7 +36,7 @@ from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from .units import MIB
 from .workload import faults
-from .workload.signals import probe_judged, slow_phase
+from .workload.signals import probe_judged, slow_phase, typical_probe
 from .workload.config import CollectivesConfig, TrainConfig
 from .workload.result import CollectiveRow, CollectivesResult, TrainResult
 
@@ -207,8 +207,7 @@ def step_loss(result: TrainResult) -> list[float]:
     probe slower than the launch's median (1 - median / probe); 0 where nothing was recorded."""
     sig, n = result.signals, len(result.step_s)
     busy = sig.cpu_busy or [None] * n
-    probes = sorted(p for p, b in zip(sig.probe_s, busy) if probe_judged(p, b))
-    median = probes[(len(probes) - 1) // 2] if probes else 0.0  # the lower median, as signals.judge_launch
+    median = typical_probe(sig.probe_s, busy)
     out = []
     for i, step in enumerate(result.step_s):
         cpu = ((sig.steal_s[i] if i < len(sig.steal_s) else 0.0)

@@ -342,12 +342,18 @@ def probe_judged(probe_s: float, cpu_busy: float | None) -> bool:
     return probe_s > 0 and (cpu_busy is None or cpu_busy >= PROBE_BUSY_SHARE)
 
 
+def typical_probe(probes: Sequence[float], cpu_busy: Sequence[float | None]) -> float:
+    """The lower median of a launch's judged probes (``probe_judged``): what a step's probe is
+    compared with; 0.0 when none was judged."""
+    judged = sorted(p for p, b in zip(probes, cpu_busy) if probe_judged(p, b))
+    return judged[(len(judged) - 1) // 2] if judged else 0.0
+
+
 def judge_launch(views: Sequence[StepView]) -> list[str]:
     """The rule applied to every step of a launch so far, the CPU probe of each busy step judged
     against the launch's median probe over its busy steps (a slow phase of the whole launch is
     judged by the harness against its configuration's fastest launch: ``slow_phase``)."""
-    probes = sorted(v.probe_s for v in views if probe_judged(v.probe_s, v.cpu_busy))
-    reference = probes[(len(probes) - 1) // 2] if probes else 0.0  # the lower median
+    reference = typical_probe([v.probe_s for v in views], [v.cpu_busy for v in views])
     steps = sorted(v.step_s for v in views)
     step_reference = steps[(len(steps) - 1) // 2] if steps else 0.0
     return [disturbance(v, reference if probe_judged(v.probe_s, v.cpu_busy) else 0.0, step_reference)
