@@ -30,7 +30,7 @@ from .cluster import Cluster, LaunchRequest
 from .cluster.base import OnThisMachine
 from .fabrics import Fabric, get_fabric
 from .models import get_model
-from .stats import LaunchEstimate, configuration_value, launch_estimate
+from .stats import LaunchEstimate, configuration_value, launch_estimate, stall_measure_seconds
 from .storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
@@ -299,7 +299,20 @@ class Measurer:
     def measure(self, case: Case, launch: int = 0) -> Measurement:
         """Launch number ``launch`` (0, 1, ...) of ``case``: each is an independent launch, cached."""
         key = self.key(case) + (f"@{launch}" if launch else "")
-        return Measurement.from_record(case, self._cached(case, key, lambda: self._launch(case)), launch)
+        return Measurement.from_record(case, self._cached(case, key, lambda: self._launch(case, launch)), launch)
+
+    def _earlier_stall(self, case: Case, launch: int) -> list[float]:
+        """How far each earlier launch of ``case``'s configuration this session sat above its fast
+        steps (``LaunchEstimate.stall``), for ``stats.stall_measure_seconds``."""
+        key, out = self.key(case), []
+        for j in range(launch):
+            record = self.store.get(key + (f"@{j}" if j else ""))
+            if record and "result" in record:
+                try:
+                    out.append(result_estimate(TrainResult.from_dict(record["result"], key)).stall)
+                except ValueError:  # an unreadable record says nothing of stalls
+                    continue
+        return out
 
     def _cached(self, case: Case, key: str, launch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """The store's record of ``key``, launched if absent; MeasurementError for a failed launch, and
@@ -314,11 +327,15 @@ class Measurer:
             raise MeasurementError(record["error"])
         return record
 
-    def _launch(self, case: Case) -> dict[str, Any]:
+    def _launch(self, case: Case, launch: int = 0) -> dict[str, Any]:
         s = self.settings
         batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
             return {"case": asdict(case), "error": problem}
+        # A configuration whose steps stalled in an earlier launch measures longer (stats.py).
+        measure_s, longer = stall_measure_seconds(s.measure_s, self._earlier_stall(case, launch))
+        if longer and self.progress is not None:
+            self.progress(f"{case.id}: {longer}")
         run_dir = self._run_dir(case)
         config = TrainConfig(
             model=get_model(case.model).to_dict(),
@@ -327,10 +344,11 @@ class Measurer:
             result_path=str(run_dir / "result.json"),
             progress_path=str(run_dir / "progress.jsonl"),
             collective_timeout_s=s.launch_timeout_s,
-            **s.workload_knobs(),
+            **{**s.workload_knobs(), "measure_s": measure_s},
             fabric=self._fabric_record(case),
         )
-        return self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
+        record = self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
+        return {**record, "measured_longer": longer} if longer else record
 
     def _memory_refusal(self, case: Case, batch: int, seq: int) -> str:
         """One line naming what to change when the shape cannot fit the GPU (memory.refusal); "" on

@@ -63,6 +63,7 @@ __all__ = [
     "contrast_interval",
     "decide",
     "launch_estimate",
+    "stall_measure_seconds",
     "location_interval",
     "measuring_done",
     "obrien_fleming_spending",
@@ -253,6 +254,30 @@ DISTURBED_SIGMA = 0.10
 # The noise against which a launch's weight is set (its weight: WEIGHT_SIGMA^2 / (WEIGHT_SIGMA^2 +
 # extra)): a property of the launch alone, so every output weighs a configuration's launches alike.
 WEIGHT_SIGMA = 0.02
+
+
+# A configuration whose earlier launch this session stalled (its mean at least ``STALL_MARGIN`` above
+# its fast steps) measures its next launches up to this many times --measure-seconds: a mean over
+# steps of which some stall varies from launch to launch with the number that happened to stall
+# (20% of 12 steps stalling x1.6: about 6% between launches; of 36: about 4%), and a gate over 6
+# launches cannot tell an 11% loss from a 5% one on the shorter window.
+STALL_MEASURE_FACTOR = 3.0
+
+
+def stall_measure_seconds(measure_s: float, earlier_stall: Sequence[float]) -> tuple[float, str]:
+    """(seconds of measured steps this launch may spend, why it is more than ``measure_s``, else "").
+
+    ``earlier_stall``: ``LaunchEstimate.stall`` of the configuration's earlier launches this session.
+    Decided on earlier launches only, never on this launch's own steps: a launch that measured longer
+    because its own first steps stalled would, on average, end with fewer stalls than it should
+    have (its value biased toward the fast steps). ``measure_s`` 0 (exactly --steps steps) stays 0.
+    """
+    worst = max(earlier_stall, default=0.0)
+    if not measure_s or worst < STALL_MARGIN:
+        return measure_s, ""
+    return (measure_s * STALL_MEASURE_FACTOR,
+            f"an earlier launch's mean sat {worst:.0%} above its fast steps (steps stall): measuring up to "
+            f"{measure_s * STALL_MEASURE_FACTOR:g} s instead of {measure_s:g} s")
 
 
 @dataclass(frozen=True)

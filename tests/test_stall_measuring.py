@@ -1,0 +1,77 @@
+"""A configuration whose steps stall measures its next launches longer (stats.stall_measure_seconds).
+
+The rule, then two real launches on the emulated cluster: the first with the `stall` fault planted
+(each step stalls with p=0.5, x2; 10 steps: all or none stall 2 times in 1024) measures the default window; the second, of the same
+configuration, measures up to three times as long and says why in its record; a configuration
+whose first launch did not stall (eth, unless the machine is busy) measures its second as usual.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import emulated_unavailable, needs, session_directory
+
+from pytest_fabric.measure import result_estimate
+from pytest_fabric.stats import STALL_MARGIN, STALL_MEASURE_FACTOR, stall_measure_seconds
+from pytest_fabric.workload import faults
+from pytest_fabric.workload.result import TrainResult
+
+UNAVAILABLE = emulated_unavailable()
+
+
+def test_no_earlier_stall_keeps_the_window():
+    assert stall_measure_seconds(6.0, []) == (6.0, "")
+    assert stall_measure_seconds(6.0, [0.0, STALL_MARGIN * 0.9]) == (6.0, "")
+
+
+def test_an_earlier_stall_stretches_the_window_and_says_why():
+    seconds, why = stall_measure_seconds(6.0, [0.01, 0.12])
+    assert seconds == pytest.approx(6.0 * STALL_MEASURE_FACTOR) and seconds > 6.0
+    assert "12%" in why and "stall" in why and f"{6.0 * STALL_MEASURE_FACTOR:g} s" in why
+
+
+def test_a_fixed_step_count_stays_fixed():
+    assert stall_measure_seconds(0.0, [0.5]) == (0.0, "")
+
+
+SOURCE = """
+import pytest
+from pytest_fabric.case import Case
+
+
+@pytest.mark.parametrize("fabric", ["ib", "eth"])
+def test_two_launches(fabric_measure, fabric):
+    for launch in (0, 1):
+        fabric_measure(Case("qwen2-tiny", 2, fabric), launch)
+"""
+
+
+@pytest.mark.slow
+def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monkeypatch):
+    needs(UNAVAILABLE)
+    tmp = pytester.path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv(faults.ENV, "stall:fabric=ib,p=0.5,factor=2")
+    pytester.makepyfile(test_generated=SOURCE)
+    result = pytester.runpytest_subprocess("--models", "qwen2-tiny", "--nodes", "2", "--fabrics", "ib,eth",
+                                           "--steps", "10", "--warmup-steps", "1", "--measure-seconds", "2",
+                                           timeout=600)
+    result.assert_outcomes(passed=2)
+    records = json.loads((session_directory(result.stdout.str()) / "measurements.json").read_text())
+    by_key = {(r["case"]["fabric"], "@1" in key): r for key, r in records.items()}
+    for fabric in ("ib", "eth"):
+        first, second = by_key[(fabric, False)], by_key[(fabric, True)]
+        stalled = result_estimate(TrainResult.from_dict(first["result"], fabric)).stall >= STALL_MARGIN
+        assert "measured_longer" not in first
+        # The rule, on each configuration's own first launch (eth's may stall too on a busy machine).
+        assert ("measured_longer" in second) == stalled, (fabric, second.get("measured_longer"))
+    ib0, ib1 = by_key[("ib", False)], by_key[("ib", True)]
+    assert "stall" in ib1["measured_longer"]  # planted: 10 steps at p=0.5 stall (all or none: 2 in 1024)
+    # The window the ranks were given (their config.json) is what stretched: three times --measure-seconds.
+    window = {r: json.loads((Path(x["result"]["run_dir"]) / "config.json").read_text())["measure_s"]
+              for r, x in (("first", ib0), ("second", ib1))}
+    assert window == {"first": 2.0, "second": 2.0 * STALL_MEASURE_FACTOR}
