@@ -30,7 +30,8 @@ from .cluster import Cluster, LaunchRequest
 from .cluster.base import OnThisMachine
 from .fabrics import Fabric, get_fabric
 from .models import get_model
-from .stats import LaunchEstimate, configuration_value, launch_estimate, stall_measure_seconds
+from .stats import (FIRST_LAUNCH_FACTOR, STALL_MEASURE_FACTOR, LaunchEstimate, configuration_value, launch_estimate,
+                    measure_window)
 from .storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
@@ -88,7 +89,8 @@ class LaunchSettings:
         if not self.measure_s:
             return f"{self.steps} measured steps"
         return (f"at least {self.steps} measured steps, then to {self.step_precision:.0%} precision within "
-                f"{self.measure_s:g} s")
+                f"{self.measure_s:g} s (a configuration's first launch {self.measure_s * FIRST_LAUNCH_FACTOR:g} s, "
+                f"after its steps stall {self.measure_s * STALL_MEASURE_FACTOR:g} s)")
 
     def shape(self, model: str, ranks: int = 1) -> tuple[int, int]:
         """(batch, seq) per rank: the user's, else the model's default. A CPU-sized model has one
@@ -303,7 +305,7 @@ class Measurer:
 
     def _earlier_stall(self, case: Case, launch: int) -> list[float]:
         """How far each earlier launch of ``case``'s configuration this session sat above its fast
-        steps (``LaunchEstimate.stall``), for ``stats.stall_measure_seconds``."""
+        steps (``LaunchEstimate.stall``), for ``stats.measure_window``."""
         key, out = self.key(case), []
         for j in range(launch):
             record = self.store.get(key + (f"@{j}" if j else ""))
@@ -332,8 +334,8 @@ class Measurer:
         batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
             return {"case": asdict(case), "error": problem}
-        # A configuration whose steps stalled in an earlier launch measures longer (stats.py).
-        measure_s, longer = stall_measure_seconds(s.measure_s, self._earlier_stall(case, launch))
+        # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py).
+        measure_s, longer = measure_window(s.measure_s, launch, self._earlier_stall(case, launch))
         if longer and self.progress is not None:
             self.progress(f"{case.id}: {longer}")
         run_dir = self._run_dir(case)

@@ -63,7 +63,7 @@ __all__ = [
     "contrast_interval",
     "decide",
     "launch_estimate",
-    "stall_measure_seconds",
+    "measure_window",
     "location_interval",
     "measuring_done",
     "obrien_fleming_spending",
@@ -256,28 +256,37 @@ DISTURBED_SIGMA = 0.10
 WEIGHT_SIGMA = 0.02
 
 
-# A configuration whose earlier launch this session stalled (its mean at least ``STALL_MARGIN`` above
-# its fast steps) measures its next launches up to this many times --measure-seconds: a mean over
-# steps of which some stall varies from launch to launch with the number that happened to stall
-# (20% of 12 steps stalling x1.6: about 6% between launches; of 36: about 4%), and a gate over 6
-# launches cannot tell an 11% loss from a 5% one on the shorter window.
+# How long a launch measures beyond --measure-seconds, decided before it starts (never on its own
+# steps: a launch that measured longer because its own first steps stalled would, on average, end
+# with fewer stalls than it should have, its value biased toward the fast steps):
+# - a configuration's first launch this session measures FIRST_LAUNCH_FACTOR x --measure-seconds:
+#   it is where the session learns whether the configuration's steps stall;
+# - a configuration whose earlier launch stalled (its mean at least ``STALL_MARGIN`` above its fast
+#   steps) measures its next launches STALL_MEASURE_FACTOR x --measure-seconds.
+# Why: a mean over steps of which some stall varies from launch to launch with how many happened to
+# stall (20% of 12 steps stalling x1.6: about 6% between launches; of 36: about 4%), and a gate over
+# 6 launches then cannot tell an 11% loss from a 5% one. Simulated with this module's gate (5 gates
+# a night, Bonferroni): such stalls fail 72% of nights with a first launch of 12 steps and the rest
+# of 36, 94% with a first of 24.
+FIRST_LAUNCH_FACTOR = 2.0
 STALL_MEASURE_FACTOR = 3.0
 
 
-def stall_measure_seconds(measure_s: float, earlier_stall: Sequence[float]) -> tuple[float, str]:
-    """(seconds of measured steps this launch may spend, why it is more than ``measure_s``, else "").
+def measure_window(measure_s: float, launch: int, earlier_stall: Sequence[float]) -> tuple[float, str]:
+    """(seconds of measured steps launch number ``launch`` of a configuration may spend, why it is
+    more than ``measure_s`` when its steps stall, else "").
 
     ``earlier_stall``: ``LaunchEstimate.stall`` of the configuration's earlier launches this session.
-    Decided on earlier launches only, never on this launch's own steps: a launch that measured longer
-    because its own first steps stalled would, on average, end with fewer stalls than it should
-    have (its value biased toward the fast steps). ``measure_s`` 0 (exactly --steps steps) stays 0.
+    ``measure_s`` 0 (exactly --steps steps) stays 0.
     """
-    worst = max(earlier_stall, default=0.0)
-    if not measure_s or worst < STALL_MARGIN:
+    if not measure_s:
         return measure_s, ""
-    return (measure_s * STALL_MEASURE_FACTOR,
-            f"an earlier launch's mean sat {worst:.0%} above its fast steps (steps stall): measuring up to "
-            f"{measure_s * STALL_MEASURE_FACTOR:g} s instead of {measure_s:g} s")
+    worst = max(earlier_stall, default=0.0)
+    if worst >= STALL_MARGIN:
+        return (measure_s * STALL_MEASURE_FACTOR,
+                f"an earlier launch's mean sat {worst:.0%} above its fast steps (steps stall): measuring up to "
+                f"{measure_s * STALL_MEASURE_FACTOR:g} s instead of {measure_s:g} s")
+    return (measure_s * FIRST_LAUNCH_FACTOR if launch == 0 else measure_s), ""
 
 
 @dataclass(frozen=True)

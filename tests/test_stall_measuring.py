@@ -1,4 +1,5 @@
-"""A configuration whose steps stall measures its next launches longer (stats.stall_measure_seconds).
+"""How long a launch measures (stats.measure_window): a configuration's first launch twice the window,
+one whose steps stalled earlier three times.
 
 The rule, then two real launches on the emulated cluster: the first with the `stall` fault planted
 (each step stalls with p=0.5, x2; 10 steps: all or none stall 2 times in 1024) measures the default window; the second, of the same
@@ -15,26 +16,28 @@ import pytest
 from helpers import emulated_unavailable, needs, session_directory
 
 from pytest_fabric.measure import result_estimate
-from pytest_fabric.stats import STALL_MARGIN, STALL_MEASURE_FACTOR, stall_measure_seconds
+from pytest_fabric.stats import FIRST_LAUNCH_FACTOR, STALL_MARGIN, STALL_MEASURE_FACTOR, measure_window
 from pytest_fabric.workload import faults
 from pytest_fabric.workload.result import TrainResult
 
 UNAVAILABLE = emulated_unavailable()
 
 
-def test_no_earlier_stall_keeps_the_window():
-    assert stall_measure_seconds(6.0, []) == (6.0, "")
-    assert stall_measure_seconds(6.0, [0.0, STALL_MARGIN * 0.9]) == (6.0, "")
+def test_the_first_launch_measures_longer_and_later_clean_ones_the_window():
+    assert measure_window(6.0, 0, []) == (6.0 * FIRST_LAUNCH_FACTOR, "")
+    assert measure_window(6.0, 1, [0.0]) == (6.0, "")
+    assert measure_window(6.0, 3, [0.0, STALL_MARGIN * 0.9, 0.01]) == (6.0, "")
 
 
 def test_an_earlier_stall_stretches_the_window_and_says_why():
-    seconds, why = stall_measure_seconds(6.0, [0.01, 0.12])
-    assert seconds == pytest.approx(6.0 * STALL_MEASURE_FACTOR) and seconds > 6.0
+    seconds, why = measure_window(6.0, 2, [0.01, 0.12])
+    assert seconds == pytest.approx(6.0 * STALL_MEASURE_FACTOR) and seconds > 6.0 * FIRST_LAUNCH_FACTOR
     assert "12%" in why and "stall" in why and f"{6.0 * STALL_MEASURE_FACTOR:g} s" in why
 
 
 def test_a_fixed_step_count_stays_fixed():
-    assert stall_measure_seconds(0.0, [0.5]) == (0.0, "")
+    assert measure_window(0.0, 0, []) == (0.0, "")
+    assert measure_window(0.0, 1, [0.5]) == (0.0, "")
 
 
 SOURCE = """
@@ -74,4 +77,4 @@ def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monk
     # The window the ranks were given (their config.json) is what stretched: three times --measure-seconds.
     window = {r: json.loads((Path(x["result"]["run_dir"]) / "config.json").read_text())["measure_s"]
               for r, x in (("first", ib0), ("second", ib1))}
-    assert window == {"first": 2.0, "second": 2.0 * STALL_MEASURE_FACTOR}
+    assert window == {"first": 2.0 * FIRST_LAUNCH_FACTOR, "second": 2.0 * STALL_MEASURE_FACTOR}
