@@ -28,7 +28,7 @@ from typing import Any
 from .atomic import write_text
 from .case import BANDWIDTH, Case
 from .hostbound import configuration_mfu, mfu_peak, peak_memory_gib
-from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
+from .measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .models import MFU_CONVENTION
 from .night_model import (CaseResult, LinkResult, ResultsError, SavedRun, case_of_test,  # noqa: F401 (public names)
                           parse_case_id, verdict_case)

@@ -27,7 +27,8 @@ from .cluster import Cluster, ClusterUnavailable, local_fallback
 from .fabrics import Fabric
 from .floor import Floor, impossible_payloads, run_floor, transport_hint
 from .gates import GateOutcome
-from .measure import BandwidthMeasurement, Measurement, Measurer, configuration_tokens_per_s
+from .measure import Measurer
+from .measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .models import get_model
 from .predict import comparison_line
 from .redact import remember

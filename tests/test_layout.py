@@ -136,3 +136,13 @@ def test_unit_conversions_go_through_units(name):
     found = [line.strip() for line in MODULES[name].read_text().splitlines()
              if _RAW_CONVERSIONS.search(line.partition("#")[0])]
     assert found == [], f"{name}: write these with pytest_fabric.units: {found}"
+
+
+def test_the_value_types_sit_below_the_launch_machinery():
+    # measurement.py (Measurement, LaunchRecord, launch_value) uses only leaves and the rank programs'
+    # typed results: the readers of a night get it without filelock, a launcher or a node probe.
+    below = {m for m in GRAPH["pytest_fabric.measurement"] if m not in LEAVES and not m.startswith(LOWER)}
+    assert below == set()
+    assert {m for m in _imports("pytest_fabric.measurement") if m.split(".")[0] == "filelock"} == set()
+    for reader in ("pytest_fabric.nights", "pytest_fabric.junit", "pytest_fabric.gates"):
+        assert "pytest_fabric.measure" not in GRAPH[reader], reader
