@@ -31,10 +31,9 @@ from .fabrics import FABRICS
 from .models import MODELS
 from .fit import Calibration, calibrate
 from .predict import BOUND_WORDS, DEFAULT_LINK_EFFICIENCY, JobShape, Observation, predict_comparison, recorded_bytes
-from .measurement import launch_value
+from .measurement import LaunchRecord, launch_value
 from .stats import configuration_value
 from .units import mbit_to_gbit
-from .workload.result import TrainResult
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
 
@@ -85,7 +84,7 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
             notes.append(f"{key}: model {model!r} is not in the catalog; left out")
             continue
         try:
-            step = launch_value(TrainResult.from_dict(r, f"{key}: result")).step_s
+            step = launch_value(LaunchRecord.from_dict(record).result).step_s
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             notes.append(f"{key}: no step times ({type(exc).__name__}: {exc}); left out")
             continue
