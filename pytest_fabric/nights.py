@@ -139,7 +139,7 @@ def _malformed(where: str, key: str, exc: Exception, expected: str) -> str:
 def session_measurements(launches: Mapping[str, LaunchRecord], fabrics: Sequence[str]
                          ) -> tuple[list[Measurement], list[BandwidthMeasurement]]:
     """Every training launch as a ``Measurement``, in the store's order (a one-node launch listed
-    under each of ``fabrics``: it never touched the fabric and serves them all), and every bandwidth
+    under each of ``fabrics``: ``Case.serves``), and every bandwidth
     launch; failed launches left out."""
     measured: list[Measurement] = []
     bandwidth: list[BandwidthMeasurement] = []
@@ -149,9 +149,7 @@ def session_measurements(launches: Mapping[str, LaunchRecord], fabrics: Sequence
         if record.bandwidth:
             bandwidth.append(BandwidthMeasurement.from_record(record))
             continue
-        case = record.case
-        measured.extend(Measurement.from_record(case.with_fabric(f), record)
-                        for f in ([case.fabric] if case.crosses_fabric else fabrics))
+        measured.extend(Measurement.from_record(case, record) for case in record.case.serves(list(fabrics)))
     return measured, bandwidth
 
 
@@ -186,10 +184,8 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
     every_fabric = list(fabrics) if fabrics else sorted({rec.case.fabric for _, _, rec in training})
     launches: dict[str, list[Measurement]] = {}
     for _, key, record in sorted(training, key=lambda t: (t[0], t[1])):
-        measured = record.case
-        for fabric in [measured.fabric] if measured.crosses_fabric else every_fabric:
-            m = Measurement.from_record(measured.with_fabric(fabric), record)
-            launches.setdefault(m.case.id, []).append(m)
+        for case in record.case.serves(every_fabric):
+            launches.setdefault(case.id, []).append(Measurement.from_record(case, record))
     return {cid: case_result(ms) for cid, ms in launches.items()}, links, errors
 
 
