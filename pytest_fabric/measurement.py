@@ -84,8 +84,8 @@ class LaunchRecord:
 class Measurement:
     """One training launch of a case: the rank program's result and the launch's value.
 
-    The value is ``stats.launch_estimate`` of the measured steps (their mean once warm-up-like
-    and disturbed steps are set aside: what the job pays), and every figure here (tokens/s, per GPU,
+    The value is ``launch_value`` of the result (the measured steps' mean once warm-up-like and
+    disturbed steps are set aside: what the job pays), and every figure here (tokens/s, per GPU,
     MFU) derives from it: one number per launch, computed in one place. A launch disturbed as a
     whole counts with a small weight (``down_weighted`` says why), never silently in or out.
     """
