@@ -139,8 +139,7 @@ def _malformed(where: str, key: str, exc: Exception, expected: str) -> str:
 def session_measurements(launches: Mapping[str, LaunchRecord], fabrics: Sequence[str]
                          ) -> tuple[list[Measurement], list[BandwidthMeasurement]]:
     """Every training launch as a ``Measurement``, in the store's order (a one-node launch listed
-    under each of ``fabrics``: ``Case.serves``), and every bandwidth
-    launch; failed launches left out."""
+    under each of ``fabrics``: ``Case.serves``), and every bandwidth launch; failed launches left out."""
     measured: list[Measurement] = []
     bandwidth: list[BandwidthMeasurement] = []
     for record in launches.values():
