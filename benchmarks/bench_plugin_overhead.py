@@ -48,7 +48,7 @@ from pytest_fabric.cluster.base import RDZV_PORT  # noqa: E402
 from pytest_fabric.cluster.emulated import IFNAME, EmulatedNetwork, check_available, owned_namespaces  # noqa: E402
 from pytest_fabric.fabrics import FABRICS, Fabric, get_fabric  # noqa: E402
 from pytest_fabric.measure import LaunchSettings  # noqa: E402
-from pytest_fabric.stats import launch_estimate  # noqa: E402
+from pytest_fabric.measurement import launch_value  # noqa: E402
 from pytest_fabric.workload.result import TrainResult  # noqa: E402
 from pytest_fabric.models import MODELS, get_model  # noqa: E402
 from pytest_fabric.workload.config import TrainConfig  # noqa: E402
@@ -169,9 +169,9 @@ def run_plugin(args: argparse.Namespace, work: Path, index: int) -> Run:
 
 
 def tokens_per_s(result: dict) -> float:
-    """A launch's tokens/s as the harness values it (``stats.launch_estimate`` of its steps)."""
+    """A launch's tokens/s as the harness values it (``measurement.launch_value``)."""
     r = TrainResult.from_dict(result)
-    return r.tokens_per_step / launch_estimate(r.step_s, r.signals.disturbed or None).step_s
+    return r.tokens_per_step / launch_value(r).step_s
 
 
 # -- the bare side: what a user does by hand ---------------------------------------------------

@@ -38,7 +38,8 @@ sys.path.insert(0, str(REPO))
 
 from pytest_fabric.case import Case  # noqa: E402
 from pytest_fabric.cluster.emulated import EmulatedCluster  # noqa: E402
-from pytest_fabric.measure import LaunchSettings, Measurer, result_estimate  # noqa: E402
+from pytest_fabric.measure import LaunchSettings, Measurer  # noqa: E402
+from pytest_fabric.measurement import launch_value  # noqa: E402
 from pytest_fabric.stats import _reason_kind  # noqa: E402
 from pytest_fabric.store import ResultStore  # noqa: E402
 
@@ -124,7 +125,7 @@ def run_case(nodes: int, model: str, launches: int, planted: bool, hog_s: float,
             hit_mask = affected(m.result.step_s, sig.step_end_unix, hog.window)
             total_affected += sum(hit_mask)
             hit += sum(1 for a, f in zip(hit_mask, flags) if a and f)
-        est = result_estimate(m.result)
+        est = launch_value(m.result)
         launch_notes.append(f"{m.tokens_per_s:.0f}" + (" [down-weighted]" if est.disturbed else ""))
     return {"nodes": nodes, "model": model, "planted": planted, "launches": launches, "steps": steps,
             "flagged": flagged, "affected": total_affected, "hit": hit, "causes": dict(causes),

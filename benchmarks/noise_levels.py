@@ -7,7 +7,7 @@ Reads `--fabric-save` files (their raw records) and prints, per configuration (m
 fabric) and pooled over the nights:
 
   steps     the spread of log step times within a launch (steady, clean steps)
-  within    a launch value's own standard error (stats.launch_estimate: 25% quantile)
+  within    a launch value's own standard error (measurement.launch_value)
   launches  the spread of launch values of one configuration within a night
   rounds    for each pair of configurations launched in the same rounds (ib / ib2 ...), the spread
             of the per-round log ratio: what a blocked comparison sees
@@ -29,7 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_fabric.stats import configuration_value, launch_estimate, pooled_noise, steady_window  # noqa: E402
+from pytest_fabric.measurement import launch_value  # noqa: E402
+from pytest_fabric.stats import configuration_value, pooled_noise, steady_window  # noqa: E402
+from pytest_fabric.workload.result import TrainResult  # noqa: E402
 
 
 def launches_of(path: Path) -> dict[str, dict[int, dict]]:
@@ -41,8 +43,7 @@ def launches_of(path: Path) -> dict[str, dict[int, dict]]:
             continue
         config, _, index = key.partition("#")
         index = int(index.partition("@")[2] or 0)
-        disturbed = (r.get("signals") or {}).get("disturbed") or None
-        est = launch_estimate(r["step_s"], disturbed)
+        est = launch_value(TrainResult.from_dict(r, key))
         steady = [math.log(t) for t in steady_window(r["step_s"])]
         out.setdefault(config, {})[index] = {
             "value": math.log(est.step_s), "se": est.log_se, "aside": bool(est.disturbed),

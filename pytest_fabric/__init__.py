@@ -19,8 +19,8 @@ _EXPORTS = {
     "FABRICS": "fabrics", "REFERENCE_FABRIC": "fabrics", "Fabric": "fabrics",
     "assert_ahead": "gates", "assert_within": "gates", "assert_at_least": "gates", "ratio": "gates",
     "busbw": "gates", "NamedValue": "gates", "Figure": "gates", "GateOutcome": "gates",
-    "Case": "case", "Measurement": "measure", "BandwidthMeasurement": "measure",
-    "MeasurementError": "measure", "LaunchSettings": "measure", "Settings": "measure",
+    "Case": "case", "Measurement": "measurement", "BandwidthMeasurement": "measurement",
+    "MeasurementError": "measurement", "LaunchSettings": "measure", "Settings": "measure",
     "MODELS": "models", "ModelSpec": "models",
 }
 

@@ -31,7 +31,8 @@ from .fabrics import FABRICS
 from .models import MODELS
 from .fit import Calibration, calibrate
 from .predict import BOUND_WORDS, DEFAULT_LINK_EFFICIENCY, JobShape, Observation, predict_comparison, recorded_bytes
-from .stats import configuration_value, launch_estimate
+from .measurement import LaunchRecord, launch_value
+from .stats import configuration_value
 from .units import mbit_to_gbit
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
@@ -66,7 +67,8 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
                    ) -> tuple[list[Configuration], list[str]]:
     """Configurations from store records (``key -> {"case", "cluster", "result"}``), and notes on
     what was left out and why. Launches of one configuration give one observation: the geometric
-    mean of their launch values (``stats.configuration_value`` of each ``stats.launch_estimate``)."""
+    mean of their launch values (``stats.configuration_value`` of each ``measurement.launch_value``, as
+    the gates value a launch)."""
     gbit = dict(gbit or {})
     notes: list[str] = []
     groups: dict[tuple, list[float]] = {}
@@ -82,7 +84,7 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
             notes.append(f"{key}: model {model!r} is not in the catalog; left out")
             continue
         try:
-            step = launch_estimate(r["step_s"], (r.get("signals") or {}).get("disturbed") or None).step_s
+            step = launch_value(LaunchRecord.from_dict(record).result).step_s
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             notes.append(f"{key}: no step times ({type(exc).__name__}: {exc}); left out")
             continue

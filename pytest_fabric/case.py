@@ -38,6 +38,11 @@ class Case:
         # On one node no traffic crosses the inter-node fabric (NVLink / loopback does the work).
         return self.nodes > 1
 
+    def serves(self, fabrics: list[str] | tuple[str, ...]) -> list[Case]:
+        """The cases a launch of this one measures: itself, or on one node (no traffic crosses the
+        fabric) the same launch under each of ``fabrics``. The one statement of that rule."""
+        return [self] if self.crosses_fabric else [self.with_fabric(f) for f in fabrics]
+
     @property
     def is_bandwidth(self) -> bool:
         return self.model == BANDWIDTH

@@ -11,7 +11,7 @@ from typing import Union
 
 import pytest
 
-from .measure import BandwidthMeasurement, Measurement
+from .measurement import BandwidthMeasurement, Measurement
 from .stats import Interval, NoisePrior, Verdict, ahead_gate, within_gate
 
 

@@ -36,7 +36,7 @@ from .fabrics import REFERENCE_FABRIC
 from .gates import GateOutcome
 from .hostbound import configuration_mfu, mfu_peak, peak_memory_gib
 from .models import MFU_CONVENTION
-from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
+from .measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .redact import redact_file
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
 from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test

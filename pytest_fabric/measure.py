@@ -16,9 +16,9 @@ import platform
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,16 +30,16 @@ from .cluster import Cluster, LaunchRequest
 from .cluster.base import OnThisMachine
 from .fabrics import Fabric, get_fabric
 from .models import get_model
-from .stats import (FIRST_LAUNCH_FACTOR, STALL_MEASURE_FACTOR, LaunchEstimate, configuration_value, launch_estimate,
-                    measure_window)
+from .measurement import (BandwidthMeasurement, LaunchRecord, Measurement, MeasurementError,  # noqa: F401 (public names)
+                          configuration_tokens_per_s, counted, launch_value, result_estimate, step_loss)
+from .stats import FIRST_LAUNCH_FACTOR, STALL_MEASURE_FACTOR, measure_window
 from .storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
-from .units import MIB
 from .workload import faults
-from .workload.signals import probe_judged, slow_phase, typical_probe
+from .workload.signals import probe_judged
 from .workload.config import CollectivesConfig, TrainConfig
-from .workload.result import CollectiveRow, CollectivesResult, TrainResult
+from .workload.result import CollectivesResult, TrainResult
 
 
 @dataclass(frozen=True)
@@ -107,167 +107,6 @@ class LaunchSettings:
 Settings = LaunchSettings
 
 
-class MeasurementError(Exception):
-    """A launch that produced no result; the message carries the ranks' last log lines."""
-
-
-@dataclass
-class Measurement:
-    """One training launch of a case: the rank program's result and the launch's value.
-
-    The value is ``stats.launch_estimate`` of the measured steps (their mean once warm-up-like
-    and disturbed steps are set aside: what the job pays), and every figure here (tokens/s, per GPU,
-    MFU) derives from it: one number per launch, computed in one place. A launch disturbed as a
-    whole counts with a small weight (``down_weighted`` says why), never silently in or out.
-    """
-
-    case: Case
-    result: TrainResult = field(repr=False)
-    estimate: LaunchEstimate
-    cluster: str
-    launch: int = 0  # the launch's index among the repeats of its case
-    # Set when this measurement was taken for another fabric and serves this one too (one node).
-    shared_with: str | None = None
-
-    @property
-    def step_s(self) -> float:
-        """The launch's step time: its value."""
-        return self.estimate.step_s
-
-    @property
-    def gpus(self) -> int:
-        return self.result.world_size
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.result.tokens_per_step / self.estimate.step_s
-
-    @property
-    def tokens_per_s_per_gpu(self) -> float:
-        return self.tokens_per_s / self.gpus
-
-    @property
-    def mfu(self) -> float | None:
-        return self.result.mfu(self.tokens_per_s)
-
-    @property
-    def down_weighted(self) -> str:
-        """Why the whole launch counts with a small weight ("" when it counts fully)."""
-        return self.estimate.disturbed
-
-    # The name before 0.2, when a disturbed launch was left out.
-    set_aside = down_weighted
-
-    @property
-    def weight(self) -> float:
-        return self.estimate.weight
-
-    def sample(self, per_gpu: bool = False) -> tuple[float, float, float]:
-        """(log tokens/s, its within-launch variance, its extra variance as a disturbed launch):
-        what a launch contributes to a contrast."""
-        value = self.tokens_per_s_per_gpu if per_gpu else self.tokens_per_s
-        return math.log(value), self.estimate.log_se ** 2, self.estimate.extra_var
-
-    @property
-    def label(self) -> str:
-        return f"{self.case.fabric} ({self.case.model}, {self.case.nodes} node{'s' * (self.case.nodes > 1)})"
-
-    def summary(self) -> str:
-        shared = f" [one node: shared with {self.shared_with}]" if self.shared_with else ""
-        return (f"{self.case.id}: {self.tokens_per_s:.1f} tokens/s, {self.tokens_per_s_per_gpu:.1f} tokens/s/GPU, "
-                f"step {self.step_s * 1000:.1f} ms ({self.estimate.describe()}), {self.gpus} GPU(s){shared}")
-
-    def to_record(self) -> dict[str, Any]:
-        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict()}
-
-    @classmethod
-    def from_record(cls, case: Case, record: Mapping[str, Any], launch: int = 0) -> Measurement:
-        """A store record (``{"case", "cluster", "result"}``) as the Measurement of ``case``.
-
-        ``ResultFormatError`` when the result is not a readable training result.
-        """
-        measured_for = Case(**record["case"])
-        result = TrainResult.from_dict(record["result"], f"result of {measured_for.id}")
-        return cls(case=case, result=result, estimate=result_estimate(result),
-                   cluster=str(record.get("cluster", "")), launch=launch,
-                   shared_with=measured_for.fabric if measured_for != case else None)
-
-
-def result_estimate(result: TrainResult) -> LaunchEstimate:
-    """A training result's launch value (``stats.launch_estimate``): its steps, their disturbance
-    flags, and the slow phase its CPU probes show against its configuration's fastest launch. The one place a
-    launch's value is taken from a result (measurements, calibration, the benchmarks)."""
-    sig = result.signals
-    return launch_estimate(result.step_s, sig.disturbed or None,
-                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s, sig.cpu_busy),
-                           loss=step_loss(result))
-
-
-def step_loss(result: TrainResult) -> list[float]:
-    """Per measured step, the share of its time a disturbance took: steal and other processes' CPU
-    time over the step (the worst node's cores, counted as if one core: an upper bound), or a CPU
-    probe slower than the launch's median (1 - median / probe); 0 where nothing was recorded."""
-    sig, n = result.signals, len(result.step_s)
-    busy = sig.cpu_busy or [None] * n
-    median = typical_probe(sig.probe_s, busy)
-    out = []
-    for i, step in enumerate(result.step_s):
-        cpu = ((sig.steal_s[i] if i < len(sig.steal_s) else 0.0)
-               + (sig.foreign_s[i] if i < len(sig.foreign_s) else 0.0)) / step
-        probe = sig.probe_s[i] if i < len(sig.probe_s) and probe_judged(sig.probe_s[i], busy[i]) else 0.0
-        slowed = 1 - median / probe if median and probe > median else 0.0
-        out.append(min(1.0, max(cpu, slowed)))
-    return out[:n]
-
-
-def counted(launches: Sequence[Measurement]) -> list[Measurement]:
-    """The launches a configuration's value rests on: all of them (a disturbed one with its small
-    weight). Kept for suites written against 0.1, when disturbed launches were left out."""
-    return list(launches)
-
-
-def configuration_tokens_per_s(launches: Sequence[Measurement], per_gpu: bool = False) -> float:
-    """A configuration's tokens/s (per GPU) from its launches: ``stats.configuration_value``, each
-    launch weighted by ``Measurement.weight``. The one number the gates, the terminal, JUnit and
-    saved nights show."""
-    return configuration_value([m.tokens_per_s_per_gpu if per_gpu else m.tokens_per_s for m in launches],
-                               [m.weight for m in launches])
-
-
-@dataclass
-class BandwidthMeasurement:
-    """Collective bandwidth of one (nodes, fabric), nccl-tests semantics (see workload/collectives.py)."""
-
-    case: Case
-    result: CollectivesResult = field(repr=False)
-    cluster: str
-
-    @property
-    def rows(self) -> list[CollectiveRow]:
-        return self.result.rows
-
-    def largest(self, op: str) -> CollectiveRow:
-        """The row gates read: the largest payload of ``op``."""
-        return self.result.largest(op)
-
-    def busbw_gbit(self, op: str) -> float:
-        return self.largest(op).busbw_gbit
-
-    def summary(self) -> str:
-        parts = [f"{op} {self.busbw_gbit(op):.3f} Gbit/s at {self.largest(op).bytes / MIB:g} MiB"
-                 for op in self.result.ops()]
-        return f"{self.case.id}: busbw " + ", ".join(parts)
-
-    def to_record(self) -> dict[str, Any]:
-        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict()}
-
-    @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> BandwidthMeasurement:
-        case = Case(**record["case"])
-        return cls(case, CollectivesResult.from_dict(record["result"], f"result of {case.id}"),
-                   str(record.get("cluster", "")))
-
-
 Progress = Callable[[str], None]
 
 
@@ -308,32 +147,34 @@ class Measurer:
         steps (``LaunchEstimate.stall``), for ``stats.measure_window``."""
         key, out = self.key(case), []
         for j in range(launch):
-            record = self.store.get(key + (f"@{j}" if j else ""))
-            if record and "result" in record:
-                try:
-                    out.append(result_estimate(TrainResult.from_dict(record["result"], key)).stall)
-                except ValueError:  # an unreadable record says nothing of stalls
-                    continue
+            stored = self.store.get(key + (f"@{j}" if j else ""))
+            try:
+                record = LaunchRecord.from_dict(stored) if stored else None
+            except (KeyError, TypeError, ValueError):  # an unreadable record says nothing of stalls
+                continue
+            if record is not None and isinstance(record.result, TrainResult):
+                out.append(launch_value(record.result).stall)
         return out
 
-    def _cached(self, case: Case, key: str, launch: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    def _cached(self, case: Case, key: str, launch: Callable[[], LaunchRecord]) -> LaunchRecord:
         """The store's record of ``key``, launched if absent; MeasurementError for a failed launch, and
         for a disk that cannot take the launch's files (one line saying what to do, storage.py)."""
         try:
-            record, _ = self.store.get_or_compute(key, launch)
+            stored, _ = self.store.get_or_compute(key, lambda: launch().to_dict())
         except OSError as exc:
             if not is_storage_error(exc):
                 raise
             raise MeasurementError(f"{case.id}: {storage_problem(exc, 'the launch files', self.workdir)}") from None
-        if "error" in record:
-            raise MeasurementError(record["error"])
+        record = LaunchRecord.from_dict(stored)  # as stored: secrets masked, as another worker may have written it
+        if record.failed:
+            raise MeasurementError(record.error)
         return record
 
-    def _launch(self, case: Case, launch: int = 0) -> dict[str, Any]:
+    def _launch(self, case: Case, launch: int = 0) -> LaunchRecord:
         s = self.settings
         batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
-            return {"case": asdict(case), "error": problem}
+            return LaunchRecord.failure(case, problem)
         # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py).
         measure_s, longer = measure_window(s.measure_s, launch, self._earlier_stall(case, launch))
         if longer and self.progress is not None:
@@ -350,7 +191,7 @@ class Measurer:
             fabric=self._fabric_record(case),
         )
         record = self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
-        return {**record, "measured_longer": longer} if longer else record
+        return replace(record, measured_longer=longer) if longer else record
 
     def _memory_refusal(self, case: Case, batch: int, seq: int) -> str:
         """One line naming what to change when the shape cannot fit the GPU (memory.refusal); "" on
@@ -375,7 +216,7 @@ class Measurer:
         key = f"{case.id}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
         return BandwidthMeasurement.from_record(self._cached(case, key, lambda: self._launch_bandwidth(case)))
 
-    def _launch_bandwidth(self, case: Case) -> dict[str, Any]:
+    def _launch_bandwidth(self, case: Case) -> LaunchRecord:
         run_dir = self._run_dir(case)
         config = CollectivesConfig(result_path=str(run_dir / "result.json"), device=self.settings.device,
                                    collective_timeout_s=self.settings.launch_timeout_s,
@@ -391,7 +232,7 @@ class Measurer:
         fabric = self.settings.fabric(case.fabric).for_launch(case.crosses_fabric)
         return {**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric), "crosses_fabric": case.crosses_fabric}
 
-    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None) -> dict[str, Any]:
+    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None) -> LaunchRecord:
         """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error."""
         s = self.settings
         fabric = s.fabric(case.fabric)
@@ -399,7 +240,7 @@ class Measurer:
         nccl_logs = run_dir / "nccl"
         nccl_logs.mkdir(exist_ok=True)
         if self._runs_on_gpus() and (problems := self._preflight(case, run_dir)):
-            return {"case": asdict(case), "error": f"{case.id}: pre-flight failed: " + "; ".join(problems)}
+            return LaunchRecord.failure(case, f"{case.id}: pre-flight failed: " + "; ".join(problems))
         inventory = self._inventory(case)
         request = LaunchRequest(
             nodes=case.nodes,
@@ -424,13 +265,13 @@ class Measurer:
         with self._machine_slot(case):
             outcome = self.cluster.launch(request, on_tick=ticker)
         if not outcome.ok:
-            return {"case": asdict(case), "error": f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}"}
+            return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}")
         kind = CollectivesResult if isinstance(config, CollectivesConfig) else TrainResult
         try:
             result = kind.from_dict(json.loads(Path(config.result_path).read_text()), config.result_path)
         except (OSError, ValueError) as exc:  # ResultFormatError is a ValueError
-            return {"case": asdict(case), "error": f"{case.id}: every rank exited 0 but the result written by "
-                                                   f"global rank 0 (node0) is unreadable ({exc}).\n{outcome.describe()}"}
+            return LaunchRecord.failure(case, f"{case.id}: every rank exited 0 but the result written by "
+                                              f"global rank 0 (node0) is unreadable ({exc}).\n{outcome.describe()}")
         if result.device == "cuda" and self.cluster.proves_transport:
             # The log files exist, so nccl_debug_env (ENV included) reached NCCL: env_logged.
             facts, problem = prove_transport(case.fabric, nccl_logs, crosses_fabric=case.crosses_fabric,
@@ -443,7 +284,7 @@ class Measurer:
         result.cluster = self.cluster.describe()
         result.launch_s = round(outcome.elapsed_s, 2)
         result.run_dir = str(run_dir)
-        return {"case": asdict(case), "cluster": self.cluster.name, "result": result.to_dict()}
+        return LaunchRecord(case, self.cluster.name, result)
 
     def _judge_speed(self, case: Case, result: TrainResult) -> None:
         """Record with the result the full-speed CPU probe of its configuration: the fastest busy-step

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import platform
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 from .atomic import write_text
 from .case import BANDWIDTH, Case
 from .hostbound import configuration_mfu, mfu_peak, peak_memory_gib
-from .measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
+from .measurement import BandwidthMeasurement, LaunchRecord, Measurement, configuration_tokens_per_s
 from .models import MFU_CONVENTION
 from .night_model import (CaseResult, LinkResult, ResultsError, SavedRun, case_of_test,  # noqa: F401 (public names)
                           parse_case_id, verdict_case)
@@ -50,6 +51,7 @@ __all__ = [
     "parse_case_id",
     "run_from_store",
     "save_results",
+    "session_night",
     "verdict_case",
 ]
 
@@ -99,6 +101,62 @@ def _launch_index(key: str) -> int:
     return int(index) if at and index.isdigit() else 0
 
 
+def launch_records(records: Mapping[str, Any], where: str = "session store") -> dict[str, LaunchRecord]:
+    """A store's JSON records (key -> ``{"case", "cluster", "result"}`` or ``{"case", "error"}``) as
+    typed ``LaunchRecord``s, in the store's order: each result decoded once, here. ``ResultsError``
+    names the first record that is not one."""
+    out: dict[str, LaunchRecord] = {}
+    for key, record in records.items():
+        if isinstance(record, LaunchRecord):
+            out[key] = record
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("case"), dict):
+            raise ResultsError(f"{where}: record {key!r} has no \"case\" object; expected a pytest-fabric "
+                               "session store (key -> {\"case\", \"result\" or \"error\"})")
+        training = record["case"].get("model") != BANDWIDTH and "error" not in record
+        try:
+            case = Case(**record["case"])
+            if training and not isinstance(case.nodes, int):
+                raise ValueError(f"case.nodes must be an integer, got {record['case']['nodes']!r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultsError(_malformed(where, key, exc, _ANY_RESULT)) from None
+        try:
+            out[key] = LaunchRecord.from_dict(record)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise ResultsError(_malformed(where, key, exc, _TRAINING if training else _ANY_RESULT)) from None
+    return out
+
+
+_ANY_RESULT = ("a training result (step_s, tokens_per_step, world_size) or collective rows "
+               "(op, bytes, busbw_GBps)")
+_TRAINING = "result.step_s, tokens_per_step and world_size"
+
+
+def _malformed(where: str, key: str, exc: Exception, expected: str) -> str:
+    return f"{where}: record {key!r} is malformed ({type(exc).__name__}: {exc}); expected {expected}"
+
+
+def session_measurements(launches: Mapping[str, LaunchRecord], fabrics: Sequence[str]
+                         ) -> tuple[list[Measurement], list[BandwidthMeasurement]]:
+    """Every training launch as a ``Measurement``, in the store's order (a one-node launch listed
+    under each of ``fabrics``: ``Case.serves``), and every bandwidth launch; failed launches left out."""
+    measured: list[Measurement] = []
+    bandwidth: list[BandwidthMeasurement] = []
+    for record in launches.values():
+        if record.failed:
+            continue
+        if record.bandwidth:
+            bandwidth.append(BandwidthMeasurement.from_record(record))
+            continue
+        measured.extend(Measurement.from_record(case, record) for case in record.case.serves(list(fabrics)))
+    return measured, bandwidth
+
+
+def _error_line(key: str, record: LaunchRecord) -> str:
+    """A failed launch in one line: its error's first line."""
+    return record.error.splitlines()[0] if record.error else f"{key}: failed"
+
+
 def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
                      where: str) -> tuple[dict[str, CaseResult], dict[str, LinkResult], list[str]]:
     """Per case, one value per launch (in launch order); per link, busbw; the failed launches.
@@ -107,43 +165,26 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
     listed under each of them (``fabrics``; by default every fabric the store mentions).
     """
     errors: list[str] = []
-    training: list[tuple[int, str, dict[str, Any]]] = []
+    training: list[tuple[int, str, LaunchRecord]] = []
     links: dict[str, LinkResult] = {}
-    for key, record in sorted(records.items()):
-        if not isinstance(record, dict) or not isinstance(record.get("case"), dict):
-            raise ResultsError(f"{where}: record {key!r} has no \"case\" object; expected a pytest-fabric "
-                               "session store (key -> {\"case\", \"result\" or \"error\"})")
-        if "error" in record:
-            errors.append(str(record["error"]).splitlines()[0] if record["error"] else f"{key}: failed")
-            continue
-        try:
-            if record["case"]["model"] == BANDWIDTH:
-                m = BandwidthMeasurement.from_record(record)
-                ops = m.result.ops()
-                mbit = m.result.fabric.get("emulated_mbit")
-                links[m.case.id] = LinkResult(
-                    m.case.nodes, m.case.fabric, {op: m.busbw_gbit(op) for op in ops},
-                    int(m.largest(ops[0]).bytes) if ops else 0,
-                    mbit_to_gbit(mbit) if mbit and record.get("cluster") == "emulated" else None)
-            else:
-                if not isinstance(Case(**record["case"]).nodes, int):
-                    raise ValueError(f"case.nodes must be an integer, got {record['case']['nodes']!r}")
-                training.append((_launch_index(key), key, record))
-        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-            raise ResultsError(f"{where}: record {key!r} is malformed ({type(exc).__name__}: {exc}); "
-                               "expected a training result (step_s, tokens_per_step, world_size) or "
-                               "collective rows (op, bytes, busbw_GBps)") from None
-    every_fabric = list(fabrics) if fabrics else sorted({rec["case"]["fabric"] for _, _, rec in training})
+    for key, record in sorted(launch_records(records, where).items()):
+        if record.failed:
+            errors.append(_error_line(key, record))
+        elif record.bandwidth:
+            m = BandwidthMeasurement.from_record(record)
+            ops = m.result.ops()
+            mbit = m.result.fabric.get("emulated_mbit")
+            links[m.case.id] = LinkResult(
+                m.case.nodes, m.case.fabric, {op: m.busbw_gbit(op) for op in ops},
+                int(m.largest(ops[0]).bytes) if ops else 0,
+                mbit_to_gbit(mbit) if mbit and record.cluster == "emulated" else None)
+        else:
+            training.append((_launch_index(key), key, record))
+    every_fabric = list(fabrics) if fabrics else sorted({rec.case.fabric for _, _, rec in training})
     launches: dict[str, list[Measurement]] = {}
     for _, key, record in sorted(training, key=lambda t: (t[0], t[1])):
-        measured = Case(**record["case"])
-        for fabric in [measured.fabric] if measured.crosses_fabric else every_fabric:
-            try:
-                m = Measurement.from_record(measured.with_fabric(fabric), record)
-            except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
-                raise ResultsError(f"{where}: record {key!r} is malformed ({type(exc).__name__}: {exc}); "
-                                   "expected result.step_s, tokens_per_step and world_size") from None
-            launches.setdefault(m.case.id, []).append(m)
+        for case in record.case.serves(every_fabric):
+            launches.setdefault(case.id, []).append(Measurement.from_record(case, record))
     return {cid: case_result(ms) for cid, ms in launches.items()}, links, errors
 
 
@@ -173,17 +214,47 @@ def _write_json_atomically(path: Path, data: Any) -> None:
 
 
 def run_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None = None,
-                   where: str = "session store") -> SavedRun:
-    """A session's store records as a ``SavedRun`` (one-node launches listed under each of ``fabrics``)."""
-    cases, links, errors = _runs_from_store(records, fabrics, where)
+                   where: str = "session store", launches: Mapping[str, LaunchRecord] | None = None) -> SavedRun:
+    """A session's store records as a ``SavedRun`` (one-node launches listed under each of ``fabrics``);
+    ``launches``: the records already decoded (``launch_records``)."""
+    cases, links, errors = _runs_from_store(records if launches is None else launches, fabrics, where)
     identity = identity_from_records(records)
     if fabrics:
         identity["fabrics"] = list(fabrics)
     return SavedRun(identity, cases, links, [], errors, None, "store")
 
 
+@dataclass
+class SessionNight:
+    """A session's store read once, at its end, and every form its outputs take from it: the raw
+    records (saved under ``"records"``), the typed ``LaunchRecord``s, each case's ``Measurement``s
+    and the bandwidth measurements in the store's order (the terminal's tables, the JUnit suite
+    properties), and the one ``SavedRun`` (dashboards, cost lines, ``--fabric-save``)."""
+
+    records: dict[str, Any]
+    launches: dict[str, LaunchRecord]
+    measured: list[Measurement]
+    bandwidth: list[BandwidthMeasurement]
+    run: SavedRun
+
+    @property
+    def errors(self) -> list[str]:
+        """Each failed launch in one line, in the store's order."""
+        return [_error_line(key, r) for key, r in self.launches.items() if r.failed]
+
+
+def session_night(records: Mapping[str, Any], fabrics: Sequence[str]) -> SessionNight:
+    """The one builder of a session's night from its store's records (``ResultStore.all``): each
+    record decoded once; an empty store is an empty night."""
+    launches = launch_records(records)
+    measured, bandwidth = session_measurements(launches, fabrics)
+    run = run_from_store(records, fabrics, launches=launches) if records else SavedRun({})
+    return SessionNight(dict(records), launches, measured, bandwidth, run)
+
+
 def save_results(path: Path | str, store_records: Mapping[str, Any], identity: Mapping[str, Any],
-                 verdicts: Sequence[Mapping[str, Any]] = (), prices: Mapping[str, float] | None = None) -> None:
+                 verdicts: Sequence[Mapping[str, Any]] = (), prices: Mapping[str, float] | None = None,
+                 run: SavedRun | None = None) -> None:
     """Write one night: per-case launch values, bandwidth, verdicts and the identity, as JSON.
 
     ``prices`` (USD per GPU-hour by fabric) go along, so that a report prices the night by default.
@@ -191,14 +262,18 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
     ``identity`` is what the caller knows (see ``identity_from_records`` for what the records add:
     the caller's values win). The raw store records go along too: the step times and NCCL settings
     behind each number are what one reads when a night looks wrong. Written atomically: a reader
-    never sees half a file.
+    never sees half a file. ``run``: the night already built from ``store_records`` with the same
+    fabrics (``session_night``), whose cases, links and errors are written as they are.
     """
     from . import __version__
 
     full = {**identity_from_records(store_records), "created": _now(), "pytest_fabric": __version__,
             "harness_host": platform.node()}
     full.update({k: v for k, v in identity.items() if v is not None})
-    cases, links, errors = _runs_from_store(store_records, full.get("fabrics"), str(path))
+    if run is None:
+        cases, links, errors = _runs_from_store(store_records, full.get("fabrics"), str(path))
+    else:
+        cases, links, errors = run.cases, run.bandwidth, run.errors
     _write_json_atomically(Path(path), {
         "format": RESULTS_FORMAT,
         "version": FORMAT_VERSION,

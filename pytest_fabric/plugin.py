@@ -19,7 +19,7 @@ from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .fixtures import CompareFixture, FabricDeprecationWarning, MeasureFixture
 from .junit import SECTION, gate_lines, measurement_lines, testcase_text
 from .matrix import expand
-from .measure import BandwidthMeasurement, Measurement
+from .measurement import BandwidthMeasurement, Measurement
 from .references import References
 from .reporter import REPORTER_NAME, FabricReporter
 from .session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, NOTES_KEY, OUTCOMES_KEY, SESSION_KEY,

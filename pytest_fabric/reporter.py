@@ -7,6 +7,7 @@ the session's state. Under xdist the controller's instance sees every worker's r
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from . import __version__
 from .junit import SECTION, add_to_junit, suite_properties
 from .redact import redact_file
 from .terminal import bandwidth_table, summary_tables
-from .nights import save_results
+from .nights import SessionNight, save_results, session_night
 from .session import FabricSession
 from .storage import is_storage_error, storage_problem
 from .verdicts import INCONCLUSIVE, counts, undecided_night
@@ -134,6 +135,16 @@ class FabricReporter:
                                       "gates": self.gates.get(nodeid, [])})
                 for nodeid, (word, message, _) in self.outcomes.items()]
 
+    @functools.cached_property
+    def night(self) -> SessionNight:
+        """The session's store read once, at the end (the controller's), and the one ``SavedRun``
+        the dashboards, the cost lines and --fabric-save take; the terminal's tables and the suite
+        properties take its measurements."""
+        store = self.fabric.store
+        night = session_night(store.all() if store.holds_records() else {}, self.fabric.options.fabrics)
+        night.run.verdicts = self._night_verdicts()
+        return night
+
     def _dashboards(self) -> None:
         """--fabric-metrics, --fabric-benchmark-json and, under GitHub Actions, the job summary."""
         o = self.fabric.options
@@ -141,12 +152,8 @@ class FabricReporter:
         if not (o.metrics or o.benchmark_json or (step_summary and self.outcomes)):
             return
         from .dashboards import build_tables, write_outputs
-        from .nights import SavedRun, run_from_store
 
-        records = self.fabric.store.all() if self.fabric.store.holds_records() else {}
-        run = run_from_store(records, o.fabrics) if records else SavedRun({})
-        run.verdicts = self._night_verdicts()
-        tables = build_tables(run, records)
+        tables = build_tables(self.night.run, self.night.records)
         if self.undecided:
             tables.notes.append(f"no verdict tonight: {self.undecided}")
         write_outputs(tables, o.metrics, o.benchmark_json, step_summary if self.outcomes else None)
@@ -160,7 +167,8 @@ class FabricReporter:
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
                     "fabrics": list(fabric.options.fabrics)}
-        save_results(fabric.options.save, fabric.store.all(), identity, self._night_verdicts(), fabric.options.prices)
+        night = self.night
+        save_results(fabric.options.save, night.records, identity, night.run.verdicts, fabric.options.prices, night.run)
 
     def _suite_properties(self) -> dict[str, str]:
         fabric, o = self.fabric, self.fabric.options
@@ -177,7 +185,7 @@ class FabricReporter:
                       for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
         if self.undecided:
             facts["fabric.undecided"] = self.undecided
-        return suite_properties([*fabric.recorded(), *fabric.recorded_bandwidth()], facts)
+        return suite_properties([*self.night.measured, *self.night.bandwidth], facts)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         fabric = self.fabric
@@ -190,9 +198,8 @@ class FabricReporter:
             terminalreporter.write_line(f"fabric: ERROR {problem}", red=True, bold=True)
         if not fabric.store.holds_records():
             return
-        measured = fabric.recorded()
-        errors = [r["error"].splitlines()[0] for r in fabric.store.all().values() if "error" in r]
-        bandwidth = fabric.recorded_bandwidth()
+        night = self.night
+        measured, errors, bandwidth = night.measured, night.errors, night.bandwidth
         if not measured and not errors and not bandwidth:
             return
         terminalreporter.write_sep("=", "fabric throughput (tokens/s)")
@@ -202,9 +209,8 @@ class FabricReporter:
             terminalreporter.write_line(line)
         if fabric.options.prices:
             from .htmlreport import cost_lines
-            from .nights import run_from_store
 
-            for line in cost_lines(run_from_store(fabric.store.all(), fabric.options.fabrics), fabric.options.prices):
+            for line in cost_lines(night.run, fabric.options.prices):
                 terminalreporter.write_line(line)
         for line in errors:
             terminalreporter.write_line(f"failed launch: {line}")

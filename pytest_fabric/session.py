@@ -22,18 +22,19 @@ from pathlib import Path
 import pytest
 
 from . import options as fabric_options
-from .case import BANDWIDTH, Case
+from .case import Case
 from .cluster import Cluster, ClusterUnavailable, local_fallback
 from .fabrics import Fabric
 from .floor import Floor, impossible_payloads, run_floor, transport_hint
 from .gates import GateOutcome
-from .measure import BandwidthMeasurement, Measurement, Measurer, configuration_tokens_per_s
+from .measure import Measurer
+from .measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from .models import get_model
 from .predict import comparison_line
 from .redact import remember
 from .references import ReferenceError, References
 from .baselines import Baseline
-from .nights import ResultsError
+from .nights import ResultsError, launch_records, session_measurements
 from .stats import DEFAULT_NOISE, Interval, NoisePrior
 from .store import ResultStore
 
@@ -92,18 +93,10 @@ class FabricSession:
 
     def recorded(self) -> list[Measurement]:
         """Every measurement of the session, one per (model, nodes, fabric) in the tested fabrics."""
-        out = []
-        for record in self.store.all().values():
-            if "error" in record or record["case"]["model"] == BANDWIDTH:
-                continue
-            case = Case(**record["case"])
-            fabrics = [case.fabric] if case.crosses_fabric else self.options.fabrics
-            out.extend(Measurement.from_record(case.with_fabric(f), record) for f in fabrics)
-        return out
+        return session_measurements(launch_records(self.store.all()), self.options.fabrics)[0]
 
     def recorded_bandwidth(self) -> list[BandwidthMeasurement]:
-        return [BandwidthMeasurement.from_record(r) for r in self.store.all().values()
-                if "error" not in r and r["case"]["model"] == BANDWIDTH]
+        return session_measurements(launch_records(self.store.all()), self.options.fabrics)[1]
 
     # -- the physical floor of what was measured (floor.py), on this session's links ---------------
 

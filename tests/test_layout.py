@@ -136,3 +136,65 @@ def test_unit_conversions_go_through_units(name):
     found = [line.strip() for line in MODULES[name].read_text().splitlines()
              if _RAW_CONVERSIONS.search(line.partition("#")[0])]
     assert found == [], f"{name}: write these with pytest_fabric.units: {found}"
+
+
+def test_the_value_types_sit_below_the_launch_machinery():
+    # measurement.py (Measurement, LaunchRecord, launch_value) uses only leaves and the rank programs'
+    # typed results: the readers of a night get it without filelock, a launcher or a node probe.
+    below = {m for m in GRAPH["pytest_fabric.measurement"] if m not in LEAVES and not m.startswith(LOWER)}
+    assert below == set()
+    assert {m for m in _imports("pytest_fabric.measurement") if m.split(".")[0] == "filelock"} == set()
+    for reader in ("pytest_fabric.nights", "pytest_fabric.junit", "pytest_fabric.gates"):
+        assert "pytest_fabric.measure" not in GRAPH[reader], reader
+
+
+def _calls(name: str, callee: str) -> int:
+    """How many times ``name``'s source calls ``callee`` (``Class.method`` or a bare function name)."""
+    owner, _, attr = callee.rpartition(".")
+    found = 0
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if owner and isinstance(f, ast.Attribute) and f.attr == attr and isinstance(f.value, ast.Name) \
+                and f.value.id == owner:
+            found += 1
+        elif not owner and isinstance(f, ast.Name) and f.id == attr:
+            found += 1
+    return found
+
+
+def _callers(callee: str) -> set[str]:
+    return {name for name in MODULES if _calls(name, callee)}
+
+
+def test_a_measurement_takes_four_forms_from_the_ranks_to_junit():
+    # TrainResult (the rank's result.json) -> LaunchRecord (the store's record, decoded once) ->
+    # Measurement / SavedRun (a case's value; the night) -> JUnit's machine lines. Each step has its
+    # owners: a rank's result is decoded only into a LaunchRecord (the measurer reads result.json),
+    # a LaunchRecord only by the measurer, the night's builder and calibration...
+    results = {"pytest_fabric.measurement", "pytest_fabric.workload.result"}
+    assert _callers("TrainResult.from_dict") | _callers("CollectivesResult.from_dict") <= results
+    assert _callers("LaunchRecord.from_dict") == {"pytest_fabric.measurement", "pytest_fabric.measure",
+                                                  "pytest_fabric.nights", "pytest_fabric.calibration"}
+    # ... a record becomes a Measurement in the measurer and in the night's builder (dashboards'
+    # busbw rows still read the raw records: the table model's part) ...
+    assert _callers("Measurement.from_record") == {"pytest_fabric.measure", "pytest_fabric.nights"}
+    assert _callers("BandwidthMeasurement.from_record") <= {"pytest_fabric.measure", "pytest_fabric.nights",
+                                                            "pytest_fabric.dashboards"}
+    # ... and a session's night is built from its store in one place, once: the reporter's
+    # ``night``, which the terminal, the suite properties, dashboards, cost lines and --fabric-save take.
+    assert _callers("run_from_store") == {"pytest_fabric.nights"}
+    assert _callers("session_night") == {"pytest_fabric.reporter"}
+    assert _calls("pytest_fabric.reporter", "session_night") == 1
+    reporter = MODULES["pytest_fabric.reporter"].read_text()
+    assert reporter.count("store.all()") == 1 and "recorded(" not in reporter
+
+
+def test_a_launch_has_one_value_function():
+    # measurement.launch_value: the gates, calibration and the benchmarks value a launch with it;
+    # only it calls stats.launch_estimate on a result.
+    assert _callers("launch_estimate") == {"pytest_fabric.measurement"}
+    benchmarks = Path(__file__).resolve().parent.parent / "benchmarks"
+    for path in sorted(benchmarks.glob("*.py")):
+        assert "launch_estimate(" not in path.read_text(), path.name

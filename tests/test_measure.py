@@ -13,6 +13,7 @@ import pytest
 from pytest_fabric import Case, MeasurementError, LaunchSettings
 from pytest_fabric.cluster import Cluster, LaunchRequest
 from pytest_fabric.cluster.base import OnThisMachine
+from pytest_fabric.stats import FIRST_LAUNCH_FACTOR
 from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
 from pytest_fabric.measure import Measurer
 from pytest_fabric.store import ResultStore
@@ -163,10 +164,13 @@ def test_machine_lines_are_flat_strings_named_after_the_case(tmp_path):
 
 def test_the_measured_steps_and_their_bounds_reach_the_rank_program(tmp_path):
     cluster = FakeCluster()
-    measurer(tmp_path, cluster, steps=5, measure_s=2.5, step_precision=0.02, max_steps=40).measure(
-        Case("qwen2-tiny", 2, "eth"))
-    config = TrainConfig.load(cluster.requests[0].program[-1])
-    assert (config.steps, config.measure_s, config.step_precision, config.max_steps) == (5, 2.5, 0.02, 40)
+    m = measurer(tmp_path, cluster, steps=5, measure_s=2.5, step_precision=0.02, max_steps=40)
+    for launch in (0, 1):
+        m.measure(Case("qwen2-tiny", 2, "eth"), launch)
+    first, second = (TrainConfig.load(r.program[-1]) for r in cluster.requests)
+    assert (second.steps, second.measure_s, second.step_precision, second.max_steps) == (5, 2.5, 0.02, 40)
+    # A configuration's first launch measures twice the window (stats.measure_window).
+    assert (first.steps, first.measure_s, first.max_steps) == (5, 2.5 * FIRST_LAUNCH_FACTOR, 40)
 
 
 def test_a_result_of_the_first_version_is_still_read(tmp_path):
