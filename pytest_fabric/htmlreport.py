@@ -9,7 +9,7 @@ faster fabric stops paying for itself, and which is cheaper ("undecided" when th
 overlap). Pictures: per model each launch as a point with the value and its interval (the y-axis
 fits the data), the gates against their thresholds, busbw versus payload with the link rate.
 ``write_trend`` puts several nights side by side, with the baseline band and failing nights marked.
-The rows come from ``dashboards.build_tables``, as the CI outputs' do.
+The rows come from ``tables.py`` (and the gates' from ``dashboards.build_tables``), as the CI outputs' do.
 
 Both documents are built once as a list of blocks and rendered twice, so the Markdown and the HTML
 never disagree. The HTML is self-contained (inline CSS); plots are PNG files next to it, referenced
@@ -27,14 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from .atomic import write_text
-from .dashboards import GateRow, Tables, build_tables, configuration_interval, md_cell, mfu_convention
-from .fabrics import REFERENCE_FABRIC
-from .cost import break_even_premium, cost_per_million_tokens
+from .dashboards import GateRow, Tables, build_tables, md_cell, mfu_convention
 from .redact import redact
 from .baselines import night_labels
-from .hostbound import gib_text, mfu_text
 from .nights import CaseResult, ResultsError, SavedRun, identity_mismatch, load_records, verdict_case
-from .units import MIB
+from .tables import (bandwidth_table, by_model as group_by_model, configuration_interval, cost_tables, reference,
+                     throughput_tables)
+from .terminal import cost_lines
 
 __all__ = ["Written", "combine", "cost_lines", "write_report", "write_trend"]
 
@@ -195,17 +194,6 @@ def combine(runs: Sequence[SavedRun]) -> SavedRun:
     return combined
 
 
-def _reference(fabrics: Sequence[str]) -> str | None:
-    return REFERENCE_FABRIC if REFERENCE_FABRIC in fabrics else (fabrics[0] if fabrics else None)
-
-
-def _by_model(run: SavedRun) -> dict[str, dict[int, dict[str, CaseResult]]]:
-    table: dict[str, dict[int, dict[str, CaseResult]]] = {}
-    for c in run.cases.values():
-        table.setdefault(c.model, {}).setdefault(c.nodes, {})[c.fabric] = c
-    return table
-
-
 def _identity_lines(identity: Mapping[str, Any]) -> list[str]:
     versions = identity.get("versions") or {}
     facts = [
@@ -241,21 +229,6 @@ def _delta_interval(gate: GateRow | None, fabric: str) -> str:
     return f" [{(low - 1) * 100:+.1f}%, {(high - 1) * 100:+.1f}%]"
 
 
-def _delta(row: Mapping[str, CaseResult], fabric: str, ref: str | None, nodes: int) -> str:
-    if fabric not in row:
-        return "-"
-    if nodes == 1:
-        return "n/a"  # one node: no traffic crosses the fabric, every fabric shares one measurement
-    if ref not in row:
-        return "-"
-    return f"{(row[fabric].mean / row[ref].mean - 1) * 100:+.1f}%"
-
-
-def _with_interval(c: CaseResult) -> str:
-    iv = configuration_interval(c.tokens_per_s, c.weights)
-    return f"{c.mean:.1f} [{iv.low:.1f}, {iv.high:.1f}]"
-
-
 def _verdict_cells(v: Mapping[str, Any], tables: Tables) -> list[str]:
     gates = [g for g in tables.gates if g.test == v.get("test")]
     outcome = {"passed": "pass", "failed": "fail", "xfailed": "inconclusive"}.get(str(v.get("outcome")),
@@ -276,19 +249,6 @@ def _records(runs: Sequence[SavedRun]) -> dict[str, Any]:
             except ResultsError:
                 continue
     return records
-
-
-def _cheapest(row: Mapping[str, CaseResult], cost: Mapping[str, float], prices: Mapping[str, float]) -> str:
-    """The fabric cheapest per token, or "undecided" when its cost interval overlaps another's."""
-    best = min(cost, key=cost.__getitem__)
-
-    def bounds(f: str) -> tuple[float, float]:
-        iv = configuration_interval(row[f].tokens_per_s, row[f].weights)
-        return (cost_per_million_tokens(iv.high, row[f].gpus, prices[f]),
-                cost_per_million_tokens(iv.low, row[f].gpus, prices[f]))
-
-    tied = [f for f in cost if f != best and bounds(f)[0] <= bounds(best)[1]]
-    return f"undecided: {best} or {', '.join(tied)} (intervals overlap)" if tied else best
 
 
 def _verdicts_by_row(run: SavedRun) -> dict[tuple[str, int], list[str]]:
@@ -315,7 +275,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     directory = Path(directory)
     run = combine(runs)
     fabrics = run.fabrics()
-    ref = _reference(fabrics)
+    ref = reference(fabrics)
     notes: list[str] = []
     plots: list[Path] = []
     doc = _Document("pytest-fabric report")
@@ -331,7 +291,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
         doc.bullets(warnings)
 
     Figure = _matplotlib_figure()
-    by_model = _by_model(run)
+    by_model = group_by_model(run.cases.values())
     tables = build_tables(run, _records(runs))
     doc.heading("Throughput")
     if not by_model:
@@ -343,27 +303,12 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     if by_model and Figure is None:
         notes.append(NO_MATPLOTLIB)
         doc.para(NO_MATPLOTLIB)
-    verdict_rows = _verdicts_by_row(run)
-    for model, rows in sorted(by_model.items()):
+    gate_interval = (lambda model, nodes, f, ref: _delta_interval(_gate_of(tables, model, nodes, f, ref), f))
+    for table in throughput_tables(run.cases.values(), fabrics, detail=True, delta_interval=gate_interval,
+                                   verdicts=_verdicts_by_row(run)):
+        model, rows = table.title, by_model[table.title]
         doc.heading(model, 3)
-        header = ["nodes", "GPUs", *(f"{f} tok/s" for f in fabrics), *(f"{f} vs {ref}" for f in fabrics if f != ref),
-                  *(f"{f} tok/s/GPU" for f in fabrics), *(f"{f} MFU" for f in fabrics),
-                  *(f"{f} peak GiB" for f in fabrics), "launches", "verdict"]
-        body = []
-        for nodes in sorted(rows):
-            row = rows[nodes]
-            body.append([
-                str(nodes), str(next(iter(row.values())).gpus),
-                *(_with_interval(row[f]) if f in row else "-" for f in fabrics),
-                *(_delta(row, f, ref, nodes) + (_delta_interval(_gate_of(tables, model, nodes, f, ref), f)
-                                                if nodes > 1 else "") for f in fabrics if f != ref),
-                *(f"{row[f].mean_per_gpu:.1f}" if f in row else "-" for f in fabrics),
-                *(mfu_text(row[f].mfu) if f in row else "-" for f in fabrics),
-                *(gib_text(row[f].peak_memory_gib) if f in row else "-" for f in fabrics),
-                ", ".join(f"{f} {row[f].count_text}" for f in fabrics if f in row),
-                "; ".join(verdict_rows.get((model, nodes), [])) or "-",
-            ])
-        doc.table(header, body)
+        doc.table(table.header, table.rows)
         if Figure is not None:
             png = directory / PLOTS_DIR / f"{_slug(model)}-per-gpu.png"
             _plot_per_gpu(Figure, png, model, rows, fabrics)
@@ -389,12 +334,9 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     if run.bandwidth:
         doc.heading("Collective bandwidth")
         doc.para("Bus bandwidth (nccl-tests semantics) at each collective's largest payload, Gbit/s.")
-        links = sorted(run.bandwidth.values(), key=lambda b: (b.nodes, fabrics.index(b.fabric)))
-        ops = sorted({op for b in links for op in b.busbw_gbit})
-        doc.table(["nodes", "fabric", "link Gbit/s", *(f"{op} busbw" for op in ops), "payload MiB"],
-                  [[str(b.nodes), b.fabric, f"{b.link_gbit:g}" if b.link_gbit else "-",
-                    *(f"{b.busbw_gbit[op]:.3f}" if op in b.busbw_gbit else "-" for op in ops),
-                    f"{b.payload_bytes / MIB:g}"] for b in links])
+        links = bandwidth_table(run.bandwidth.values(), lambda b: (b.nodes, fabrics.index(b.fabric)), "payload MiB")
+        if links is not None:
+            doc.table(links.header, links.rows)
         if Figure is not None and tables.busbw:
             for op in sorted({r.op for r in tables.busbw}):
                 png = directory / PLOTS_DIR / f"busbw-{_slug(op)}.png"
@@ -406,7 +348,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     saved = {f for f in run.prices if f not in (prices or {})}
     prices = {**run.prices, **(prices or {})}
     if prices:
-        _cost_section(doc, by_model, fabrics, ref, prices, notes, saved)
+        _cost_section(doc, run, fabrics, ref, prices, notes, saved)
 
     if run.errors:
         doc.heading("Failed launches")
@@ -414,10 +356,10 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     return _write(directory, doc, "report", plots, notes)
 
 
-def _cost_section(doc: _Document, by_model: dict[str, dict[int, dict[str, CaseResult]]], fabrics: Sequence[str],
+def _cost_section(doc: _Document, run: SavedRun, fabrics: Sequence[str],
                   ref: str | None, prices: Mapping[str, float], notes: list[str], saved: set[str]) -> None:
     doc.heading("Cost")
-    if not by_model:
+    if not run.cases:
         doc.para("No training measurements to price.")
         return
     unknown = sorted(set(prices) - set(fabrics))
@@ -429,55 +371,9 @@ def _cost_section(doc: _Document, by_model: dict[str, dict[int, dict[str, CaseRe
                                                 for f in sorted(prices)) + ". "
              f"Break-even premium: how much more per GPU-hour {ref} may cost than the other fabric and still "
              f"cost no more per token (its tokens/s advantage).")
-    for model, header, body in _cost_tables(by_model, fabrics, ref, prices):
-        doc.heading(f"{model}: cost", 3)
-        doc.table(header, body)
-
-
-def _cost_tables(by_model: dict[str, dict[int, dict[str, CaseResult]]], fabrics: Sequence[str], ref: str | None,
-                 prices: Mapping[str, float]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """Per model: (model, header, rows) of $ per million tokens per fabric and break-even premiums."""
-    priced = [f for f in fabrics if f in prices]
-    others = [f for f in fabrics if f != ref]
-    tables = []
-    for model, rows in sorted(by_model.items()):
-        header = ["nodes", "GPUs", *(f"{f} $/M tokens" for f in priced),
-                  *(f"{ref} break-even premium over {f}" for f in others)]
-        if ref in prices:
-            header += [f"{ref} price premium over {f}" for f in others if f in prices]
-        header.append("cheapest per token")
-        body = []
-        for nodes in sorted(rows):
-            row = rows[nodes]
-            cost = {f: cost_per_million_tokens(row[f].mean, row[f].gpus, prices[f]) for f in priced if f in row}
-            cells = [str(nodes), str(next(iter(row.values())).gpus),
-                     *(f"{cost[f]:.4g}" if f in cost else "-" for f in priced)]
-            for f in others:
-                if nodes == 1:
-                    cells.append("n/a")
-                elif ref in row and f in row:
-                    cells.append(f"{break_even_premium(row[ref].mean, row[f].mean) * 100:+.1f}%")
-                else:
-                    cells.append("-")
-            if ref in prices:
-                cells += [f"{(prices[ref] / prices[f] - 1) * 100:+.1f}%" for f in others if f in prices]
-            cells.append(_cheapest(row, cost, prices) if cost else "-")
-            body.append(cells)
-        tables.append((model, header, body))
-    return tables
-
-
-def cost_lines(run: SavedRun, prices: Mapping[str, float]) -> list[str]:
-    """The cost tables as aligned text lines (the pytest terminal summary); none without prices."""
-    fabrics = run.fabrics()
-    if not prices or not run.cases:
-        return []
-    out = ["cost (USD per GPU-hour: " + ", ".join(f"{f} {prices[f]:g}" for f in sorted(prices)) + "):"]
-    for model, header, body in _cost_tables(_by_model(run), fabrics, _reference(fabrics), prices):
-        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-        out.append(f"{model}:")
-        out.extend("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [header, *body])
-    return out
+    for table in cost_tables(run, prices):
+        doc.heading(f"{table.title}: cost", 3)
+        doc.table(table.header, table.rows)
 
 
 def _plot_per_gpu(Figure, png: Path, model: str, rows: dict[int, dict[str, CaseResult]],

@@ -72,6 +72,14 @@ def test_the_leaves_import_only_leaves():
         assert {m for m in GRAPH[leaf] if m not in LEAVES} == set(), leaf
 
 
+def test_the_table_model_reads_the_night_model_only():
+    # tables.py builds every output's rows from a SavedRun: it reads no file, store or JUnit (the
+    # renderers above it do), so each number is computed once.
+    assert GRAPH["pytest_fabric.tables"] <= LEAVES | {"pytest_fabric.cost", "pytest_fabric.hostbound"}
+    for renderer in ("terminal", "htmlreport", "dashboards"):
+        assert "pytest_fabric.tables" in GRAPH[f"pytest_fabric.{renderer}"], renderer
+
+
 def test_no_import_cycle():
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
