@@ -33,7 +33,7 @@ from .baselines import night_labels
 from .nights import CaseResult, ResultsError, SavedRun, identity_mismatch, load_records, verdict_case
 from .tables import (bandwidth_table, by_model as group_by_model, configuration_interval, cost_tables, reference,
                      throughput_tables)
-from .terminal import cost_lines
+from .terminal import cost_lines  # noqa: F401 (public name: the terminal's cost lines, formerly here)
 
 __all__ = ["Written", "combine", "cost_lines", "write_report", "write_trend"]
 

@@ -14,8 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import REPO
-from test_verdicts import run_gates
+from helpers import IDENTITY, REPO, gpu_night, outcome, run_gates, session_store
 
 from pytest_fabric.dashboards import (build_tables, benchmark_json, job_summary, md_cell, md_table, openmetrics)
 from pytest_fabric.junit import load_junit
@@ -143,16 +142,6 @@ def test_benchmark_json_is_bencher_metric_format_with_bounds():
 # -- the step's figures: MFU and peak memory -------------------------------------------------------
 
 
-def gpu_night(path: Path):
-    """A night of the H200 launch recorded on hardware (fixtures/gpu), saved and read back."""
-    from helpers import gpu_record
-
-    from pytest_fabric.nights import save_results
-
-    save_results(path, {"qwen2.5-1.5b-n1-any#aaaa": gpu_record("eth")}, {"fabrics": ["eth"]})
-    return load_results(path)
-
-
 def test_mfu_and_peak_memory_of_the_recorded_gpu_launch_in_the_summary_metrics_and_bencher(tmp_path):
     from helpers import GPU_PEAK, gpu_expected
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -181,7 +170,6 @@ def test_no_mfu_on_cpu_nights_and_none_of_the_figures_on_nights_saved_before_the
     """A CPU night: MFU n/a in the summary, no MFU sample or measure, its peak memory shown; the
     recorded night (saved before the figures were) reads n/a for both and emits neither."""
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
-    from test_results import IDENTITY, session_store
 
     from pytest_fabric.nights import save_results
 
@@ -216,7 +204,6 @@ def test_the_default_runs_testcases_stay_under_1000_characters():
               if "error" not in r and r["case"]["model"] in case.get("name")]
         gates = old[case.get("name")]["gates"]
         assert gates and ms
-        from test_junit import outcome
 
         text = text_of(ms, verdict_lines, [outcome()])
         assert len(out.text) > 2500 and len(text) < 1000, (case.get("name"), len(text))

@@ -144,3 +144,16 @@ def test_unit_conversions_go_through_units(name):
     found = [line.strip() for line in MODULES[name].read_text().splitlines()
              if _RAW_CONVERSIONS.search(line.partition("#")[0])]
     assert found == [], f"{name}: write these with pytest_fabric.units: {found}"
+
+
+def test_test_modules_take_shared_builders_from_helpers_only():
+    # A builder imported from another test module drags that module's tests in with it and hides
+    # where the builder lives: tests/helpers.py holds every shared one.
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert offenders == []
