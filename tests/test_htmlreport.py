@@ -302,11 +302,11 @@ def test_the_gate_picture_and_busbw_per_payload_come_from_the_launch_records(tmp
 
 def test_a_trend_marks_failing_nights(tmp_path):
     pytest.importorskip("matplotlib")
-    from pytest_fabric.htmlreport import _failed
+    from pytest_fabric.report_plots import gate_failed
 
     first = load_results(REPO / "fixtures" / "dashboards" / "night.json")
     second = load_results(REPO / "fixtures" / "dashboards" / "night.json")
     second.verdicts = [dict(v, outcome="fail") if "advantage" in v["test"] else v for v in second.verdicts]
-    assert _failed(second, "llama-wide-n2-eth") and not _failed(first, "llama-wide-n2-eth")
+    assert gate_failed(second, "llama-wide-n2-eth") and not gate_failed(first, "llama-wide-n2-eth")
     written = write_trend([first, second], tmp_path / "trend")
     assert written.plots and all(p.read_bytes()[:8] == PNG_MAGIC for p in written.plots)

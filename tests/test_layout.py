@@ -157,3 +157,28 @@ def test_test_modules_take_shared_builders_from_helpers_only():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0].startswith("test_")]
     assert offenders == []
+
+
+def _reachable(name: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for dep in GRAPH[todo.pop()] - seen:
+            seen.add(dep)
+            todo.append(dep)
+    return seen
+
+
+# Modules split out of a larger one by role, each below the module that kept the rest (which
+# re-exports their public names): the split module never reaches back up.
+SPLIT_BELOW = {"nccl_logs": "nccl_evidence", "nic_inventory": "nccl_evidence", "report_document": "htmlreport",
+               "report_plots": "htmlreport", "trend": "htmlreport", "tables": "terminal"}
+
+
+@pytest.mark.parametrize("low", sorted(SPLIT_BELOW))
+def test_a_split_module_sits_below_the_one_it_came_from(low):
+    high = f"pytest_fabric.{SPLIT_BELOW[low]}"
+    assert f"pytest_fabric.{low}" in _reachable(high)
+    assert high not in _reachable(f"pytest_fabric.{low}")
+    if SPLIT_BELOW[low] == "nccl_evidence":  # what NCCL wrote and what a node has: facts, read from leaves only
+        assert GRAPH[f"pytest_fabric.{low}"] <= LEAVES
