@@ -16,7 +16,7 @@ import pytest
 from . import __version__
 from .junit import SECTION, add_to_junit, suite_properties
 from .redact import redact_file
-from .terminal import bandwidth_table, summary_tables
+from .terminal import bandwidth_table, cost_lines, summary_tables
 from .nights import save_results
 from .session import FabricSession
 from .storage import is_storage_error, storage_problem
@@ -201,7 +201,6 @@ class FabricReporter:
         for line in bandwidth_table(bandwidth):
             terminalreporter.write_line(line)
         if fabric.options.prices:
-            from .htmlreport import cost_lines
             from .nights import run_from_store
 
             for line in cost_lines(run_from_store(fabric.store.all(), fabric.options.fabrics), fabric.options.prices):
