@@ -144,6 +144,16 @@ def _busbw_rows(run: SavedRun, records: Mapping[str, Any] | None) -> list[BusbwR
     return [rows[k] for k in sorted(rows)]
 
 
+def largest_payloads(rows: Sequence[BusbwRow]) -> list[BusbwRow]:
+    """Per (nodes, fabric, collective) the row of its largest payload (the first of equal ones), in the
+    order they first appear: what the summary and the trackers show of a collective."""
+    largest: dict[tuple[int, str, str], BusbwRow] = {}
+    for r in rows:
+        if (r.nodes, r.fabric, r.op) not in largest or r.bytes > largest[(r.nodes, r.fabric, r.op)].bytes:
+            largest[(r.nodes, r.fabric, r.op)] = r
+    return list(largest.values())
+
+
 def mfu_convention(tables: Tables) -> str:
     """How the MFU shown counts (the night's convention, named with every MFU column) and what peak
     memory is, in one line: "MFU: output head counted, ...; against H200 SXM 989 TFLOP/s dense bf16;
@@ -199,15 +209,12 @@ def job_summary(tables: Tables) -> str:
             [[c.model, c.nodes, c.fabric, c.gpus, f"{c.tokens_per_s:.1f}", _interval(c.low, c.high, 1),
               f"{c.tokens_per_s / c.gpus:.1f}", mfu_text(c.mfu), gib_text(c.peak_memory_gib), c.launches]
              for c in tables.configs], "lrlrrrrrrr"), "", md_cell(mfu_convention(tables)), ""]
-    largest: dict[tuple[int, str, str], BusbwRow] = {}
-    for r in tables.busbw:
-        if (r.nodes, r.fabric, r.op) not in largest or r.bytes > largest[(r.nodes, r.fabric, r.op)].bytes:
-            largest[(r.nodes, r.fabric, r.op)] = r
+    largest = largest_payloads(tables.busbw)
     if largest:
         lines += ["### Collective bandwidth (busbw, Gbit/s, largest payload)", "", *md_table(
             ["nodes", "fabric", "collective", "busbw", "link", "MiB"],
             [[r.nodes, r.fabric, r.op, f"{r.busbw_gbit:.3f}", f"{r.link_gbit:g}" if r.link_gbit else "-",
-              f"{r.bytes / MIB:g}"] for r in largest.values()], "rllrrr"), ""]
+              f"{r.bytes / MIB:g}"] for r in largest], "rllrrr"), ""]
     return "\n".join(lines)
 
 
@@ -290,13 +297,8 @@ def benchmark_json(tables: Tables) -> dict[str, dict[str, dict[str, float]]]:
     for g in tables.gates:
         name = f"gate {g.name} {g.where}".strip()
         out.setdefault(name, {})["ratio"] = {"value": g.ratio, "lower_value": g.low, "upper_value": g.high}
-    largest: dict[str, BusbwRow] = {}
-    for r in tables.busbw:
-        key = f"{Case(BANDWIDTH, r.nodes, r.fabric).id} {r.op}"
-        if key not in largest or r.bytes > largest[key].bytes:
-            largest[key] = r
-    for key, r in largest.items():
-        out.setdefault(key, {})["busbw-gbit"] = {"value": r.busbw_gbit}
+    for r in largest_payloads(tables.busbw):
+        out.setdefault(f"{Case(BANDWIDTH, r.nodes, r.fabric).id} {r.op}", {})["busbw-gbit"] = {"value": r.busbw_gbit}
     return out
 
 

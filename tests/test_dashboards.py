@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import IDENTITY, REPO, gpu_night, outcome, run_gates, session_store
 
-from pytest_fabric.dashboards import (build_tables, benchmark_json, job_summary, md_cell, md_table, openmetrics)
+from pytest_fabric.dashboards import (BusbwRow, build_tables, benchmark_json, job_summary, largest_payloads, md_cell,
+                                      md_table, openmetrics)
 from pytest_fabric.junit import load_junit
 from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
 from pytest_fabric.measure import Measurement
@@ -277,3 +278,10 @@ def test_every_gate_shows_the_noise_it_used_in_the_summary_and_the_metrics():
     old = SavedRun({}, {}, {}, [{**verdict, "gates": [{k: v for k, v in gate.items() if "noise" not in k}]}], [],
                    Path("night.json"), "saved")
     assert "| 3+3 | - |" in job_summary(build_tables(old)) and "launch_noise" not in openmetrics(build_tables(old))
+
+
+def test_largest_payloads_keep_one_row_per_collective_in_first_seen_order():
+    rows = [BusbwRow(2, "ib", "all_reduce", 1 << 20, 1.0, None), BusbwRow(2, "ib", "all_gather", 1 << 24, 2.0, None),
+            BusbwRow(2, "ib", "all_reduce", 1 << 24, 3.0, None), BusbwRow(2, "ib", "all_reduce", 1 << 24, 4.0, None)]
+    assert [(r.op, r.busbw_gbit) for r in largest_payloads(rows)] == [("all_reduce", 3.0), ("all_gather", 2.0)]
+    assert largest_payloads([]) == []
