@@ -13,7 +13,6 @@ on CPU); each collective's busbw per payload. Every renderer here, and the repor
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +23,9 @@ from .hostbound import gib_text, mfu_text
 from .measure import BandwidthMeasurement
 from .models import MFU_CONVENTION
 from .nights import SavedRun, verdict_case
-from .stats import DEFAULT_NOISE, WEIGHT_SIGMA, Interval, contrast_interval
+from .tables import CONFIDENCE, ConfigRow, config_rows, configuration_interval  # noqa: F401 (public names)
 from .units import MIB
 from .verdicts import ERROR, FAIL, INCONCLUSIVE, OUTCOMES, PASS, counts
-
-CONFIDENCE = 0.95  # of a configuration's interval (a gate's interval has its own, from its spending)
-
 
 @dataclass(frozen=True)
 class GateRow:
@@ -72,27 +68,6 @@ class GateRow:
 
 
 @dataclass(frozen=True)
-class ConfigRow:
-    """One (model, nodes, fabric): its value (the one the gates judged) and a 95% interval of it;
-    its MFU at that value, the peak that MFU is taken against, and its peak memory per rank (None:
-    unknown; MFU and its peak on CPU)."""
-
-    model: str
-    nodes: int
-    fabric: str
-    gpus: int
-    tokens_per_s: float
-    low: float
-    high: float
-    launches: int | str  # "6", or "6 (1 dw)" with one down-weighted
-    mfu: float | None = None
-    mfu_peak: str | None = None
-    peak_memory_gib: float | None = None
-    launch_count: int = 0  # the launches the value rests on...
-    down_weighted: int = 0  # ...and how many of them counted with a small weight
-
-
-@dataclass(frozen=True)
 class BusbwRow:
     nodes: int
     fabric: str
@@ -116,16 +91,6 @@ class Tables:
     @property
     def counts(self) -> dict[str, int]:
         return counts(outcome for _, outcome, _ in self.tests)
-
-
-def configuration_interval(values: Sequence[float], weights: Sequence[float] | None = None) -> Interval:
-    """95% interval of a configuration's value (the weighted geometric mean of its launches, each
-    down-weighted launch with the extra noise its weight stands for), with the declared launch
-    noise as prior: one launch is known no better than launches differ."""
-    w = list(weights) if weights else [1.0] * len(values)
-    extra = [WEIGHT_SIGMA ** 2 * (1 / x - 1) for x in w]
-    return contrast_interval([(+1.0, [(math.log(v), 0.0, e) for v, e in zip(values, extra)])], DEFAULT_NOISE,
-                             CONFIDENCE)
 
 
 def _number(value: Any) -> float | None:
@@ -157,12 +122,7 @@ def build_tables(run: SavedRun, records: Mapping[str, Any] | None = None) -> Tab
                                  "+".join(map(str, launches)) if isinstance(launches, list) else str(launches),
                                  _number(g.get("launch_noise")), _number(g.get("noise_df")),
                                  str(g.get("noise_source") or ""), int(_number(g.get("family")) or 0)))
-    configs = []
-    for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
-        iv = configuration_interval(c.tokens_per_s, c.weights)
-        configs.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, c.count_text,
-                                 c.mfu, c.mfu_peak, c.peak_memory_gib, c.launches, c.down_weighted))
-    return Tables(tests, gates, configs, _busbw_rows(run, records), dict(run.identity))
+    return Tables(tests, gates, config_rows(run), _busbw_rows(run, records), dict(run.identity))
 
 
 def _busbw_rows(run: SavedRun, records: Mapping[str, Any] | None) -> list[BusbwRow]:
@@ -182,6 +142,16 @@ def _busbw_rows(run: SavedRun, records: Mapping[str, Any] | None) -> list[BusbwR
                 rows[(link.nodes, link.fabric, op, link.payload_bytes)] = BusbwRow(
                     link.nodes, link.fabric, op, link.payload_bytes, gbit, link.link_gbit)
     return [rows[k] for k in sorted(rows)]
+
+
+def largest_payloads(rows: Sequence[BusbwRow]) -> list[BusbwRow]:
+    """Per (nodes, fabric, collective) the row of its largest payload (the first of equal ones), in the
+    order they first appear: what the summary and the trackers show of a collective."""
+    largest: dict[tuple[int, str, str], BusbwRow] = {}
+    for r in rows:
+        if (r.nodes, r.fabric, r.op) not in largest or r.bytes > largest[(r.nodes, r.fabric, r.op)].bytes:
+            largest[(r.nodes, r.fabric, r.op)] = r
+    return list(largest.values())
 
 
 def mfu_convention(tables: Tables) -> str:
@@ -239,15 +209,12 @@ def job_summary(tables: Tables) -> str:
             [[c.model, c.nodes, c.fabric, c.gpus, f"{c.tokens_per_s:.1f}", _interval(c.low, c.high, 1),
               f"{c.tokens_per_s / c.gpus:.1f}", mfu_text(c.mfu), gib_text(c.peak_memory_gib), c.launches]
              for c in tables.configs], "lrlrrrrrrr"), "", md_cell(mfu_convention(tables)), ""]
-    largest: dict[tuple[int, str, str], BusbwRow] = {}
-    for r in tables.busbw:
-        if (r.nodes, r.fabric, r.op) not in largest or r.bytes > largest[(r.nodes, r.fabric, r.op)].bytes:
-            largest[(r.nodes, r.fabric, r.op)] = r
+    largest = largest_payloads(tables.busbw)
     if largest:
         lines += ["### Collective bandwidth (busbw, Gbit/s, largest payload)", "", *md_table(
             ["nodes", "fabric", "collective", "busbw", "link", "MiB"],
             [[r.nodes, r.fabric, r.op, f"{r.busbw_gbit:.3f}", f"{r.link_gbit:g}" if r.link_gbit else "-",
-              f"{r.bytes / MIB:g}"] for r in largest.values()], "rllrrr"), ""]
+              f"{r.bytes / MIB:g}"] for r in largest], "rllrrr"), ""]
     return "\n".join(lines)
 
 
@@ -330,13 +297,8 @@ def benchmark_json(tables: Tables) -> dict[str, dict[str, dict[str, float]]]:
     for g in tables.gates:
         name = f"gate {g.name} {g.where}".strip()
         out.setdefault(name, {})["ratio"] = {"value": g.ratio, "lower_value": g.low, "upper_value": g.high}
-    largest: dict[str, BusbwRow] = {}
-    for r in tables.busbw:
-        key = f"{Case(BANDWIDTH, r.nodes, r.fabric).id} {r.op}"
-        if key not in largest or r.bytes > largest[key].bytes:
-            largest[key] = r
-    for key, r in largest.items():
-        out.setdefault(key, {})["busbw-gbit"] = {"value": r.busbw_gbit}
+    for r in largest_payloads(tables.busbw):
+        out.setdefault(f"{Case(BANDWIDTH, r.nodes, r.fabric).id} {r.op}", {})["busbw-gbit"] = {"value": r.busbw_gbit}
     return out
 
 

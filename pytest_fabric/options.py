@@ -24,7 +24,7 @@ from .references import References
 from .baselines import Baseline
 from .stats import DEFAULT_NOISE, FAMILY_RULES, NoisePrior
 from .workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
-from .nccl_evidence import parse_inventory
+from .nic_inventory import parse_inventory
 from .units import GIB
 
 

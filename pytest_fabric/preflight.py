@@ -35,7 +35,8 @@ from typing import Any
 
 from .cluster.base import LaunchRequest
 from .fabrics import Fabric
-from .nccl_evidence import NicInventory, fabric_kind, select_names
+from .nccl_evidence import fabric_kind, select_names
+from .nic_inventory import NicInventory
 
 ARPHRD_ETHER = 1
 ARPHRD_INFINIBAND = 32  # an IPoIB interface: TCP over it rides the InfiniBand fabric

@@ -17,7 +17,7 @@ import pytest
 from . import __version__
 from .junit import SECTION, add_to_junit, suite_properties
 from .redact import redact_file
-from .terminal import bandwidth_table, summary_tables
+from .terminal import bandwidth_table, cost_lines, summary_tables
 from .nights import SessionNight, save_results, session_night
 from .session import FabricSession
 from .storage import is_storage_error, storage_problem
@@ -208,8 +208,6 @@ class FabricReporter:
         for line in bandwidth_table(bandwidth):
             terminalreporter.write_line(line)
         if fabric.options.prices:
-            from .htmlreport import cost_lines
-
             for line in cost_lines(night.run, fabric.options.prices):
                 terminalreporter.write_line(line)
         for line in errors:

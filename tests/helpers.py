@@ -1,12 +1,32 @@
-"""Helpers the test modules share (plain functions; the fixtures live in conftest.py)."""
+"""Helpers the test modules share (plain functions; the fixtures live in conftest.py), and the builders
+every test module takes from here, never from another test module: store records in the shape the
+rank programs write them, measurements read as the Measurer reads them, saved nights and JUnit text
+as the plugin writes them, a gate's outcome, the command run in-process, a stand-in cluster."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import statistics
 import subprocess
+import textwrap
+from dataclasses import asdict
 from pathlib import Path
+
+from pytest_fabric.case import Case
+from pytest_fabric.cli import main
+from pytest_fabric.cluster import Cluster
+from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
+from pytest_fabric.gates import GateOutcome
+from pytest_fabric.junit import suite_properties
+from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
+from pytest_fabric.measure import BandwidthMeasurement, Measurement
+from pytest_fabric.nights import load_results, save_results
+from pytest_fabric.stats import Interval, NoisePrior, Verdict
+from pytest_fabric.workload.config import TrainConfig
+from pytest_fabric.workload.result import (CollectiveRow, CollectivesResult, StepSignals, TrainResult,
+                                           write_result)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,3 +129,331 @@ def gpu_expected() -> tuple[float, float]:
     token x the launch's tokens/s over the 989 TFLOP/s peak of one GPU; its allocator's peak."""
     m = gpu_measurement()
     return m.result.flops_for_mfu() * m.tokens_per_s / 989e12, m.result.peak_memory_bytes / 2**30
+
+
+# -- Store records and night files as the rank programs and the plugin write them (result version 2) ---
+
+
+VERSIONS = {"python": "3.11.7", "torch": "2.13.0+cpu", "transformers": "5.23.0", "backend": "gloo",
+            "nccl": None, "cuda": None}
+
+
+def training_result(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
+                    versions: dict | None = None) -> TrainResult:
+    """The rank program's result of one launch whose steady step time gives ``tokens_per_s``."""
+    world = nodes * gpus_per_node
+    tokens_per_step = 64 * world
+    step = tokens_per_step / tokens_per_s
+    return TrainResult(
+        model=model, world_size=world, hosts=[f"node{i}/198.18.0.{i + 1}" for i in range(nodes)],
+        local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
+        step_s=[step] * 4, device="cpu", dtype="float32", attention="sdpa",
+        versions=dict(versions or VERSIONS),
+        fabric={"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}.get(fabric, 1000),
+                "nccl_env": {}, "crosses_fabric": nodes > 1},
+        host="vm", cluster="emulated (network namespaces on this machine, links shaped with tc tbf)", launch_s=12.0)
+
+
+def training_record(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
+                    versions: dict | None = None) -> dict:
+    """A training record as Measurer._run stores it (the result in the current format, version 2),
+    whose steady step time gives ``tokens_per_s``."""
+    return {"case": {"model": model, "nodes": nodes, "fabric": fabric}, "cluster": "emulated",
+            "result": training_result(model, nodes, fabric, tokens_per_s, gpus_per_node, versions).to_dict()}
+
+
+def training_record_v1(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
+                       versions: dict | None = None) -> dict:
+    """A training record as stores written before result version 2 hold it: a plain dict without a
+    format, the host list under "nodes", the rank's own derived figures (median_step_s, tokens/s)."""
+    world = nodes * gpus_per_node
+    tokens_per_step = 64 * world
+    step = tokens_per_step / tokens_per_s
+    return {
+        "case": {"model": model, "nodes": nodes, "fabric": fabric},
+        "cluster": "emulated",
+        "result": {
+            "model": model, "world_size": world, "local_world_size": gpus_per_node,
+            "nodes": [f"node{i}/198.18.0.{i + 1}" for i in range(nodes)],
+            "batch_size": 1, "seq_len": 64,
+            "tokens_per_step": tokens_per_step, "step_s": [step] * 4, "median_step_s": step,
+            "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world,
+            "device": "cpu", "dtype": "float32", "attention": "sdpa",
+            "versions": dict(versions or VERSIONS),
+            "fabric": {"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}.get(fabric, 1000),
+                       "nccl_env": {}, "crosses_fabric": nodes > 1},
+            "cluster": "emulated (network namespaces on this machine, links shaped with tc tbf)",
+            "host": "vm", "launch_s": 12.0,
+        },
+    }
+
+
+def bandwidth_record(nodes: int, fabric: str, gbit: float) -> dict:
+    rows = []
+    for op in ("all_reduce", "all_gather"):
+        for size, scale in ((1 << 20, 0.5), (16 << 20, 1.0)):
+            busbw = gbit / 8 * scale
+            rows.append(CollectiveRow(op, size, size / (busbw * 1e9), busbw, busbw))
+    result = CollectivesResult(world_size=nodes, rows=rows, local_world_size=1, device="cpu",
+                               versions={"torch": "2.13.0+cpu", "backend": "gloo"},
+                               fabric={"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}[fabric],
+                                       "nccl_env": {}, "crosses_fabric": True})
+    return {"case": {"model": "collectives", "nodes": nodes, "fabric": fabric}, "cluster": "emulated",
+            "result": result.to_dict()}
+
+
+# The launches of qwen2-tiny on two nodes in session_store (tokens/s, in launch order).
+IB_LAUNCHES = (1800.0, 1820.0, 1790.0)
+
+
+ETH_LAUNCHES = (1700.0, 1690.0, 1710.0)
+
+
+def geomean(values) -> float:
+    """A configuration's value from its launches: their geometric mean (computed here, not by the package)."""
+    return statistics.geometric_mean(values)
+
+
+def session_store(scale: float = 1.0, versions: dict | None = None, record=training_record) -> dict:
+    """A two-fabric, two-model session: repeated launches on two nodes, a shared single-node launch,
+    collective bandwidth and one failed launch. ``record`` builds each training record."""
+    store = {"qwen2-tiny-n1-any#aaaa": record("qwen2-tiny", 1, "ib", 1000 * scale, versions=versions)}
+    for i, (ib, eth) in enumerate(zip(IB_LAUNCHES, ETH_LAUNCHES)):
+        suffix = f"@{i}" if i else ""
+        store[f"qwen2-tiny-n2-ib#bbbb{suffix}"] = record("qwen2-tiny", 2, "ib", ib * scale, versions=versions)
+        store[f"qwen2-tiny-n2-eth#cccc{suffix}"] = record("qwen2-tiny", 2, "eth", eth * scale, versions=versions)
+    store["llama-wide-n2-ib#dddd"] = record("llama-wide", 2, "ib", 230 * scale, versions=versions)
+    store["llama-wide-n2-eth#eeee"] = record("llama-wide", 2, "eth", 43 * scale, versions=versions)
+    store["collectives-n2-ib#ffff"] = bandwidth_record(2, "ib", 1.8)
+    store["collectives-n2-eth#gggg"] = bandwidth_record(2, "eth", 0.36)
+    store["llama-wide-n1-any#hhhh"] = {"case": {"model": "llama-wide", "nodes": 1, "fabric": "ib"},
+                                       "error": "llama-wide-n1-ib on the emulated cluster: rank 0 exited 1\nTraceback"}
+    return store
+
+
+IDENTITY = {"cluster_kind": "emulated", "nodes": 2, "gpus_per_node": 1, "fabrics": ["ib", "eth"]}
+
+
+VERDICTS = [{"test": "suites/test_parity.py::test_parity[qwen2-tiny-n2-eth]", "outcome": "passed",
+             "message": "pass: eth/ib = 0.941 ..."}]
+
+
+def saved(tmp_path: Path, name: str = "night.json", **kw) -> Path:
+    path = tmp_path / name
+    save_results(path, session_store(**kw), IDENTITY, VERDICTS)
+    return path
+
+
+def nights(tmp_path: Path, scales: list[float], versions: list[dict] | None = None) -> list[Path]:
+    paths = []
+    for i, scale in enumerate(scales):
+        path = tmp_path / f"night{i}.json"
+        save_results(path, session_store(scale, versions[i] if versions else None),
+                     {**IDENTITY, "created": f"2026-11-{10 + i:02d}T02:00:00+00:00"}, [])
+        paths.append(path)
+    return paths
+
+
+def junit_text(store: dict, failing: str | None = None) -> str:
+    """JUnit XML whose testcases carry system-out exactly as the plugin writes it."""
+    from xml.sax.saxutils import escape, quoteattr
+
+    def measured(key: str, fabric: str | None = None) -> Measurement:
+        case = Case(**store[key]["case"])
+        return Measurement.from_record(case.with_fabric(fabric or case.fabric), store[key])
+
+    parity = [measured(k) for k in ("qwen2-tiny-n2-ib#bbbb", "qwen2-tiny-n2-ib#bbbb@1", "qwen2-tiny-n2-ib#bbbb@2",
+                                    "qwen2-tiny-n2-eth#cccc", "qwen2-tiny-n2-eth#cccc@1", "qwen2-tiny-n2-eth#cccc@2")]
+    cases = [
+        ("test_parity[qwen2-tiny-n2-eth]", text_of(parity, ["pass: eth/ib = 0.941, 95% CI [0.93, 0.95]"]), None),
+        ("test_single[qwen2-tiny-n1-eth]", text_of([measured("qwen2-tiny-n1-any#aaaa", "eth")]), None),
+        ("test_advantage[llama-wide-n2-eth]",
+         text_of([measured("llama-wide-n2-ib#dddd"), measured("llama-wide-n2-eth#eeee")]),
+         "interval wholly below the threshold: ib/eth = 5.3"),
+        ("test_busbw[collectives-n2-eth]",
+         text_of([BandwidthMeasurement.from_record(store["collectives-n2-eth#gggg"])]), None),
+        ("test_unrelated", "", None),
+    ]
+    # The suite properties over every launch of the run, as the plugin writes them.
+    everything = [*parity, measured("qwen2-tiny-n1-any#aaaa", "eth"), measured("llama-wide-n2-ib#dddd"),
+                  measured("llama-wide-n2-eth#eeee"), BandwidthMeasurement.from_record(store["collectives-n2-eth#gggg"])]
+    props = {k: v for k, v in suite_properties(everything, {}).items()
+             if not k.startswith(("fabric.version.", "fabric.attention", "fabric.device"))}
+    body = []
+    for name, out, failure in cases:
+        fail = f"<failure message={quoteattr(failure)}>details</failure>" if failure else ""
+        sysout = f"<system-out>{escape(out)}</system-out>" if out else ""
+        body.append(f'<testcase classname="suites.test_x" name={quoteattr(name)} time="1.5">{fail}{sysout}</testcase>')
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
+        '<testsuite name="pytest" errors="0" failures="1" skipped="0" tests="5" time="7.5" '
+        'timestamp="2026-11-22T23:05:39.123456+00:00" hostname="vm"><properties>'
+        '<property name="fabric.cluster" value="emulated (network namespaces on this machine)"/>'
+        '<property name="fabric.fabrics" value="ib,eth"/>'
+        '<property name="fabric.version.torch" value="2.13.0+cpu"/>'
+        '<property name="fabric.attention" value="sdpa"/>'
+        + "".join(f"<property name={quoteattr(k)} value={quoteattr(v)}/>" for k, v in props.items()) + "</properties>"
+        + "".join(body) + "</testsuite></testsuites>")
+
+
+def gpu_night(path: Path):
+    """A night of the H200 launch recorded on hardware (fixtures/gpu), saved and read back."""
+    save_results(path, {"qwen2.5-1.5b-n1-any#aaaa": gpu_record("eth")}, {"fabrics": ["eth"]})
+    return load_results(path)
+
+
+# -- Measurements read as the Measurer reads its records, and a gate's outcome -----------------------
+
+
+TRAIN_VERSIONS = {"torch": "2.13.0", "nccl": None, "python": "3.11.7"}
+
+
+DISTURBANCE = "cpu steal 40 ms"
+
+
+def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, steps: int = 4,
+                 disturbed: int = 0, tokens_per_step: int | None = None, cluster: str = "emulated",
+                 versions: dict | None = None, lost: float = 0.0, **result_fields) -> dict:
+    """A store record (``{"case", "cluster", "result"}``) of one training launch of ``case`` whose
+    ``steps`` measured steps all take the time that gives ``tokens_per_s``; the last ``disturbed``
+    of them carry a disturbance flag (more than half: the launch is down-weighted), and other
+    processes took ``lost`` of each of their step's time."""
+    world = case.nodes * gpus_per_node
+    tokens_per_step = tokens_per_step or 64 * world
+    step = tokens_per_step / tokens_per_s
+    flags = [""] * (steps - disturbed) + [DISTURBANCE] * disturbed
+    fields = dict(
+        model=case.model, world_size=world, hosts=[f"node{i}" for i in range(case.nodes)],
+        local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
+        step_s=[step] * steps, warmup_step_s=[step * 3],
+        signals=StepSignals(disturbed=flags, foreign_s=[step * lost if f else 0.0 for f in flags],
+                            steal_s=[0.0] * steps) if disturbed else StepSignals(),
+        stopped="precision", versions=dict(TRAIN_VERSIONS if versions is None else versions),
+        fabric={"name": case.fabric, "emulated_mbit": 2000, "nccl_env": {}, "crosses_fabric": case.crosses_fabric},
+        cluster="emulated (network namespaces on this machine)")
+    result = TrainResult(**{**fields, **result_fields})  # result_fields: any other TrainResult field
+    return {"case": asdict(case), "cluster": cluster, "result": result.to_dict()}
+
+
+def train_measurement(model: str, nodes: int, fabric: str, tokens_per_s: float, *, launch: int = 0,
+                      shared_with: str | None = None, **record) -> Measurement:
+    """Launch ``launch`` of (model, nodes, fabric) at ``tokens_per_s``, read as the Measurer reads its
+    records (``shared_with``: a one-node launch measured for that fabric and serving this one)."""
+    case = Case(model, nodes, fabric)
+    measured_for = case.with_fabric(shared_with) if shared_with else case
+    return Measurement.from_record(case, train_record(measured_for, tokens_per_s, **record), launch)
+
+
+def bandwidth_measurement(nodes: int, fabric: str, gbit: float) -> BandwidthMeasurement:
+    rows = [CollectiveRow(op, size, size / (gbit / 8 * 1e9), gbit / 8, gbit / 8 * scale)
+            for op in ("all_reduce", "all_gather") for size, scale in ((1 << 20, 0.5), (16 << 20, 1.0))]
+    result = CollectivesResult(world_size=nodes, rows=rows, versions=dict(TRAIN_VERSIONS),
+                               fabric={"name": fabric, "emulated_mbit": gbit * 1000})
+    return BandwidthMeasurement.from_record({"case": asdict(Case("collectives", nodes, fabric)), "cluster": "emulated",
+                                             "result": result.to_dict()})
+
+
+def outcome(verdict: Verdict = Verdict.PASS, set_aside: tuple[str, ...] = ()) -> GateOutcome:
+    interval = Interval(low=0.962, point=0.981, high=1.0013, confidence=0.9875, df=8.0, sigma=0.0158,
+                        launches=(3, 4))
+    return GateOutcome("eth", "ib", 0.95, "eth at most 5% slower", interval, verdict, (981.0, 1000.0), "tokens/s",
+                       "[m, 2 node(s)]", NoisePrior(0.02, 4.0, "declared default"), set_aside)
+
+
+# -- The pytest-fabric command, in-process -----------------------------------------------------------
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own exits (usage errors, --help)
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *expected: str) -> None:
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for text in expected:
+        assert text in err
+
+
+# -- A suite whose gates are decided without launches ------------------------------------------------
+
+
+# A suite whose gates are decided without launches: the verdict comes from the parameter.
+GATE_SUITE = """
+    import pytest
+    from pytest_fabric.gates import apply_verdict
+    from pytest_fabric.session import OUTCOMES_KEY
+    from pytest_fabric.stats import Verdict
+    from helpers import outcome
+
+    @pytest.fixture
+    def decide(request, fabric_session):
+        def run(verdict):
+            gate = outcome(Verdict(verdict))
+            request.node.stash.setdefault(OUTCOMES_KEY, []).append(gate)
+            apply_verdict(gate, fabric_session.options.inconclusive)
+        return run
+
+    @pytest.mark.parametrize("verdict", {verdicts})
+    def test_gate(decide, verdict):
+        decide(verdict)
+
+    @pytest.mark.fabric_regression
+    def test_regression():
+        pass
+
+    def test_broken_setup(missing_fixture):
+        pass
+"""
+
+
+def run_gates(pytester, verdicts, *args):
+    pytester.makepyfile(test_night_gates=textwrap.dedent(GATE_SUITE.format(verdicts=list(verdicts))))
+    xml = pytester.path / "night.xml"
+    result = pytester.runpytest("test_night_gates.py", "-v", f"--junitxml={xml}", "-o", "junit_family=xunit2",
+                                "--fabric-save", str(pytester.path / "night.json"), *args)
+    return result, xml
+
+
+# -- A stand-in cluster ------------------------------------------------------------------------------
+
+
+class FakeCluster(Cluster):
+    """Writes the result the rank program would write (or fails as asked), recording each request."""
+
+    name = "fake"
+    realizes_fabrics = True
+    checks_here = False
+
+    def __init__(self, fail_with: str | None = None, write_result: bool = True) -> None:
+        self.requests: list[LaunchRequest] = []
+        self.fail_with = fail_with
+        self.write_result = write_result
+
+    def max_nodes(self) -> int:
+        return 8
+
+    def launch(self, request, on_tick=None):
+        self.requests.append(request)
+        config = TrainConfig.load(request.program[request.program.index("--config") + 1])
+        log = request.workdir / "node0.log"
+        if self.fail_with:
+            log.write_text("starting\n" + self.fail_with + "\n")
+            return LaunchOutcome([ProcOutcome("node0", 1, log)], elapsed_s=0.1)
+        log.write_text("ok\n")
+        world = request.nodes * request.procs_per_node
+        tokens = config.batch_size * config.seq_len * world
+        if self.write_result:
+            # What the rank program writes (workload/train.py): its typed result, every step 0.5 s.
+            write_result(TrainResult(
+                model=config.model["name"], world_size=world, hosts=[f"node{i}" for i in range(request.nodes)],
+                local_world_size=request.procs_per_node, batch_size=config.batch_size, seq_len=config.seq_len,
+                tokens_per_step=tokens, step_s=[0.5] * config.steps, warmup_step_s=[0.9] * config.warmup_steps,
+                signals=StepSignals(disturbed=[""] * config.steps), stopped="precision", fabric=config.fabric,
+            ), config.result_path)
+        return LaunchOutcome([ProcOutcome(f"node{i}", 0, log) for i in range(request.nodes)], elapsed_s=0.1)

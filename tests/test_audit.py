@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import REPO
-from test_cli import assert_one_line_error, run
+from helpers import REPO, assert_one_line_error, run
 
 from pytest_fabric.floor import floor_for
 from pytest_fabric.models import get_model

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
+from helpers import saved
 
 from pytest_fabric.gates import REGRESSION_MEASURES
 
@@ -202,7 +203,6 @@ def test_the_command_refuses_a_broken_file_in_one_line(capsys, tmp_path, monkeyp
 
 
 def test_the_command_checks_where_it_writes_before_reading_anything(capsys, tmp_path):
-    from test_results import saved
 
     night = saved(tmp_path)
     (tmp_path / "a-file").write_text("x")

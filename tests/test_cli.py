@@ -8,31 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
-from test_results import ETH_LAUNCHES, IB_LAUNCHES, geomean, junit_text, nights, saved, session_store
+from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, REPO, VERDICTS, assert_one_line_error, geomean, junit_text,
+                     nights, run, saved, session_store)
 
-from pytest_fabric.cli import main
 from pytest_fabric.models import get_model
 from pytest_fabric.predict import JobShape, predict_penalty
 from pytest_fabric.baselines import load_baseline
 from pytest_fabric.nights import load_results
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's own exits (usage errors, --help)
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code: int, err: str, *expected: str) -> None:
-    assert code == 2
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-    for text in expected:
-        assert text in err
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +38,6 @@ def test_report_writes_the_documents(capsys, tmp_path):
 
 
 def test_report_prices_the_night_with_its_saved_prices_unless_given(capsys, tmp_path):
-    from test_results import IDENTITY, VERDICTS
 
     from pytest_fabric.nights import save_results
 

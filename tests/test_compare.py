@@ -13,7 +13,7 @@ import warnings
 from types import SimpleNamespace
 
 import pytest
-from test_junit import geomean, train_measurement, train_record
+from helpers import geomean, train_measurement, train_record
 
 from pytest_fabric.case import Case
 from pytest_fabric.measure import LaunchSettings

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from test_junit import outcome as gate_outcome
-from test_junit import train_measurement
+from helpers import outcome as gate_outcome, train_measurement
 
 from pytest_fabric import Measurement, assert_ahead, assert_within, ratio
 from pytest_fabric.gates import InconclusiveWarning, apply_verdict

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import FakeCluster
 
 from pytest_fabric import Case, LaunchSettings
 from pytest_fabric import memory
@@ -19,7 +20,6 @@ from pytest_fabric.nccl_evidence import parse_nccl_logs
 from pytest_fabric.store import ResultStore
 from pytest_fabric.workload.result import TrainResult
 
-from test_measure import FakeCluster
 
 GPU = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
 QWEN = get_model("qwen2.5-1.5b")

@@ -7,8 +7,8 @@ import sys
 import textwrap
 
 import pytest
-from helpers import REPO, assert_valid_junit
-from test_results import ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, geomean, junit_text, nights, saved, session_store
+from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, REPO, assert_valid_junit, geomean, gpu_night, junit_text,
+                     nights, saved, session_store)
 
 from pytest_fabric.dashboards import configuration_interval
 from pytest_fabric.cost import break_even_premium, cost_per_million_tokens
@@ -77,7 +77,6 @@ def test_report_shows_mfu_and_peak_memory_of_the_recorded_gpu_launch(tmp_path, n
     """The H200 launch (fixtures/gpu, recorded on hardware), saved and reported: its MFU at the
     configuration's value and its peak memory per rank, the convention and the peak named."""
     from helpers import GPU_PEAK, gpu_expected
-    from test_dashboards import gpu_night
 
     from pytest_fabric.models import MFU_CONVENTION
 
@@ -303,11 +302,11 @@ def test_the_gate_picture_and_busbw_per_payload_come_from_the_launch_records(tmp
 
 def test_a_trend_marks_failing_nights(tmp_path):
     pytest.importorskip("matplotlib")
-    from pytest_fabric.htmlreport import _failed
+    from pytest_fabric.report_plots import gate_failed
 
     first = load_results(REPO / "fixtures" / "dashboards" / "night.json")
     second = load_results(REPO / "fixtures" / "dashboards" / "night.json")
     second.verdicts = [dict(v, outcome="fail") if "advantage" in v["test"] else v for v in second.verdicts]
-    assert _failed(second, "llama-wide-n2-eth") and not _failed(first, "llama-wide-n2-eth")
+    assert gate_failed(second, "llama-wide-n2-eth") and not gate_failed(first, "llama-wide-n2-eth")
     written = write_trend([first, second], tmp_path / "trend")
     assert written.plots and all(p.read_bytes()[:8] == PNG_MAGIC for p in written.plots)

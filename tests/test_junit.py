@@ -3,7 +3,7 @@ wrote is completed without breaking it.
 
 The measurements here are real ``Measurement`` objects made from the rank program's typed result
 (``TrainResult``) as the store records it, so every figure goes through ``stats.launch_estimate``.
-Other test modules import ``train_record`` / ``train_measurement`` from here.
+They are built in ``helpers.py`` (``train_record``, ``train_measurement``), which every test module shares.
 """
 
 from __future__ import annotations
@@ -11,75 +11,16 @@ from __future__ import annotations
 import math
 import re
 import textwrap
-from dataclasses import asdict
 
 import pytest
-from helpers import assert_valid_junit
+from helpers import assert_valid_junit, bandwidth_measurement, geomean, outcome, train_measurement
 from lxml import etree
 
-from pytest_fabric.case import Case
 from pytest_fabric.gates import GateOutcome
 from pytest_fabric.junit import add_to_junit, gate_lines, junit_names, load_junit, measurement_lines, suite_properties
 from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
-from pytest_fabric.measure import BandwidthMeasurement, Measurement, configuration_tokens_per_s
-from pytest_fabric.stats import Interval, NoisePrior, Verdict
-from pytest_fabric.workload.result import CollectiveRow, CollectivesResult, StepSignals, TrainResult
-
-VERSIONS = {"torch": "2.13.0", "nccl": None, "python": "3.11.7"}
-DISTURBANCE = "cpu steal 40 ms"
-
-
-def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, steps: int = 4,
-                 disturbed: int = 0, tokens_per_step: int | None = None, cluster: str = "emulated",
-                 versions: dict | None = None, lost: float = 0.0, **result_fields) -> dict:
-    """A store record (``{"case", "cluster", "result"}``) of one training launch of ``case`` whose
-    ``steps`` measured steps all take the time that gives ``tokens_per_s``; the last ``disturbed``
-    of them carry a disturbance flag (more than half: the launch is down-weighted), and other
-    processes took ``lost`` of each of their step's time."""
-    world = case.nodes * gpus_per_node
-    tokens_per_step = tokens_per_step or 64 * world
-    step = tokens_per_step / tokens_per_s
-    flags = [""] * (steps - disturbed) + [DISTURBANCE] * disturbed
-    fields = dict(
-        model=case.model, world_size=world, hosts=[f"node{i}" for i in range(case.nodes)],
-        local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
-        step_s=[step] * steps, warmup_step_s=[step * 3],
-        signals=StepSignals(disturbed=flags, foreign_s=[step * lost if f else 0.0 for f in flags],
-                            steal_s=[0.0] * steps) if disturbed else StepSignals(),
-        stopped="precision", versions=dict(VERSIONS if versions is None else versions),
-        fabric={"name": case.fabric, "emulated_mbit": 2000, "nccl_env": {}, "crosses_fabric": case.crosses_fabric},
-        cluster="emulated (network namespaces on this machine)")
-    result = TrainResult(**{**fields, **result_fields})  # result_fields: any other TrainResult field
-    return {"case": asdict(case), "cluster": cluster, "result": result.to_dict()}
-
-
-def train_measurement(model: str, nodes: int, fabric: str, tokens_per_s: float, *, launch: int = 0,
-                      shared_with: str | None = None, **record) -> Measurement:
-    """Launch ``launch`` of (model, nodes, fabric) at ``tokens_per_s``, read as the Measurer reads its
-    records (``shared_with``: a one-node launch measured for that fabric and serving this one)."""
-    case = Case(model, nodes, fabric)
-    measured_for = case.with_fabric(shared_with) if shared_with else case
-    return Measurement.from_record(case, train_record(measured_for, tokens_per_s, **record), launch)
-
-
-def bandwidth_measurement(nodes: int, fabric: str, gbit: float) -> BandwidthMeasurement:
-    rows = [CollectiveRow(op, size, size / (gbit / 8 * 1e9), gbit / 8, gbit / 8 * scale)
-            for op in ("all_reduce", "all_gather") for size, scale in ((1 << 20, 0.5), (16 << 20, 1.0))]
-    result = CollectivesResult(world_size=nodes, rows=rows, versions=dict(VERSIONS),
-                               fabric={"name": fabric, "emulated_mbit": gbit * 1000})
-    return BandwidthMeasurement.from_record({"case": asdict(Case("collectives", nodes, fabric)), "cluster": "emulated",
-                                             "result": result.to_dict()})
-
-
-def outcome(verdict: Verdict = Verdict.PASS, set_aside: tuple[str, ...] = ()) -> GateOutcome:
-    interval = Interval(low=0.962, point=0.981, high=1.0013, confidence=0.9875, df=8.0, sigma=0.0158,
-                        launches=(3, 4))
-    return GateOutcome("eth", "ib", 0.95, "eth at most 5% slower", interval, verdict, (981.0, 1000.0), "tokens/s",
-                       "[m, 2 node(s)]", NoisePrior(0.02, 4.0, "declared default"), set_aside)
-
-
-def geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values))
+from pytest_fabric.measure import configuration_tokens_per_s
+from pytest_fabric.stats import Verdict
 
 
 # -- machine lines of one configuration ---------------------------------------------------------------

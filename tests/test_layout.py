@@ -72,6 +72,14 @@ def test_the_leaves_import_only_leaves():
         assert {m for m in GRAPH[leaf] if m not in LEAVES} == set(), leaf
 
 
+def test_the_table_model_reads_the_night_model_only():
+    # tables.py builds every output's rows from a SavedRun: it reads no file, store or JUnit (the
+    # renderers above it do), so each number is computed once.
+    assert GRAPH["pytest_fabric.tables"] <= LEAVES | {"pytest_fabric.cost", "pytest_fabric.hostbound"}
+    for renderer in ("terminal", "htmlreport", "dashboards"):
+        assert "pytest_fabric.tables" in GRAPH[f"pytest_fabric.{renderer}"], renderer
+
+
 def test_no_import_cycle():
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
@@ -198,3 +206,41 @@ def test_a_launch_has_one_value_function():
     benchmarks = Path(__file__).resolve().parent.parent / "benchmarks"
     for path in sorted(benchmarks.glob("*.py")):
         assert "launch_estimate(" not in path.read_text(), path.name
+
+
+def test_test_modules_take_shared_builders_from_helpers_only():
+    # A builder imported from another test module drags that module's tests in with it and hides
+    # where the builder lives: tests/helpers.py holds every shared one.
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert offenders == []
+
+
+def _reachable(name: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        for dep in GRAPH[todo.pop()] - seen:
+            seen.add(dep)
+            todo.append(dep)
+    return seen
+
+
+# Modules split out of a larger one by role, each below the module that kept the rest (which
+# re-exports their public names): the split module never reaches back up.
+SPLIT_BELOW = {"nccl_logs": "nccl_evidence", "nic_inventory": "nccl_evidence", "report_document": "htmlreport",
+               "report_plots": "htmlreport", "trend": "htmlreport", "tables": "terminal"}
+
+
+@pytest.mark.parametrize("low", sorted(SPLIT_BELOW))
+def test_a_split_module_sits_below_the_one_it_came_from(low):
+    high = f"pytest_fabric.{SPLIT_BELOW[low]}"
+    assert f"pytest_fabric.{low}" in _reachable(high)
+    assert high not in _reachable(f"pytest_fabric.{low}")
+    if SPLIT_BELOW[low] == "nccl_evidence":  # what NCCL wrote and what a node has: facts, read from leaves only
+        assert GRAPH[f"pytest_fabric.{low}"] <= LEAVES

@@ -9,52 +9,16 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import FakeCluster, train_record
 
 from pytest_fabric import Case, MeasurementError, LaunchSettings
-from pytest_fabric.cluster import Cluster, LaunchRequest
+from pytest_fabric.cluster import Cluster
 from pytest_fabric.cluster.base import OnThisMachine
 from pytest_fabric.stats import FIRST_LAUNCH_FACTOR
-from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
 from pytest_fabric.measure import Measurer
 from pytest_fabric.store import ResultStore
 from pytest_fabric.workload.config import TrainConfig
-from pytest_fabric.workload.result import RESULT_VERSION, StepSignals, TrainResult, write_result
-
-
-class FakeCluster(Cluster):
-    """Writes the result the rank program would write (or fails as asked), recording each request."""
-
-    name = "fake"
-    realizes_fabrics = True
-    checks_here = False
-
-    def __init__(self, fail_with: str | None = None, write_result: bool = True) -> None:
-        self.requests: list[LaunchRequest] = []
-        self.fail_with = fail_with
-        self.write_result = write_result
-
-    def max_nodes(self) -> int:
-        return 8
-
-    def launch(self, request, on_tick=None):
-        self.requests.append(request)
-        config = TrainConfig.load(request.program[request.program.index("--config") + 1])
-        log = request.workdir / "node0.log"
-        if self.fail_with:
-            log.write_text("starting\n" + self.fail_with + "\n")
-            return LaunchOutcome([ProcOutcome("node0", 1, log)], elapsed_s=0.1)
-        log.write_text("ok\n")
-        world = request.nodes * request.procs_per_node
-        tokens = config.batch_size * config.seq_len * world
-        if self.write_result:
-            # What the rank program writes (workload/train.py): its typed result, every step 0.5 s.
-            write_result(TrainResult(
-                model=config.model["name"], world_size=world, hosts=[f"node{i}" for i in range(request.nodes)],
-                local_world_size=request.procs_per_node, batch_size=config.batch_size, seq_len=config.seq_len,
-                tokens_per_step=tokens, step_s=[0.5] * config.steps, warmup_step_s=[0.9] * config.warmup_steps,
-                signals=StepSignals(disturbed=[""] * config.steps), stopped="precision", fabric=config.fabric,
-            ), config.result_path)
-        return LaunchOutcome([ProcOutcome(f"node{i}", 0, log) for i in range(request.nodes)], elapsed_s=0.1)
+from pytest_fabric.workload.result import RESULT_VERSION, StepSignals, TrainResult
 
 
 def measurer(tmp_path: Path, cluster: Cluster, **settings) -> Measurer:
@@ -146,7 +110,7 @@ def test_failed_launch_is_cached_with_the_log_tail(tmp_path):
 
 
 def test_success_without_a_result_file_is_an_error(tmp_path):
-    with pytest.raises(MeasurementError, match="every rank exited 0 but the result written by global rank 0 \(node0\) is unreadable"):
+    with pytest.raises(MeasurementError, match=r"every rank exited 0 but the result written by global rank 0 \(node0\) is unreadable"):
         measurer(tmp_path, FakeCluster(write_result=False)).measure(Case("qwen2-tiny", 2, "ib"))
 
 
@@ -294,7 +258,6 @@ def test_a_slow_phase_is_judged_against_the_same_configurations_fastest_launch(t
     """Each configuration's launches set its reference: a later launch of the same configuration
     whose busy steps all probe 70% slow ran in a slow phase; another configuration (another load on
     the cores) is never judged against it; idle steps' probes say nothing."""
-    from test_junit import train_record
 
     from pytest_fabric.measure import Measurement
 

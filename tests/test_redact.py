@@ -34,6 +34,7 @@ def secrets_in_env(monkeypatch):
 
 
 def assert_clean(text: str, where: str) -> None:
+    assert text.strip(), f"nothing was written to {where}: an empty text would pass every check below"
     for value in (SECRET, AWS, "hf_S3cr3tV4lue&amp;xyz"):
         assert value not in text, f"a secret leaked into {where}:\n{text[:3000]}"
 

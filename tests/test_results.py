@@ -1,11 +1,11 @@
 """Saved nights: the JSON round trip, reading the plugin's JUnit, rejecting what is not ours, baselines.
 
-Store records are built here in the shape the rank programs write them (``TrainResult`` /
+Store records are built (``helpers.py``) in the shape the rank programs write them (``TrainResult`` /
 ``CollectivesResult``, result version 2; no launches), and in the version-1 shape where the point
 is that older stores are still read. The JUnit text comes from ``junit.testcase_text``, the
 function the plugin writes system-out with, so the reader is tested against the writer rather
 than against a copy of its format. A configuration's value is the geometric mean of its launches;
-the expected values are computed here from the launches (``geomean``).
+the expected values are computed from the launches (``helpers.geomean``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import json
 import math
 import pickle
 import statistics
-from pathlib import Path
 
 import pytest
+from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, VERDICTS, VERSIONS, geomean, junit_text, nights, saved,
+                     session_store, training_record, training_record_v1)
 
 from pytest_fabric import Case, Measurement
 from pytest_fabric.junit import suite_properties
 from pytest_fabric.junit import testcase_text as text_of
-from pytest_fabric.measure import BandwidthMeasurement
 from pytest_fabric.baselines import baseline_for, baseline_noise, build_baseline, load_baseline, save_baseline
 from pytest_fabric.nights import (
     BASELINE_FORMAT,
@@ -38,115 +38,7 @@ from pytest_fabric.workload.result import (
     COLLECTIVES_FORMAT,
     RESULT_VERSION,
     TRAIN_FORMAT,
-    CollectiveRow,
-    CollectivesResult,
-    TrainResult,
 )
-
-VERSIONS = {"python": "3.11.7", "torch": "2.13.0+cpu", "transformers": "5.23.0", "backend": "gloo",
-            "nccl": None, "cuda": None}
-
-
-def training_result(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
-                    versions: dict | None = None) -> TrainResult:
-    """The rank program's result of one launch whose steady step time gives ``tokens_per_s``."""
-    world = nodes * gpus_per_node
-    tokens_per_step = 64 * world
-    step = tokens_per_step / tokens_per_s
-    return TrainResult(
-        model=model, world_size=world, hosts=[f"node{i}/198.18.0.{i + 1}" for i in range(nodes)],
-        local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
-        step_s=[step] * 4, device="cpu", dtype="float32", attention="sdpa",
-        versions=dict(versions or VERSIONS),
-        fabric={"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}.get(fabric, 1000),
-                "nccl_env": {}, "crosses_fabric": nodes > 1},
-        host="vm", cluster="emulated (network namespaces on this machine, links shaped with tc tbf)", launch_s=12.0)
-
-
-def training_record(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
-                    versions: dict | None = None) -> dict:
-    """A training record as Measurer._run stores it (the result in the current format, version 2),
-    whose steady step time gives ``tokens_per_s``."""
-    return {"case": {"model": model, "nodes": nodes, "fabric": fabric}, "cluster": "emulated",
-            "result": training_result(model, nodes, fabric, tokens_per_s, gpus_per_node, versions).to_dict()}
-
-
-def training_record_v1(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
-                       versions: dict | None = None) -> dict:
-    """A training record as stores written before result version 2 hold it: a plain dict without a
-    format, the host list under "nodes", the rank's own derived figures (median_step_s, tokens/s)."""
-    world = nodes * gpus_per_node
-    tokens_per_step = 64 * world
-    step = tokens_per_step / tokens_per_s
-    return {
-        "case": {"model": model, "nodes": nodes, "fabric": fabric},
-        "cluster": "emulated",
-        "result": {
-            "model": model, "world_size": world, "local_world_size": gpus_per_node,
-            "nodes": [f"node{i}/198.18.0.{i + 1}" for i in range(nodes)],
-            "batch_size": 1, "seq_len": 64,
-            "tokens_per_step": tokens_per_step, "step_s": [step] * 4, "median_step_s": step,
-            "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world,
-            "device": "cpu", "dtype": "float32", "attention": "sdpa",
-            "versions": dict(versions or VERSIONS),
-            "fabric": {"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}.get(fabric, 1000),
-                       "nccl_env": {}, "crosses_fabric": nodes > 1},
-            "cluster": "emulated (network namespaces on this machine, links shaped with tc tbf)",
-            "host": "vm", "launch_s": 12.0,
-        },
-    }
-
-
-def bandwidth_record(nodes: int, fabric: str, gbit: float) -> dict:
-    rows = []
-    for op in ("all_reduce", "all_gather"):
-        for size, scale in ((1 << 20, 0.5), (16 << 20, 1.0)):
-            busbw = gbit / 8 * scale
-            rows.append(CollectiveRow(op, size, size / (busbw * 1e9), busbw, busbw))
-    result = CollectivesResult(world_size=nodes, rows=rows, local_world_size=1, device="cpu",
-                               versions={"torch": "2.13.0+cpu", "backend": "gloo"},
-                               fabric={"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}[fabric],
-                                       "nccl_env": {}, "crosses_fabric": True})
-    return {"case": {"model": "collectives", "nodes": nodes, "fabric": fabric}, "cluster": "emulated",
-            "result": result.to_dict()}
-
-
-# The launches of qwen2-tiny on two nodes in session_store (tokens/s, in launch order).
-IB_LAUNCHES = (1800.0, 1820.0, 1790.0)
-ETH_LAUNCHES = (1700.0, 1690.0, 1710.0)
-
-
-def geomean(values) -> float:
-    """A configuration's value from its launches: their geometric mean (computed here, not by the package)."""
-    return statistics.geometric_mean(values)
-
-
-def session_store(scale: float = 1.0, versions: dict | None = None, record=training_record) -> dict:
-    """A two-fabric, two-model session: repeated launches on two nodes, a shared single-node launch,
-    collective bandwidth and one failed launch. ``record`` builds each training record."""
-    store = {"qwen2-tiny-n1-any#aaaa": record("qwen2-tiny", 1, "ib", 1000 * scale, versions=versions)}
-    for i, (ib, eth) in enumerate(zip(IB_LAUNCHES, ETH_LAUNCHES)):
-        suffix = f"@{i}" if i else ""
-        store[f"qwen2-tiny-n2-ib#bbbb{suffix}"] = record("qwen2-tiny", 2, "ib", ib * scale, versions=versions)
-        store[f"qwen2-tiny-n2-eth#cccc{suffix}"] = record("qwen2-tiny", 2, "eth", eth * scale, versions=versions)
-    store["llama-wide-n2-ib#dddd"] = record("llama-wide", 2, "ib", 230 * scale, versions=versions)
-    store["llama-wide-n2-eth#eeee"] = record("llama-wide", 2, "eth", 43 * scale, versions=versions)
-    store["collectives-n2-ib#ffff"] = bandwidth_record(2, "ib", 1.8)
-    store["collectives-n2-eth#gggg"] = bandwidth_record(2, "eth", 0.36)
-    store["llama-wide-n1-any#hhhh"] = {"case": {"model": "llama-wide", "nodes": 1, "fabric": "ib"},
-                                       "error": "llama-wide-n1-ib on the emulated cluster: rank 0 exited 1\nTraceback"}
-    return store
-
-
-IDENTITY = {"cluster_kind": "emulated", "nodes": 2, "gpus_per_node": 1, "fabrics": ["ib", "eth"]}
-VERDICTS = [{"test": "suites/test_parity.py::test_parity[qwen2-tiny-n2-eth]", "outcome": "passed",
-             "message": "pass: eth/ib = 0.941 ..."}]
-
-
-def saved(tmp_path: Path, name: str = "night.json", **kw) -> Path:
-    path = tmp_path / name
-    save_results(path, session_store(**kw), IDENTITY, VERDICTS)
-    return path
 
 
 # -- save and load -----------------------------------------------------------------------------
@@ -245,47 +137,6 @@ def test_a_store_of_version_1_results_still_loads_and_saves(tmp_path):
 
 
 # -- JUnit as the plugin writes it ---------------------------------------------------------------
-
-def junit_text(store: dict, failing: str | None = None) -> str:
-    """JUnit XML whose testcases carry system-out exactly as the plugin writes it."""
-    from xml.sax.saxutils import escape, quoteattr
-
-    def measured(key: str, fabric: str | None = None) -> Measurement:
-        case = Case(**store[key]["case"])
-        return Measurement.from_record(case.with_fabric(fabric or case.fabric), store[key])
-
-    parity = [measured(k) for k in ("qwen2-tiny-n2-ib#bbbb", "qwen2-tiny-n2-ib#bbbb@1", "qwen2-tiny-n2-ib#bbbb@2",
-                                    "qwen2-tiny-n2-eth#cccc", "qwen2-tiny-n2-eth#cccc@1", "qwen2-tiny-n2-eth#cccc@2")]
-    cases = [
-        ("test_parity[qwen2-tiny-n2-eth]", text_of(parity, ["pass: eth/ib = 0.941, 95% CI [0.93, 0.95]"]), None),
-        ("test_single[qwen2-tiny-n1-eth]", text_of([measured("qwen2-tiny-n1-any#aaaa", "eth")]), None),
-        ("test_advantage[llama-wide-n2-eth]",
-         text_of([measured("llama-wide-n2-ib#dddd"), measured("llama-wide-n2-eth#eeee")]),
-         "interval wholly below the threshold: ib/eth = 5.3"),
-        ("test_busbw[collectives-n2-eth]",
-         text_of([BandwidthMeasurement.from_record(store["collectives-n2-eth#gggg"])]), None),
-        ("test_unrelated", "", None),
-    ]
-    # The suite properties over every launch of the run, as the plugin writes them.
-    everything = [*parity, measured("qwen2-tiny-n1-any#aaaa", "eth"), measured("llama-wide-n2-ib#dddd"),
-                  measured("llama-wide-n2-eth#eeee"), BandwidthMeasurement.from_record(store["collectives-n2-eth#gggg"])]
-    props = {k: v for k, v in suite_properties(everything, {}).items()
-             if not k.startswith(("fabric.version.", "fabric.attention", "fabric.device"))}
-    body = []
-    for name, out, failure in cases:
-        fail = f"<failure message={quoteattr(failure)}>details</failure>" if failure else ""
-        sysout = f"<system-out>{escape(out)}</system-out>" if out else ""
-        body.append(f'<testcase classname="suites.test_x" name={quoteattr(name)} time="1.5">{fail}{sysout}</testcase>')
-    return (
-        '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
-        '<testsuite name="pytest" errors="0" failures="1" skipped="0" tests="5" time="7.5" '
-        'timestamp="2026-11-22T23:05:39.123456+00:00" hostname="vm"><properties>'
-        '<property name="fabric.cluster" value="emulated (network namespaces on this machine)"/>'
-        '<property name="fabric.fabrics" value="ib,eth"/>'
-        '<property name="fabric.version.torch" value="2.13.0+cpu"/>'
-        '<property name="fabric.attention" value="sdpa"/>'
-        + "".join(f"<property name={quoteattr(k)} value={quoteattr(v)}/>" for k, v in props.items()) + "</properties>"
-        + "".join(body) + "</testsuite></testsuites>")
 
 
 def test_junit_metrics_launches_verdicts_and_identity(tmp_path):
@@ -664,15 +515,6 @@ def test_a_fact_only_one_side_recorded_is_not_a_difference():
 
 
 # -- baselines -----------------------------------------------------------------------------------
-
-def nights(tmp_path: Path, scales: list[float], versions: list[dict] | None = None) -> list[Path]:
-    paths = []
-    for i, scale in enumerate(scales):
-        path = tmp_path / f"night{i}.json"
-        save_results(path, session_store(scale, versions[i] if versions else None),
-                     {**IDENTITY, "created": f"2026-11-{10 + i:02d}T02:00:00+00:00"}, [])
-        paths.append(path)
-    return paths
 
 
 def test_a_built_baseline_pairs_two_cases_night_by_night(tmp_path):

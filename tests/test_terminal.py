@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_junit import bandwidth_measurement, train_measurement
+from helpers import bandwidth_measurement, train_measurement
 
 from pytest_fabric.measure import configuration_tokens_per_s
 from pytest_fabric.terminal import bandwidth_table, summary_tables

@@ -13,49 +13,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import assert_valid_junit
+from helpers import assert_valid_junit, outcome, run_gates
 from lxml import etree
-from test_junit import outcome
 
 from pytest_fabric.junit import load_junit
 from pytest_fabric.stats import Verdict
 from pytest_fabric.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, counts, outcome_of, undecided_night
-
-# A suite whose gates are decided without launches: the verdict comes from the parameter.
-GATE_SUITE = """
-    import pytest
-    from pytest_fabric.gates import apply_verdict
-    from pytest_fabric.session import OUTCOMES_KEY
-    from pytest_fabric.stats import Verdict
-    from test_junit import outcome
-
-    @pytest.fixture
-    def decide(request, fabric_session):
-        def run(verdict):
-            gate = outcome(Verdict(verdict))
-            request.node.stash.setdefault(OUTCOMES_KEY, []).append(gate)
-            apply_verdict(gate, fabric_session.options.inconclusive)
-        return run
-
-    @pytest.mark.parametrize("verdict", {verdicts})
-    def test_gate(decide, verdict):
-        decide(verdict)
-
-    @pytest.mark.fabric_regression
-    def test_regression():
-        pass
-
-    def test_broken_setup(missing_fixture):
-        pass
-"""
-
-
-def run_gates(pytester, verdicts, *args):
-    pytester.makepyfile(test_night_gates=textwrap.dedent(GATE_SUITE.format(verdicts=list(verdicts))))
-    xml = pytester.path / "night.xml"
-    result = pytester.runpytest("test_night_gates.py", "-v", f"--junitxml={xml}", "-o", "junit_family=xunit2",
-                                "--fabric-save", str(pytester.path / "night.json"), *args)
-    return result, xml
 
 
 def cases(xml):
