@@ -1,0 +1,125 @@
+#!/usr/bin/env python
+"""The gates' error rates from many nights: real launches pooled once, nights resampled from them.
+
+    python benchmarks/nightly_resample.py --out DIR [--pool-sessions 3] [--pool-launches 4]
+                                          [--nights 200] [--seed 1] [--baseline FILE]
+
+Ten real nights (`benchmarks/nightly_gates.py`) take ~100 minutes here and bound a rate only to
+[0%, 31%] when nothing fails. This benchmark measures the same configurations as the nightly gates
+(the same `ib` copies and planted faults: a copy of ib, x1.10 slowdowns, 20% of steps stalling x1.6,
+x1.0526 at the parity threshold) in a few real pytest sessions of the throughput suite
+(--throughput-launches, the planted faults in PYTEST_FABRIC_FAULT, each launch measured under the
+plugin's own policy: a configuration's first launch 2x the window, later ones 1x, or 3x once its
+steps stalled), then resamples nights from that pool:
+
+  a night draws, for every configuration, its first launch from the pool's first launches and its
+  later launches (without replacement) from the pool's later launches, writes them into a store
+  under their keys, and runs the nightly gates' pytest command on it with `-p replay_plugin`,
+  which makes the session judge that store instead of launching. Every verdict is the plugin's own:
+  prior, F-check, sequential looks, family-wise rule over the night's gates.
+
+What resampling leaves out, and which way it leans: a round's two launches are not back to back, so
+the machine's drift within a pool session is noise the blocked contrast would have cancelled (more
+inconclusive, not more wrong); night-to-night variation of the machine enters only through the
+baseline (--baseline: nights measured on other sessions, never the pool, so a regression A/A is not
+judged against its own launches); and the nights share launches, so their outcomes are not
+independent: the intervals of the rates below treat them as independent and are too narrow by an
+unknown factor (the pool's size, not the number of nights, bounds what is learned).
+Needs root for the pool sessions. Run alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nightly_gates import FABRICS, NIGHTLY, PLANTS, REPO, SELECT, gates_of, night, print_table
+
+HERE = Path(__file__).resolve().parent
+# Every configuration a nightly gate judges: qwen2-tiny n2 ib and its parity candidates; llama-wide
+# n1 (the regression gate's one-node term) and n2 ib with the regression plants.
+POOL = ["suites/test_throughput.py", "--models", "qwen2-tiny,llama-wide",
+        "-k", "(llama and (n1-ib] or n2-ib] or n2-ib4] or n2-ib7])) or "
+              "(qwen2 and (n2-ib] or n2-ib2] or n2-ib3] or n2-ib5] or n2-ib6]))"]
+ALL_GATES = " or ".join(SELECT.values())
+
+
+def pool(out: Path, sessions: int, launches: int, resume: bool) -> dict[str, dict[str, list[dict]]]:
+    """Run (or reuse) the pool sessions; their launches by configuration key: "first" and "later"."""
+    by_key: dict[str, dict[str, list[dict]]] = {}
+    for k in range(1, sessions + 1):
+        wall = night(f"pool{k}", out, [*POOL, *FABRICS, "--throughput-launches", str(launches)], PLANTS, resume)
+        print(f"pool session {k}: {wall:.0f}s", flush=True)
+        records = json.loads((out / f"pool{k}.json").read_text())["records"]
+        for key, record in records.items():
+            if "result" not in record:
+                continue
+            base, _, index = key.partition("@")
+            by_key.setdefault(base, {"first": [], "later": []})["later" if index else "first"].append(record)
+    return by_key
+
+
+def resampled_night(i: int, out: Path, by_key: dict[str, dict[str, list[dict]]], rng: random.Random,
+                    baseline: Path, select: str) -> list[dict]:
+    """One night drawn from the pool, judged by the plugin; its gates' rows."""
+    directory = out / "replay" / f"night{i}"
+    directory.mkdir(parents=True, exist_ok=True)
+    store = {}
+    for base, drawn in by_key.items():
+        later = rng.sample(drawn["later"], len(drawn["later"]))
+        for j, record in enumerate([rng.choice(drawn["first"]), *later]):
+            store[base + (f"@{j}" if j else "")] = record
+    (directory / "measurements.json").write_text(json.dumps(store))
+    junit = directory / "junit.xml"
+    env = {**os.environ, "FABRIC_REPLAY_DIR": str(directory), "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")])), "PYTEST_FABRIC_FAULT": PLANTS}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "replay_plugin", "-q", "-rA",
+           "--nodes", "2", f"--junitxml={junit}", *NIGHTLY, "-k", select, *FABRICS, f"--fabric-baseline={baseline}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
+    (directory / "log.txt").write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
+    if not junit.exists() or "ReplayMissing" in proc.stdout:
+        raise SystemExit(f"night {i}: the replay did not judge its store (exit {proc.returncode}):\n"
+                         f"{proc.stdout[-3000:]}")
+    return [{"night": f"replay{i}", **g} for g in gates_of(junit, "nightly")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="nightly-resample", help="directory for the pool, the replayed nights, logs")
+    parser.add_argument("--pool-sessions", type=int, default=3, help="real pytest sessions measuring the pool")
+    parser.add_argument("--pool-launches", type=int, default=4, help="launches of each configuration per session")
+    parser.add_argument("--nights", type=int, default=200, help="nights resampled from the pool")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--baseline", required=True,
+                        help="a baseline merged from other sessions' nights (nightly_gates.py's baseline.json)")
+    parser.add_argument("--only", choices=sorted(SELECT), help="judge only these gates (default: all of them)")
+    parser.add_argument("--resume", action="store_true", help="reuse the pool sessions already in --out")
+    args = parser.parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    by_key = pool(out, args.pool_sessions, args.pool_launches, args.resume)
+    for base, drawn in sorted(by_key.items()):
+        print(f"pool {base}: {len(drawn['first'])} first launches, {len(drawn['later'])} later", flush=True)
+    rng = random.Random(args.seed)
+    select = SELECT[args.only] if args.only else ALL_GATES
+    rows = []
+    start = time.monotonic()
+    for i in range(1, args.nights + 1):
+        rows += resampled_night(i, out, by_key, rng, Path(args.baseline).resolve(), select)
+        if i % 10 == 0:
+            print(f"{i} nights resampled ({time.monotonic() - start:.0f}s)", flush=True)
+    (out / "replay-rows.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n{args.nights} nights resampled from {args.pool_sessions} pool sessions x {args.pool_launches} "
+          f"launches of each configuration (seed {args.seed}); s per verdict: judging only, no launch")
+    ok = print_table(rows, aa_max=0.05, planted_min=0.9)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
