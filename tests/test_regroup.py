@@ -104,7 +104,7 @@ def test_moves_rewrites_and_keeps_the_old_paths(tree):
                                  'ARGV = ["-m", "pytest_fabric.core.units"]']
     init = (pkg / "__init__.py").read_text()
     assert '"X": "core.units"' in init and "'measure': 'measuring.measure'" in init
-    assert "PACKAGE_ORDER = ('core', 'measuring', '')" in (tree / "tests" / "test_layout.py").read_text()
+    assert 'PACKAGE_ORDER = ("core", "measuring", "")' in (tree / "tests" / "test_layout.py").read_text()
     readme = (tree / "README.md").read_text()
     assert "    pytest_fabric/core/" in readme and "        units.py" in readme and "`core/units.py`" in readme
     assert "R  pytest_fabric/units.py -> pytest_fabric/core/units.py" in _git(tree, "status", "--short")
