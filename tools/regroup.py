@@ -85,6 +85,10 @@ MAPPING = {
     # value type as a leaf (gates, junit, nights and terminal import it without the launch machinery)
     # and the one table model the terminal, report, summary and metrics render.
     "measurement": "measuring", "tables": "reporting",
+    # Split out of nccl_evidence (the NCCL log reader, the NIC inventory) and htmlreport (the
+    # document, its plots, the trend report).
+    "nccl_logs": "measuring", "nic_inventory": "measuring",
+    "report_document": "reporting", "report_plots": "reporting", "trend": "reporting",
 }
 
 # Where the rewrite looks (git-tracked and untracked-not-ignored files only).
