@@ -50,12 +50,12 @@ ROLES = {
     "core": "what every role shares, importing nothing above it: the fabric and model catalogs, the "
             "case, units, files written whole, secrets masked, disk faults",
     "physics": "what a step should take before anything runs: the analytical model, the floor, memory, the "
-               "host-bound rule, cost, and their checks against measured steps (fit, calibration, audit)",
+               "host-bound rule, cost, and their checks against measured steps (fit, audit)",
     "measuring": "a launch and what it returns: the measurer, the session's shared store, node facts "
                  "before a launch, NCCL's evidence of the transport that ran",
     "deciding": "from launches to a verdict: statistics, gates, outcome words, the suite file's thresholds",
     "history": "what outlives a session: the night model, saved nights, baselines, the JUnit file "
-               "written, read back and merged",
+               "written, read back and merged, the step model calibrated on saved nights",
     "running": "one pytest session's objects, wired by plugin.py: options, the session, the matrix, "
                "the fixtures' objects",
     "reporting": "what people and dashboards read: the controller's reporter, terminal tables, "
@@ -75,10 +75,11 @@ MAPPING = {
     "atomic": "core", "case": "core", "fabrics": "core", "models": "core", "redact": "core",
     "storage": "core", "units": "core",
     "predict": "physics", "floor": "physics", "fit": "physics", "memory": "physics",
-    "hostbound": "physics", "cost": "physics", "calibration": "physics", "audit": "physics",
+    "hostbound": "physics", "cost": "physics", "audit": "physics",
     "measure": "measuring", "store": "measuring", "preflight": "measuring", "nccl_evidence": "measuring",
     "stats": "deciding", "gates": "deciding", "verdicts": "deciding", "references": "deciding",
     "night_model": "history", "nights": "history", "baselines": "history", "junit": "history",
+    "calibration": "history",  # fits the step model to saved nights' launches
     "options": "running", "session": "running", "matrix": "running", "fixtures": "running",
     "reporter": "reporting", "terminal": "reporting", "dashboards": "reporting", "htmlreport": "reporting",
     # Named by issue 20 and not written yet (a row whose module is absent is skipped): the measurement
