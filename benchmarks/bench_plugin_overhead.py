@@ -46,11 +46,11 @@ sys.path.insert(0, str(REPO))  # a bare checkout works too
 
 from pytest_fabric.cluster.base import RDZV_PORT  # noqa: E402
 from pytest_fabric.cluster.emulated import IFNAME, EmulatedNetwork, check_available, owned_namespaces  # noqa: E402
-from pytest_fabric.fabrics import FABRICS, Fabric, get_fabric  # noqa: E402
-from pytest_fabric.measure import LaunchSettings  # noqa: E402
-from pytest_fabric.measurement import launch_value  # noqa: E402
+from pytest_fabric.core.fabrics import FABRICS, Fabric, get_fabric  # noqa: E402
+from pytest_fabric.measuring.measure import LaunchSettings  # noqa: E402
+from pytest_fabric.measuring.measurement import launch_value  # noqa: E402
 from pytest_fabric.workload.result import TrainResult  # noqa: E402
-from pytest_fabric.models import MODELS, get_model  # noqa: E402
+from pytest_fabric.core.models import MODELS, get_model  # noqa: E402
 from pytest_fabric.workload.config import TrainConfig  # noqa: E402
 
 _DEFAULTS = LaunchSettings()

@@ -36,12 +36,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_fabric.case import Case  # noqa: E402
+from pytest_fabric.core.case import Case  # noqa: E402
 from pytest_fabric.cluster.emulated import EmulatedCluster  # noqa: E402
-from pytest_fabric.measure import LaunchSettings, Measurer  # noqa: E402
-from pytest_fabric.measurement import launch_value  # noqa: E402
-from pytest_fabric.stats import _reason_kind  # noqa: E402
-from pytest_fabric.store import ResultStore  # noqa: E402
+from pytest_fabric.measuring.measure import LaunchSettings, Measurer  # noqa: E402
+from pytest_fabric.measuring.measurement import launch_value  # noqa: E402
+from pytest_fabric.deciding.stats import _reason_kind  # noqa: E402
+from pytest_fabric.measuring.store import ResultStore  # noqa: E402
 
 FALSE_ALARM_TARGET = 0.05
 HIT_TARGET = 0.90

@@ -8,7 +8,7 @@ predicted peak memory.
 Each configuration runs in a fresh process (one rank: ``init_process_group`` on a single rank), so
 its peak memory is its own and an out-of-memory in one does not end the table; each has a time
 limit, and the whole run a time budget (configurations that would not fit in it are listed as
-skipped). A shape whose predicted peak (``pytest_fabric.memory``) exceeds the GPU is skipped before
+skipped). A shape whose predicted peak (``pytest_fabric.physics.memory``) exceeds the GPU is skipped before
 it starts. The model is the catalog's architecture built from its config with random weights (no
 download). Writes ``gpu_step.json`` and ``gpu_step.md`` into ``--out``.
 
@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tree this file is in
 
-from pytest_fabric import memory  # noqa: E402  (standard library + the model catalog)
-from pytest_fabric.models import MFU_CONVENTION, get_model  # noqa: E402
+from pytest_fabric.physics import memory  # noqa: E402  (standard library + the model catalog)
+from pytest_fabric.core.models import MFU_CONVENTION, get_model  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_fabric.measurement import launch_value  # noqa: E402
-from pytest_fabric.stats import configuration_value, pooled_noise, steady_window  # noqa: E402
+from pytest_fabric.measuring.measurement import launch_value  # noqa: E402
+from pytest_fabric.deciding.stats import configuration_value, pooled_noise, steady_window  # noqa: E402
 from pytest_fabric.workload.result import TrainResult  # noqa: E402
 
 

@@ -25,7 +25,7 @@ class ReplayMissing(RuntimeError):
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     import pytest_fabric.plugin as plugin
-    from pytest_fabric.measure import Measurer
+    from pytest_fabric.measuring.measure import Measurer
 
     directory = Path(os.environ["FABRIC_REPLAY_DIR"])
     plugin.session_directory = lambda config: directory

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .fabrics import FABRICS
-from .floor import DEFAULT_RATE_TOLERANCE
-from .models import MODELS
+from .core.fabrics import FABRICS
+from .physics.floor import DEFAULT_RATE_TOLERANCE
+from .core.models import MODELS
 
 if TYPE_CHECKING:
-    from .htmlreport import Written
+    from .reporting.htmlreport import Written
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,14 +60,14 @@ def _cleanup(_: argparse.Namespace) -> int:
 # -- after the night ---------------------------------------------------------------------------
 
 def _load(paths: Sequence[str]):
-    from .nights import load_results
+    from .history.nights import load_results
 
     return [load_results(p) for p in paths]
 
 
 def _per_fabric(option: str, items: Sequence[str], meaning: str, example: str) -> dict[str, float]:
     """``NAME=NUMBER`` items of one option -> {fabric: number} (``fabrics.fabric_value``)."""
-    from .fabrics import fabric_value
+    from .core.fabrics import fabric_value
 
     values = {}
     for item in items:
@@ -113,7 +113,7 @@ def _print_written(written: Written) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .htmlreport import write_report
+    from .reporting.htmlreport import write_report
 
     prices = _prices(args.price)
     output = _output_dir(args.output, "-o")
@@ -122,7 +122,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .junit import merge_junit
+    from .history.junit import merge_junit
 
     testcases = merge_junit(args.inputs, _output_file(args.out, "OUT"))
     print(f"wrote {args.out}: {testcases} testcase(s) from {len(args.inputs)} file(s)")
@@ -130,7 +130,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _trend(args: argparse.Namespace) -> int:
-    from .htmlreport import write_trend
+    from .reporting.htmlreport import write_trend
 
     if len(args.nights) < 2:
         raise _UserError("a trend needs at least two nights; give two or more results files")
@@ -140,7 +140,7 @@ def _trend(args: argparse.Namespace) -> int:
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from .baselines import build_baseline, save_baseline
+    from .history.baselines import build_baseline, save_baseline
 
     _output_file(args.out, "OUT")
     baseline = build_baseline(_load(args.nights))
@@ -158,8 +158,8 @@ def _baseline(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from .models import get_model
-    from .predict import JobShape, predict_penalty
+    from .core.models import get_model
+    from .physics.predict import JobShape, predict_penalty
 
     if args.model not in MODELS:
         raise _UserError(f"--model {args.model!r}: unknown model; known models: {', '.join(MODELS)}")
@@ -186,8 +186,8 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from .calibration import configurations, study, study_lines
-    from .nights import load_records
+    from .history.calibration import configurations, study, study_lines
+    from .history.nights import load_records
 
     gbit = _per_fabric("--gbit", args.gbit, "FABRIC=GBIT with a positive rate per node", "eth=100")
     efficiency = None
@@ -215,7 +215,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _audit(args: argparse.Namespace) -> int:
     import json
 
-    from .audit import audit, read_rows, table_lines
+    from .physics.audit import audit, read_rows, table_lines
 
     if not 0 <= args.tolerance < 1:
         raise _UserError(f"--tolerance must be a fraction in [0, 1), got {args.tolerance:g}")
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     audit.set_defaults(func=_audit)
 
     args = parser.parse_args(argv)
-    from .nights import ResultsError
+    from .history.nights import ResultsError
 
     try:
         return args.func(args)

@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 
-from . import options as fabric_options
-from .case import BANDWIDTH, Case
+from .running import options as fabric_options
+from .core.case import BANDWIDTH, Case
 from .cluster import Cluster, ClusterUnavailable, make_cluster
-from .fixtures import CompareFixture, FabricDeprecationWarning, MeasureFixture
-from .junit import SECTION, gate_lines, measurement_lines, testcase_text
-from .matrix import expand
-from .measurement import BandwidthMeasurement, Measurement
-from .references import References
-from .reporter import REPORTER_NAME, FabricReporter
-from .session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, NOTES_KEY, OUTCOMES_KEY, SESSION_KEY,
+from .running.fixtures import CompareFixture, FabricDeprecationWarning, MeasureFixture
+from .history.junit import SECTION, gate_lines, measurement_lines, testcase_text
+from .running.matrix import expand
+from .measuring.measurement import BandwidthMeasurement, Measurement
+from .deciding.references import References
+from .reporting.reporter import REPORTER_NAME, FabricReporter
+from .running.session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, NOTES_KEY, OUTCOMES_KEY, SESSION_KEY,
                       FabricSession, session_directory, with_inputs)
-from .verdicts import INCONCLUSIVE, gate_record, headline, outcome_of
+from .deciding.verdicts import INCONCLUSIVE, gate_record, headline, outcome_of
 from .workload import faults
 
 

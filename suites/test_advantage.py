@@ -10,7 +10,7 @@ import pytest
 from workloads import COMMUNICATION_BOUND
 
 from pytest_fabric import REFERENCE_FABRIC
-from pytest_fabric.gates import DEFAULT_AHEAD
+from pytest_fabric.deciding.gates import DEFAULT_AHEAD
 
 
 @pytest.mark.fabric_comparison

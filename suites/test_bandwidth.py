@@ -11,7 +11,7 @@ with one rank per node on 2 nodes) fails it when measured: those bytes did not c
 import pytest
 
 from pytest_fabric import REFERENCE_FABRIC
-from pytest_fabric.gates import assert_ahead, assert_at_least, busbw
+from pytest_fabric.deciding.gates import assert_ahead, assert_at_least, busbw
 
 # gloo's all_gather and reduce_scatter are not bandwidth-optimal algorithms (reduce_scatter moves
 # the whole buffer), so on CPU only all_reduce is held to the link rate; NCCL's are all optimal.

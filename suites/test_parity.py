@@ -9,7 +9,7 @@ import pytest
 from workloads import COMPUTE_BOUND
 
 from pytest_fabric import REFERENCE_FABRIC
-from pytest_fabric.gates import DEFAULT_WITHIN
+from pytest_fabric.deciding.gates import DEFAULT_WITHIN
 
 
 @pytest.mark.fabric_comparison

@@ -294,8 +294,8 @@ time.sleep(3600)
 
 def train_program(run_dir: Path) -> list[str]:
     """The rank program for a real, small measurement: qwen2-tiny, 1 step, no warm-up, batch 1 x 64 tokens."""
-    from pytest_fabric.fabrics import get_fabric
-    from pytest_fabric.models import get_model
+    from pytest_fabric.core.fabrics import get_fabric
+    from pytest_fabric.core.models import get_model
     from pytest_fabric.workload.config import TrainConfig
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -448,7 +448,7 @@ def _drive(spec_path: str) -> None:
     """The harness side of one test launch, run on node0: build the cluster and request, launch, report."""
     from pytest_fabric.cluster.base import Cluster, LaunchRequest
     from pytest_fabric.cluster.ssh import SshCluster
-    from pytest_fabric.fabrics import get_fabric
+    from pytest_fabric.core.fabrics import get_fabric
 
     spec = json.loads(Path(spec_path).read_text())
     cluster: Cluster

@@ -14,16 +14,16 @@ import textwrap
 from dataclasses import asdict
 from pathlib import Path
 
-from pytest_fabric.case import Case
+from pytest_fabric.core.case import Case
 from pytest_fabric.cli import main
 from pytest_fabric.cluster import Cluster
 from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
-from pytest_fabric.gates import GateOutcome
-from pytest_fabric.junit import suite_properties
-from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
-from pytest_fabric.measure import BandwidthMeasurement, Measurement
-from pytest_fabric.nights import load_results, save_results
-from pytest_fabric.stats import Interval, NoisePrior, Verdict
+from pytest_fabric.deciding.gates import GateOutcome
+from pytest_fabric.history.junit import suite_properties
+from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
+from pytest_fabric.measuring.measure import BandwidthMeasurement, Measurement
+from pytest_fabric.history.nights import load_results, save_results
+from pytest_fabric.deciding.stats import Interval, NoisePrior, Verdict
 from pytest_fabric.workload.config import TrainConfig
 from pytest_fabric.workload.result import (CollectiveRow, CollectivesResult, StepSignals, TrainResult,
                                            write_result)
@@ -386,9 +386,9 @@ def assert_one_line_error(code: int, err: str, *expected: str) -> None:
 # A suite whose gates are decided without launches: the verdict comes from the parameter.
 GATE_SUITE = """
     import pytest
-    from pytest_fabric.gates import apply_verdict
-    from pytest_fabric.session import OUTCOMES_KEY
-    from pytest_fabric.stats import Verdict
+    from pytest_fabric.deciding.gates import apply_verdict
+    from pytest_fabric.running.session import OUTCOMES_KEY
+    from pytest_fabric.deciding.stats import Verdict
     from helpers import outcome
 
     @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_fabric.atomic import replacing, write_text
+from pytest_fabric.core.atomic import replacing, write_text
 
 
 def test_write_text_creates_the_directory_and_replaces_the_file(tmp_path):

@@ -7,8 +7,8 @@ import json
 import pytest
 from helpers import REPO, assert_one_line_error, run
 
-from pytest_fabric.floor import floor_for
-from pytest_fabric.models import get_model
+from pytest_fabric.physics.floor import floor_for
+from pytest_fabric.core.models import get_model
 
 HEADER = "model,nodes,gpus_per_node,batch,seq,fabric,link_gbit,tokens_per_s"
 # qwen2.5-7b, 2 nodes x 8 GPUs, 2 x 2048 tokens per GPU: 65,536 tokens per step.

@@ -13,7 +13,7 @@ import pickle
 import pytest
 from helpers import saved
 
-from pytest_fabric.gates import REGRESSION_MEASURES
+from pytest_fabric.deciding.gates import REGRESSION_MEASURES
 
 BASELINE_FORMAT = '{"format": "pytest-fabric-baseline", "version": 1, "cases": {"x": {"model": "m"}}}'
 

@@ -19,10 +19,11 @@ import statistics
 import pytest
 from helpers import REPO
 
-from pytest_fabric.calibration import EFFICIENCY_GRID, Configuration, configurations, study, study_lines
-from pytest_fabric.models import get_model
-from pytest_fabric.predict import JobShape, Observation, predict_step
-from pytest_fabric.nights import ResultsError, load_records
+from pytest_fabric.history.calibration import (EFFICIENCY_GRID, Configuration, configurations,
+                                               study, study_lines)
+from pytest_fabric.core.models import get_model
+from pytest_fabric.physics.predict import JobShape, Observation, predict_step
+from pytest_fabric.history.nights import ResultsError, load_records
 from pytest_fabric.workload.result import RESULT_VERSION, TRAIN_FORMAT, TrainResult
 
 FIXTURE = REPO / "fixtures" / "calibration" / "synthetic-night.json"

@@ -11,10 +11,10 @@ import pytest
 from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, REPO, VERDICTS, assert_one_line_error, geomean, junit_text,
                      nights, run, saved, session_store)
 
-from pytest_fabric.models import get_model
-from pytest_fabric.predict import JobShape, predict_penalty
-from pytest_fabric.baselines import load_baseline
-from pytest_fabric.nights import load_results
+from pytest_fabric.core.models import get_model
+from pytest_fabric.physics.predict import JobShape, predict_penalty
+from pytest_fabric.history.baselines import load_baseline
+from pytest_fabric.history.nights import load_results
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +39,7 @@ def test_report_writes_the_documents(capsys, tmp_path):
 
 def test_report_prices_the_night_with_its_saved_prices_unless_given(capsys, tmp_path):
 
-    from pytest_fabric.nights import save_results
+    from pytest_fabric.history.nights import save_results
 
     night = tmp_path / "night.json"
     save_results(night, session_store(), IDENTITY, VERDICTS, {"ib": 4.0, "eth": 3.0})

@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 from helpers import geomean, train_measurement, train_record
 
-from pytest_fabric.case import Case
-from pytest_fabric.measure import LaunchSettings
-from pytest_fabric.baselines import Baseline
-from pytest_fabric.fixtures import CompareFixture
-from pytest_fabric.session import NOTES_KEY, OUTCOMES_KEY, FabricSession
-from pytest_fabric.stats import Interval, NoisePrior, Verdict
+from pytest_fabric.core.case import Case
+from pytest_fabric.measuring.measure import LaunchSettings
+from pytest_fabric.history.baselines import Baseline
+from pytest_fabric.running.fixtures import CompareFixture
+from pytest_fabric.running.session import NOTES_KEY, OUTCOMES_KEY, FabricSession
+from pytest_fabric.deciding.stats import Interval, NoisePrior, Verdict
 
 CAND, REF = Case("m", 2, "eth"), Case("m", 2, "ib")
 
@@ -141,7 +141,7 @@ def test_inconclusive_takes_more_launches_then_follows_the_policy(policy, outcom
 
 
 def test_inconclusive_warn_passes_with_a_warning():
-    from pytest_fabric.gates import InconclusiveWarning
+    from pytest_fabric.deciding.gates import InconclusiveWarning
 
     fixture, _, _ = compare({"ib": 1000.0, "eth": 950.0}, inconclusive="warn", noise=0.05, paired=True)
     with pytest.warns(InconclusiveWarning, match="inconclusive"):
@@ -435,7 +435,7 @@ def test_the_fabric_adding_time_fails_and_the_line_shows_every_measure():
 
 
 def test_fabric_time_is_the_default_and_a_single_saved_night_serves_too():
-    from pytest_fabric.options import _DEFAULTS, FabricOptions
+    from pytest_fabric.running.options import _DEFAULTS, FabricOptions
 
     default = _DEFAULTS["regression-on"]
     assert default == "fabric-time" == FabricOptions.__dataclass_fields__["regression_on"].default
@@ -459,8 +459,8 @@ class ModelLaunches:
     prediction next to the comparison is known: the measured penalty, within the noise."""
 
     def __init__(self, model, rates_gbit, flops_per_s=2e10, noise=0.005, seed=2):
-        from pytest_fabric.models import get_model
-        from pytest_fabric.predict import JobShape, predict_step
+        from pytest_fabric.core.models import get_model
+        from pytest_fabric.physics.predict import JobShape, predict_step
 
         self.spec = get_model(model)
         self.steps = {f: predict_step(JobShape(self.spec, 2, dtype="fp32"), flops_per_s=flops_per_s, inter_gbit=g).step_s
@@ -481,7 +481,7 @@ def test_model_launches_record_the_model_shape():
 
 
 def predicting(model, rates_mbit, cluster="emulated", fabric_flops=None, inconclusive="fail"):
-    from pytest_fabric.fabrics import build_table
+    from pytest_fabric.core.fabrics import build_table
 
     table = build_table(rates=rates_mbit)
     gbit = {f: (table[f].emulated_mbit / 1000 if cluster == "emulated" else table[f].nominal_gbit)
@@ -547,8 +547,8 @@ def test_equal_rates_predict_no_difference():
 
 
 def test_prediction_reads_real_measurements_as_the_store_records_them():
-    from pytest_fabric.fabrics import build_table
-    from pytest_fabric.measure import Measurement
+    from pytest_fabric.core.fabrics import build_table
+    from pytest_fabric.measuring.measure import Measurement
 
     def runs(fabric, tokens_per_s):
         case = Case("qwen2-tiny", 2, fabric)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_fabric.cost import break_even_premium, break_even_price, cost_per_million_tokens
+from pytest_fabric.physics.cost import break_even_premium, break_even_price, cost_per_million_tokens
 
 
 def test_cost_of_a_million_tokens():

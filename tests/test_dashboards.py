@@ -1,4 +1,4 @@
-"""What CI systems read (pytest_fabric/dashboards.py): GitHub's job summary, OpenMetrics for GitLab's
+"""What CI systems read (pytest_fabric/reporting/dashboards.py): GitHub's job summary, OpenMetrics for GitLab's
 metrics report and node_exporter, Bencher Metric Format; all from one table builder.
 
 The night is a real one (fixtures/dashboards: a 2-node run of the parity, advantage and bandwidth
@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from helpers import IDENTITY, REPO, gpu_night, outcome, run_gates, session_store
 
-from pytest_fabric.dashboards import (BusbwRow, build_tables, benchmark_json, job_summary, largest_payloads, md_cell,
+from pytest_fabric.reporting.dashboards import (BusbwRow, build_tables, benchmark_json, job_summary, largest_payloads, md_cell,
                                       md_table, openmetrics)
-from pytest_fabric.junit import load_junit
-from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
-from pytest_fabric.measure import Measurement
-from pytest_fabric.case import Case
-from pytest_fabric.nights import load_records, load_results
+from pytest_fabric.history.junit import load_junit
+from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
+from pytest_fabric.measuring.measure import Measurement
+from pytest_fabric.core.case import Case
+from pytest_fabric.history.nights import load_records, load_results
 
 FIXTURES = REPO / "fixtures" / "dashboards"
 PARITY = "suites/test_parity.py::test_within_5_percent_of_ib[qwen2-tiny-n2-eth]"
@@ -147,7 +147,7 @@ def test_mfu_and_peak_memory_of_the_recorded_gpu_launch_in_the_summary_metrics_a
     from helpers import GPU_PEAK, gpu_expected
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-    from pytest_fabric.models import MFU_CONVENTION
+    from pytest_fabric.core.models import MFU_CONVENTION
 
     mfu, gib = gpu_expected()
     t = build_tables(gpu_night(tmp_path / "night.json"), load_records(tmp_path / "night.json"))
@@ -172,7 +172,7 @@ def test_no_mfu_on_cpu_nights_and_none_of_the_figures_on_nights_saved_before_the
     recorded night (saved before the figures were) reads n/a for both and emits neither."""
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-    from pytest_fabric.nights import save_results
+    from pytest_fabric.history.nights import save_results
 
     store = session_store()
     for record in store.values():
@@ -246,8 +246,8 @@ def test_an_output_in_a_missing_directory_is_a_usage_error(pytester, option):
 def test_a_down_weighted_launch_is_counted_and_weighed_the_same_in_every_dashboard():
     """One number and one count per configuration: the summary's 'launches' says how many were
     down-weighted, the metrics carry both counts, and the interval is centred on the weighted value."""
-    from pytest_fabric.night_model import CaseResult, SavedRun
-    from pytest_fabric.stats import configuration_value
+    from pytest_fabric.history.night_model import CaseResult, SavedRun
+    from pytest_fabric.deciding.stats import configuration_value
 
     values, weights = [1000.0, 1100.0, 400.0], [1.0, 1.0, 0.04]
     case = CaseResult("m", 2, "ib", 2, values, [v / 2 for v in values], weights)
@@ -263,7 +263,7 @@ def test_a_down_weighted_launch_is_counted_and_weighed_the_same_in_every_dashboa
 
 
 def test_every_gate_shows_the_noise_it_used_in_the_summary_and_the_metrics():
-    from pytest_fabric.night_model import SavedRun
+    from pytest_fabric.history.night_model import SavedRun
 
     gate = {"a": "eth", "b": "ib", "outcome": "pass", "ratio": 0.99, "ci_low": 0.97, "ci_high": 1.01,
             "confidence": 0.9, "threshold": 0.95, "launches": [3, 3], "launch_noise": 0.014, "noise_df": 9.0,

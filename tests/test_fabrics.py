@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_fabric.fabrics import FABRICS, FabricConfigError, build_table
+from pytest_fabric.core.fabrics import FABRICS, FabricConfigError, build_table
 
 
 def test_presets_force_their_transport():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_fabric.fabrics import FABRICS, FabricConfigError, build_table
-from pytest_fabric.floor import (Floor, collective_node_gbit, floor_for, impossible_payloads, node_bytes,
+from pytest_fabric.core.fabrics import FABRICS, FabricConfigError, build_table
+from pytest_fabric.physics.floor import (Floor, collective_node_gbit, floor_for, impossible_payloads, node_bytes,
                                  transport_hint)
-from pytest_fabric.models import get_model
+from pytest_fabric.core.models import get_model
 from pytest_fabric.workload.result import CollectiveRow
 
 # 1e9 parameters, bf16 parameters and gradients: 2e9 bytes of each.

@@ -22,7 +22,7 @@ pytestmark = [
 SUITE = """
 import pytest
 
-from pytest_fabric.case import BANDWIDTH, Case
+from pytest_fabric.core.case import BANDWIDTH, Case
 
 
 @pytest.mark.fabric_comparison

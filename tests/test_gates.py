@@ -6,8 +6,8 @@ import pytest
 from helpers import outcome as gate_outcome, train_measurement
 
 from pytest_fabric import Measurement, assert_ahead, assert_within, ratio
-from pytest_fabric.gates import InconclusiveWarning, apply_verdict
-from pytest_fabric.stats import Verdict
+from pytest_fabric.deciding.gates import InconclusiveWarning, apply_verdict
+from pytest_fabric.deciding.stats import Verdict
 
 
 def measurement(fabric: str, tokens_per_s: float, model: str = "qwen2.5-7b", nodes: int = 8) -> Measurement:

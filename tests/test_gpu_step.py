@@ -11,13 +11,13 @@ import pytest
 from helpers import FakeCluster
 
 from pytest_fabric import Case, LaunchSettings
-from pytest_fabric import memory
-from pytest_fabric.fabrics import FABRICS
-from pytest_fabric.hostbound import BUSY_SHARE, MIN_MFU, host_bound
-from pytest_fabric.measure import Measurer
-from pytest_fabric.models import get_model
-from pytest_fabric.nccl_evidence import parse_nccl_logs
-from pytest_fabric.store import ResultStore
+from pytest_fabric.physics import memory
+from pytest_fabric.core.fabrics import FABRICS
+from pytest_fabric.physics.hostbound import BUSY_SHARE, MIN_MFU, host_bound
+from pytest_fabric.measuring.measure import Measurer
+from pytest_fabric.core.models import get_model
+from pytest_fabric.measuring.nccl_evidence import parse_nccl_logs
+from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.workload.result import TrainResult
 
 
@@ -178,7 +178,7 @@ def test_a_result_recorded_before_the_head_was_counted_takes_the_catalogs_count(
     import dataclasses
     import json
 
-    from pytest_fabric.models import MFU_CONVENTION, get_model
+    from pytest_fabric.core.models import MFU_CONVENTION, get_model
     from pytest_fabric.workload.result import TrainResult
 
     old = TrainResult.from_dict(json.loads((GPU / "result-qwen2.5-1.5b-b8-fsdp2-h200.json").read_text()))

@@ -10,11 +10,11 @@ import pytest
 from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, REPO, assert_valid_junit, geomean, gpu_night, junit_text,
                      nights, saved, session_store)
 
-from pytest_fabric.dashboards import configuration_interval
-from pytest_fabric.cost import break_even_premium, cost_per_million_tokens
-from pytest_fabric.junit import merge_junit
-from pytest_fabric.htmlreport import write_report, write_trend
-from pytest_fabric.nights import ResultsError, load_results, save_results
+from pytest_fabric.reporting.dashboards import configuration_interval
+from pytest_fabric.physics.cost import break_even_premium, cost_per_million_tokens
+from pytest_fabric.history.junit import merge_junit
+from pytest_fabric.reporting.htmlreport import write_report, write_trend
+from pytest_fabric.history.nights import ResultsError, load_results, save_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # qwen2-tiny on two nodes in session_store: each configuration's value, the geometric mean of its launches.
@@ -78,7 +78,7 @@ def test_report_shows_mfu_and_peak_memory_of_the_recorded_gpu_launch(tmp_path, n
     configuration's value and its peak memory per rank, the convention and the peak named."""
     from helpers import GPU_PEAK, gpu_expected
 
-    from pytest_fabric.models import MFU_CONVENTION
+    from pytest_fabric.core.models import MFU_CONVENTION
 
     mfu, gib = gpu_expected()
     written = write_report([gpu_night(tmp_path / "night.json")], tmp_path / "out")
@@ -155,7 +155,7 @@ def test_prices_saved_with_the_night_are_used_and_given_ones_win(tmp_path, no_pl
 
 
 def test_cost_lines_for_the_terminal(night):
-    from pytest_fabric.htmlreport import cost_lines
+    from pytest_fabric.reporting.htmlreport import cost_lines
 
     lines = cost_lines(night, {"ib": 4.0, "eth": 3.0})
     assert lines[0] == "cost (USD per GPU-hour: eth 3, ib 4):"
@@ -302,7 +302,7 @@ def test_the_gate_picture_and_busbw_per_payload_come_from_the_launch_records(tmp
 
 def test_a_trend_marks_failing_nights(tmp_path):
     pytest.importorskip("matplotlib")
-    from pytest_fabric.report_plots import gate_failed
+    from pytest_fabric.reporting.report_plots import gate_failed
 
     first = load_results(REPO / "fixtures" / "dashboards" / "night.json")
     second = load_results(REPO / "fixtures" / "dashboards" / "night.json")

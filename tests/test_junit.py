@@ -1,4 +1,4 @@
-"""The JUnit format (pytest_fabric/junit.py): what a measured testcase writes, and how the file pytest
+"""The JUnit format (pytest_fabric/history/junit.py): what a measured testcase writes, and how the file pytest
 wrote is completed without breaking it.
 
 The measurements here are real ``Measurement`` objects made from the rank program's typed result
@@ -16,11 +16,12 @@ import pytest
 from helpers import assert_valid_junit, bandwidth_measurement, geomean, outcome, train_measurement
 from lxml import etree
 
-from pytest_fabric.gates import GateOutcome
-from pytest_fabric.junit import add_to_junit, gate_lines, junit_names, load_junit, measurement_lines, suite_properties
-from pytest_fabric.junit import testcase_text as text_of  # not collected as a test
-from pytest_fabric.measure import configuration_tokens_per_s
-from pytest_fabric.stats import Verdict
+from pytest_fabric.deciding.gates import GateOutcome
+from pytest_fabric.history.junit import (add_to_junit, gate_lines, junit_names, load_junit,
+                                         measurement_lines, suite_properties)
+from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
+from pytest_fabric.measuring.measure import configuration_tokens_per_s
+from pytest_fabric.deciding.stats import Verdict
 
 
 # -- machine lines of one configuration ---------------------------------------------------------------
@@ -371,8 +372,8 @@ def test_a_gate_reads_back_as_fields_not_prose(tmp_path):
 
 def test_machine_lines_carry_mfu_peak_memory_and_the_convention():
     """n/a where there is no GPU peak (CPU runs), the number otherwise; the convention run-wide."""
-    from pytest_fabric.junit import measurement_lines, suite_properties
-    from pytest_fabric.models import MFU_CONVENTION
+    from pytest_fabric.history.junit import measurement_lines, suite_properties
+    from pytest_fabric.core.models import MFU_CONVENTION
 
     m = train_measurement("m", 2, "ib", 200.0, peak_memory_bytes=3 << 29)
     lines = measurement_lines([m])

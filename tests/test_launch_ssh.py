@@ -85,7 +85,7 @@ def test_every_user_supplied_piece_of_a_launch_reaches_the_host_as_literal_data(
     from pytest_fabric.cluster import ssh as ssh_module
     from pytest_fabric.cluster.base import LaunchRequest
     from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
-    from pytest_fabric.fabrics import get_fabric
+    from pytest_fabric.core.fabrics import get_fabric
     from dataclasses import replace
 
     monkeypatch.chdir(tmp_path)  # a hostile value that ran would make ./pwned

@@ -18,9 +18,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_fabric"
 LOWER = ("pytest_fabric.cluster", "pytest_fabric.workload")
 # Leaf modules the lower half may use: data, catalogs and helpers that import nothing above them.
-LEAVES = {"pytest_fabric", "pytest_fabric.atomic", "pytest_fabric.case", "pytest_fabric.fabrics",
-          "pytest_fabric.models", "pytest_fabric.night_model", "pytest_fabric.redact", "pytest_fabric.stats",
-          "pytest_fabric.units"}
+LEAVES = {"pytest_fabric", "pytest_fabric.core.atomic", "pytest_fabric.core.case",
+          "pytest_fabric.core.fabrics", "pytest_fabric.core.models", "pytest_fabric.history.night_model",
+          "pytest_fabric.core.redact", "pytest_fabric.deciding.stats", "pytest_fabric.core.units"}
 
 
 def _modules() -> dict[str, Path]:
@@ -66,9 +66,9 @@ def mod(short: str) -> str:
 
 def test_the_layout_is_read_from_the_whole_package():
     assert {"pytest_fabric.plugin", "pytest_fabric.cluster.base", "pytest_fabric.workload.train"} <= set(MODULES)
-    assert "pytest_fabric.session" in GRAPH["pytest_fabric.plugin"]
+    assert "pytest_fabric.running.session" in GRAPH["pytest_fabric.plugin"]
     # Imports inside functions count: nights.load_results imports junit lazily, and that edge is seen.
-    assert "pytest_fabric.junit" in GRAPH["pytest_fabric.nights"]
+    assert "pytest_fabric.history.junit" in GRAPH["pytest_fabric.history.nights"]
 
 
 def test_the_leaves_import_only_leaves():
@@ -145,21 +145,21 @@ _RAW_CONVERSIONS = re.compile(r"2\s*\*\*\s*(?:20|30)\b|mbit\w*\)?\s*/\s*1000\b|\
                               r"|\*\s*8\s*/\s*\(?\w*\s*\*?\s*1e9|/\s*1e9\b.*(?:GB|Gbit|algbw|busbw)|GBps\s*\*\s*8")
 
 
-@pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "pytest_fabric.units"))
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n != "pytest_fabric.core.units"))
 def test_unit_conversions_go_through_units(name):
     found = [line.strip() for line in MODULES[name].read_text().splitlines()
              if _RAW_CONVERSIONS.search(line.partition("#")[0])]
-    assert found == [], f"{name}: write these with pytest_fabric.units: {found}"
+    assert found == [], f"{name}: write these with pytest_fabric.core.units: {found}"
 
 
 def test_the_value_types_sit_below_the_launch_machinery():
     # measurement.py (Measurement, LaunchRecord, launch_value) uses only leaves and the rank programs'
     # typed results: the readers of a night get it without filelock, a launcher or a node probe.
-    below = {m for m in GRAPH["pytest_fabric.measurement"] if m not in LEAVES and not m.startswith(LOWER)}
+    below = {m for m in GRAPH["pytest_fabric.measuring.measurement"] if m not in LEAVES and not m.startswith(LOWER)}
     assert below == set()
-    assert {m for m in _imports("pytest_fabric.measurement") if m.split(".")[0] == "filelock"} == set()
-    for reader in ("pytest_fabric.nights", "pytest_fabric.junit", "pytest_fabric.gates"):
-        assert "pytest_fabric.measure" not in GRAPH[reader], reader
+    assert {m for m in _imports("pytest_fabric.measuring.measurement") if m.split(".")[0] == "filelock"} == set()
+    for reader in ("pytest_fabric.history.nights", "pytest_fabric.history.junit", "pytest_fabric.deciding.gates"):
+        assert "pytest_fabric.measuring.measure" not in GRAPH[reader], reader
 
 
 def _calls(name: str, callee: str) -> int:
@@ -187,28 +187,28 @@ def test_a_measurement_takes_four_forms_from_the_ranks_to_junit():
     # Measurement / SavedRun (a case's value; the night) -> JUnit's machine lines. Each step has its
     # owners: a rank's result is decoded only into a LaunchRecord (the measurer reads result.json),
     # a LaunchRecord only by the measurer, the night's builder and calibration...
-    results = {"pytest_fabric.measurement", "pytest_fabric.workload.result"}
+    results = {"pytest_fabric.measuring.measurement", "pytest_fabric.workload.result"}
     assert _callers("TrainResult.from_dict") | _callers("CollectivesResult.from_dict") <= results
-    assert _callers("LaunchRecord.from_dict") == {"pytest_fabric.measurement", "pytest_fabric.measure",
-                                                  "pytest_fabric.nights", "pytest_fabric.calibration"}
+    assert _callers("LaunchRecord.from_dict") == {"pytest_fabric.measuring.measurement", "pytest_fabric.measuring.measure",
+                                                  "pytest_fabric.history.nights", "pytest_fabric.history.calibration"}
     # ... a record becomes a Measurement in the measurer and in the night's builder (dashboards'
     # busbw rows still read the raw records: the table model's part) ...
-    assert _callers("Measurement.from_record") == {"pytest_fabric.measure", "pytest_fabric.nights"}
-    assert _callers("BandwidthMeasurement.from_record") <= {"pytest_fabric.measure", "pytest_fabric.nights",
-                                                            "pytest_fabric.dashboards"}
+    assert _callers("Measurement.from_record") == {"pytest_fabric.measuring.measure", "pytest_fabric.history.nights"}
+    assert _callers("BandwidthMeasurement.from_record") <= {"pytest_fabric.measuring.measure", "pytest_fabric.history.nights",
+                                                            "pytest_fabric.reporting.dashboards"}
     # ... and a session's night is built from its store in one place, once: the reporter's
     # ``night``, which the terminal, the suite properties, dashboards, cost lines and --fabric-save take.
-    assert _callers("run_from_store") == {"pytest_fabric.nights"}
-    assert _callers("session_night") == {"pytest_fabric.reporter"}
-    assert _calls("pytest_fabric.reporter", "session_night") == 1
-    reporter = MODULES["pytest_fabric.reporter"].read_text()
+    assert _callers("run_from_store") == {"pytest_fabric.history.nights"}
+    assert _callers("session_night") == {"pytest_fabric.reporting.reporter"}
+    assert _calls("pytest_fabric.reporting.reporter", "session_night") == 1
+    reporter = MODULES["pytest_fabric.reporting.reporter"].read_text()
     assert reporter.count("store.all()") == 1 and "recorded(" not in reporter
 
 
 def test_a_launch_has_one_value_function():
     # measurement.launch_value: the gates, calibration and the benchmarks value a launch with it;
     # only it calls stats.launch_estimate on a result.
-    assert _callers("launch_estimate") == {"pytest_fabric.measurement"}
+    assert _callers("launch_estimate") == {"pytest_fabric.measuring.measurement"}
     benchmarks = Path(__file__).resolve().parent.parent / "benchmarks"
     for path in sorted(benchmarks.glob("*.py")):
         assert "launch_estimate(" not in path.read_text(), path.name
@@ -250,3 +250,39 @@ def test_a_split_module_sits_below_the_one_it_came_from(low):
     assert high not in _reachable(mod(low))
     if SPLIT_BELOW[low] == "nccl_evidence":  # what NCCL wrote and what a node has: facts, read from leaves only
         assert GRAPH[mod(low)] <= LEAVES
+
+
+# >>> role folders: written by tools/regroup.py from its mapping (rerun it rather than edit)
+# The package order, lowest first ("" is the top level): a module imports modules of its own folder
+# or of one before it, or a leaf (LEAVES); the top level holds the front doors only.
+PACKAGE_ORDER = ("core", "cluster", "workload", "physics", "measuring", "deciding", "history",
+                 "running", "reporting", "")
+FRONT_DOORS = {"pytest_fabric", "pytest_fabric.plugin", "pytest_fabric.cli"}
+
+
+def _folder(name: str) -> str:
+    return "" if MODULES[name].parent == PACKAGE else MODULES[name].relative_to(PACKAGE).parts[0]
+
+
+def test_every_module_sits_in_a_role_folder():
+    assert {n for n in MODULES if _folder(n) == ""} <= FRONT_DOORS
+    assert {_folder(n) for n in MODULES} <= set(PACKAGE_ORDER)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_follow_the_package_order(name):
+    rank = PACKAGE_ORDER.index(_folder(name))
+    upwards = {m for m in GRAPH[name] if PACKAGE_ORDER.index(_folder(m)) > rank and m not in LEAVES}
+    assert upwards == set(), f"{name} imports {sorted(upwards)}, above its folder in {PACKAGE_ORDER}"
+
+
+def test_old_module_paths_are_the_moved_modules():
+    import importlib
+
+    import pytest_fabric
+
+    for old, new in sorted(pytest_fabric._MOVED.items()):
+        if new.split(".")[0] == PACKAGE_ORDER[0]:  # the leaves: cheap to import
+            moved = importlib.import_module(f"pytest_fabric.{new}")
+            assert importlib.import_module(f"pytest_fabric.{old}") is moved
+# <<< role folders

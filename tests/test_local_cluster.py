@@ -54,7 +54,7 @@ def test_two_local_nodes_train_and_comparisons_are_skipped(pytester, monkeypatch
 def test_only_node_0_hosts_the_rendezvous_store(tmp_path):
     # Left to guess, torch lets every agent on 127.0.0.1 try to host it: one of them fails EADDRINUSE.
     from pytest_fabric.cluster.base import LaunchRequest, torchrun_argv
-    from pytest_fabric.fabrics import get_fabric
+    from pytest_fabric.core.fabrics import get_fabric
 
     request = LaunchRequest(nodes=3, procs_per_node=1, fabric=get_fabric("eth"), program=["-m", "x"],
                             workdir=tmp_path, deadline_s=60, job_id="j")
@@ -69,7 +69,7 @@ def test_a_node_gives_up_reaching_the_store_well_inside_the_deadline(tmp_path, d
     # torch's default (60 s, plus its retry backoff) outlived a 75 s deadline: the node that could not
     # join was killed with the others instead of failing on its own.
     from pytest_fabric.cluster.base import LaunchRequest, torchrun_argv
-    from pytest_fabric.fabrics import get_fabric
+    from pytest_fabric.core.fabrics import get_fabric
 
     request = LaunchRequest(nodes=2, procs_per_node=1, fabric=get_fabric("eth"), program=["-m", "x"],
                             workdir=tmp_path, deadline_s=deadline_s, job_id="j")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_fabric import Case
-from pytest_fabric.matrix import expand, powers_of_two_up_to
+from pytest_fabric.running.matrix import expand, powers_of_two_up_to
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_case_with_nodes_and_bandwidth_cases():
 @pytest.mark.parametrize("case", [Case("qwen2-tiny", 2, "eth"), Case("llama-3.1-70b", 16, "roce"),
                                   Case("m-n2-x", 1, "ib"), Case("a-b", 8, "my_fabric.v2-1")])
 def test_case_id_parses_back(case):
-    from pytest_fabric.case import Case as CaseHere
+    from pytest_fabric.core.case import Case as CaseHere
 
     assert CaseHere.parse(case.id) == case
     # The package's Case is the one in case.py: every module (matrix, measure, results) shares it.

@@ -14,9 +14,9 @@ from helpers import FakeCluster, train_record
 from pytest_fabric import Case, MeasurementError, LaunchSettings
 from pytest_fabric.cluster import Cluster
 from pytest_fabric.cluster.base import OnThisMachine
-from pytest_fabric.stats import FIRST_LAUNCH_FACTOR
-from pytest_fabric.measure import Measurer
-from pytest_fabric.store import ResultStore
+from pytest_fabric.deciding.stats import FIRST_LAUNCH_FACTOR
+from pytest_fabric.measuring.measure import Measurer
+from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.workload.config import TrainConfig
 from pytest_fabric.workload.result import RESULT_VERSION, StepSignals, TrainResult
 
@@ -115,7 +115,7 @@ def test_success_without_a_result_file_is_an_error(tmp_path):
 
 
 def test_machine_lines_are_flat_strings_named_after_the_case(tmp_path):
-    from pytest_fabric.junit import measurement_lines
+    from pytest_fabric.history.junit import measurement_lines
 
     m = measurer(tmp_path, FakeCluster()).measure(Case("qwen2-tiny", 2, "eth"))
     lines = measurement_lines([m])
@@ -259,7 +259,7 @@ def test_a_slow_phase_is_judged_against_the_same_configurations_fastest_launch(t
     whose busy steps all probe 70% slow ran in a slow phase; another configuration (another load on
     the cores) is never judged against it; idle steps' probes say nothing."""
 
-    from pytest_fabric.measure import Measurement
+    from pytest_fabric.measuring.measure import Measurement
 
     m = measurer(tmp_path, FakeCluster())
 

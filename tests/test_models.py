@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_fabric import MODELS
-from pytest_fabric.models import MFU_CONVENTION, get_model
+from pytest_fabric.core.models import MFU_CONVENTION, get_model
 
 # Published totals (model cards / safetensors metadata).
 PUBLISHED = {

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_fabric.fabrics import build_table
-from pytest_fabric.nccl_evidence import (
+from pytest_fabric.core.fabrics import build_table
+from pytest_fabric.measuring.nccl_evidence import (
     NicInventory,
     check_transport,
     fabric_kind,

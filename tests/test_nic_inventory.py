@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_fabric.nic_inventory import NicInventory, parse_inventory
+from pytest_fabric.measuring.nic_inventory import NicInventory, parse_inventory
 
 
 def test_lines_by_fabric_with_comments_and_blanks_skipped():
@@ -23,7 +23,7 @@ def test_a_bad_line_is_named_with_how_to_write_it(line):
 
 
 def test_the_old_module_path_still_serves_the_names():
-    from pytest_fabric import nccl_evidence, nccl_logs, nic_inventory
+    from pytest_fabric.measuring import nccl_evidence, nccl_logs, nic_inventory
 
     assert nccl_evidence.NicInventory is nic_inventory.NicInventory
     assert nccl_evidence.parse_inventory is nic_inventory.parse_inventory

@@ -19,8 +19,8 @@ from helpers import FAST_LAUNCH, assert_valid_junit, emulated_unavailable, sessi
 from lxml import etree
 
 from pytest_fabric import FABRICS, Case, Measurement
-from pytest_fabric.baselines import build_baseline
-from pytest_fabric.nights import load_results
+from pytest_fabric.history.baselines import build_baseline
+from pytest_fabric.history.nights import load_results
 
 UNAVAILABLE = emulated_unavailable()
 
@@ -185,7 +185,7 @@ def test_terminal_table_shows_the_stored_numbers(plain_run):
 
 
 def test_terminal_summary_prices_the_fabrics(plain_run):
-    from pytest_fabric.cost import break_even_premium, cost_per_million_tokens
+    from pytest_fabric.physics.cost import break_even_premium, cost_per_million_tokens
 
     lines = plain_run.output.splitlines()
     start = lines.index("cost (USD per GPU-hour: eth 2.9, ib 3.5):")

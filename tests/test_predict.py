@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from pytest_fabric.models import ModelSpec, get_model
-from pytest_fabric.cost import break_even_premium, break_even_price, cost_per_million_tokens
-from pytest_fabric.fit import calibrate
-from pytest_fabric.predict import (
+from pytest_fabric.core.models import ModelSpec, get_model
+from pytest_fabric.physics.cost import break_even_premium, break_even_price, cost_per_million_tokens
+from pytest_fabric.physics.fit import calibrate
+from pytest_fabric.physics.predict import (
     JobShape,
     Observation,
     bytes_per_param,
@@ -266,7 +266,7 @@ class TestCost:
 
 
 def test_recorded_bytes_reads_torch_dtype_names_from_a_result():
-    from pytest_fabric.predict import recorded_bytes
+    from pytest_fabric.physics.predict import recorded_bytes
 
     assert recorded_bytes({"dtype": "float32", "reduce_dtype": "float32"}) == (4, 4)
     assert recorded_bytes({"dtype": "bfloat16", "reduce_dtype": "float32"}) == (2, 4)
@@ -276,14 +276,14 @@ def test_recorded_bytes_reads_torch_dtype_names_from_a_result():
 
 @pytest.mark.parametrize("item, parsed", [("ib=3.50", ("ib", 3.5)), (" eth = 2.9 ", ("eth", 2.9)), ("eth=400", ("eth", 400.0))])
 def test_a_per_fabric_number_reads_name_and_value(item, parsed):
-    from pytest_fabric.fabrics import fabric_value
+    from pytest_fabric.core.fabrics import fabric_value
 
     assert fabric_value(item) == parsed
 
 
 @pytest.mark.parametrize("item", ["ib", "ib=", "ib=abc", "ib=0", "ib=-1", "ib=inf", "ib=nan", "=1", " = 2"])
 def test_a_per_fabric_number_refuses_what_is_not_a_name_and_a_positive_number(item):
-    from pytest_fabric.fabrics import fabric_value
+    from pytest_fabric.core.fabrics import fabric_value
 
     with pytest.raises(ValueError, match="positive number"):
         fabric_value(item)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from helpers import needs
 
-from pytest_fabric.fabrics import build_table
-from pytest_fabric.preflight import check
+from pytest_fabric.core.fabrics import build_table
+from pytest_fabric.measuring.preflight import check
 
 SYSFS = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
 FABRICS = build_table()
@@ -61,8 +61,8 @@ def test_too_few_gpus_and_single_node_skips_network():
 
 # -- the same facts the transport proof judges, learned before a launch -------------------------------
 
-from pytest_fabric.preflight import NodeFacts, inventory, check_node, read_node  # noqa: E402
-from pytest_fabric.nccl_evidence import NicInventory  # noqa: E402
+from pytest_fabric.measuring.preflight import NodeFacts, inventory, check_node, read_node  # noqa: E402
+from pytest_fabric.measuring.nccl_evidence import NicInventory  # noqa: E402
 
 
 def test_read_node_knows_ipoib_rates_gids_and_gdr():
@@ -131,7 +131,7 @@ def test_emulated_node_interfaces_are_real_ethernet(tmp_path):
     sysfs shows the veth each node has: Ethernet (type 1), no IPoIB, no RDMA port."""
     from pytest_fabric.cluster.base import ClusterUnavailable
     from pytest_fabric.cluster.emulated import IFNAME, EmulatedCluster
-    from pytest_fabric.preflight import probe_nodes
+    from pytest_fabric.measuring.preflight import probe_nodes
 
     try:
         cluster = EmulatedCluster()
@@ -151,11 +151,11 @@ def test_emulated_node_interfaces_are_real_ethernet(tmp_path):
 def test_measurer_probes_remote_nodes_before_a_gpu_launch(tmp_path):
     """A cluster whose nodes are elsewhere gets its pre-flight on the nodes, through the launcher:
     here the emulated nodes, which have no HCA, so an ib GPU job stops before any rank starts."""
-    from pytest_fabric.case import Case
+    from pytest_fabric.core.case import Case
     from pytest_fabric.cluster.base import ClusterUnavailable
     from pytest_fabric.cluster.emulated import EmulatedCluster
-    from pytest_fabric.measure import MeasurementError, Measurer, LaunchSettings
-    from pytest_fabric.store import ResultStore
+    from pytest_fabric.measuring.measure import MeasurementError, Measurer, LaunchSettings
+    from pytest_fabric.measuring.store import ResultStore
 
     try:
         cluster = EmulatedCluster()

@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from pytest_fabric import redact as redact_module
+from pytest_fabric.core import redact as redact_module
 from pytest_fabric.cluster import supervisor
 from pytest_fabric.cluster.supervisor import ProcSpec, supervise
-from pytest_fabric.redact import MASK, is_secret_name, redact, redact_data, remember
-from pytest_fabric.nights import CaseResult, SavedRun, save_results
-from pytest_fabric.store import ResultStore
+from pytest_fabric.core.redact import MASK, is_secret_name, redact, redact_data, remember
+from pytest_fabric.history.nights import CaseResult, SavedRun, save_results
+from pytest_fabric.measuring.store import ResultStore
 
 SECRET = "hf_S3cr3tV4lue&xyz"  # '&' also checks the XML-escaped form
 AWS = "wJalrXUtnFEMI/K7MDENG"
@@ -135,7 +135,7 @@ def test_saved_results_never_hold_a_secret(secrets_in_env, tmp_path):
 
 
 def test_reports_never_show_a_secret(secrets_in_env, tmp_path):
-    from pytest_fabric.htmlreport import write_report
+    from pytest_fabric.reporting.htmlreport import write_report
 
     run = SavedRun({"cluster": f"local {SECRET}", "fabrics": ["ib", "eth"]},
                    {"qwen2-tiny-n2-eth": CaseResult("qwen2-tiny", 2, "eth", 2, [100.0], [50.0])},
@@ -151,7 +151,7 @@ def test_reports_never_show_a_secret(secrets_in_env, tmp_path):
 
 
 def test_merged_junit_never_shows_a_secret(secrets_in_env, tmp_path):
-    from pytest_fabric.junit import merge_junit
+    from pytest_fabric.history.junit import merge_junit
 
     junit = tmp_path / "in.xml"
     escaped = SECRET.replace("&", "&amp;")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pytest_fabric.case import Case
-from pytest_fabric.references import ReferenceError, References
+from pytest_fabric.core.case import Case
+from pytest_fabric.deciding.references import ReferenceError, References
 
 SUITE = """
 [[gate]]

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from pytest_fabric.htmlreport import write_report
-from pytest_fabric.nights import load_results
+from pytest_fabric.reporting.htmlreport import write_report
+from pytest_fabric.history.nights import load_results
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 

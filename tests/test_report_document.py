@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_fabric.report_document import Document, slug, write_document
+from pytest_fabric.reporting.report_document import Document, slug, write_document
 
 
 def document() -> Document:

@@ -20,10 +20,11 @@ from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, VERDICTS, VERSIONS, ge
                      session_store, training_record, training_record_v1)
 
 from pytest_fabric import Case, Measurement
-from pytest_fabric.junit import suite_properties
-from pytest_fabric.junit import testcase_text as text_of
-from pytest_fabric.baselines import baseline_for, baseline_noise, build_baseline, load_baseline, save_baseline
-from pytest_fabric.nights import (
+from pytest_fabric.history.junit import suite_properties
+from pytest_fabric.history.junit import testcase_text as text_of
+from pytest_fabric.history.baselines import (baseline_for, baseline_noise, build_baseline,
+                                             load_baseline, save_baseline)
+from pytest_fabric.history.nights import (
     BASELINE_FORMAT,
     CaseResult,
     RESULTS_FORMAT,
@@ -33,7 +34,7 @@ from pytest_fabric.nights import (
     load_results,
     save_results,
 )
-from pytest_fabric.stats import NoisePrior
+from pytest_fabric.deciding.stats import NoisePrior
 from pytest_fabric.workload.result import (
     COLLECTIVES_FORMAT,
     RESULT_VERSION,
@@ -189,7 +190,7 @@ def launches(model: str, nodes: int, fabric: str, values, gpus_per_node: int = 1
 def test_junit_round_trip_keeps_every_launch_and_the_geometric_mean(tmp_path):
     """junit.testcase_text -> the plugin's JUnit (add_to_junit) -> load_results: the same launches
     and the same value, the geometric mean of the launches (the number the gate judged)."""
-    from pytest_fabric.junit import add_to_junit
+    from pytest_fabric.history.junit import add_to_junit
 
     ib, eth = (1500.0, 1812.5, 2100.25), (1200.0, 1633.333, 1400.5, 999.75)  # spread: geomean != mean
     ms = launches("qwen2-tiny", 2, "ib", ib, gpus_per_node=2) + launches("qwen2-tiny", 2, "eth", eth, gpus_per_node=2)
@@ -244,7 +245,7 @@ def test_the_junit_reader_ignores_the_human_sentences(tmp_path):
     assert lied != text and props["fabric.qwen2-tiny-n2-ib.launch_tokens_per_s"] == "1800.000,1820.000,1790.000"
     path = tmp_path / "junit.xml"
     path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-ib]"))
-    from pytest_fabric.junit import add_to_junit
+    from pytest_fabric.history.junit import add_to_junit
 
     add_to_junit(path, {"suites/test_x.py::test_parity[qwen2-tiny-n2-ib]": lied}, props)
     run = load_results(path)
@@ -268,8 +269,8 @@ def test_a_down_weighted_launch_counts_with_its_weight_in_the_value_read_back(tm
     """CaseResult.mean is documented as 'the number the gates judged and the terminal and JUnit
     showed': a launch the gates weighed down moves it by its weight alone, read from JUnit or from
     a saved night."""
-    from pytest_fabric.junit import add_to_junit
-    from pytest_fabric.measure import configuration_tokens_per_s
+    from pytest_fabric.history.junit import add_to_junit
+    from pytest_fabric.measuring.measure import configuration_tokens_per_s
 
     ms = launches("qwen2-tiny", 2, "ib", IB_LAUNCHES)
     aside = Measurement.from_record(Case("qwen2-tiny", 2, "ib"), disturbed_record("qwen2-tiny", 2, "ib", 900.0),
@@ -293,7 +294,7 @@ def test_a_down_weighted_launch_counts_with_its_weight_in_the_value_read_back(tm
 
 
 def test_junit_reads_a_fabric_whose_name_has_a_dot(tmp_path):
-    from pytest_fabric.junit import add_to_junit
+    from pytest_fabric.history.junit import add_to_junit
 
     ms = launches("qwen2-tiny", 2, "roce.v2", (1000.0, 1010.0))
     path = tmp_path / "junit.xml"
@@ -351,7 +352,7 @@ def test_a_saved_night_keeps_mfu_and_peak_memory_of_the_recorded_gpu_launch(tmp_
     peak it is taken against and its peak memory are written and read back; the convention is named."""
     from helpers import GPU_PEAK, gpu_expected, gpu_record
 
-    from pytest_fabric.models import MFU_CONVENTION
+    from pytest_fabric.core.models import MFU_CONVENTION
 
     path = tmp_path / "night.json"
     save_results(path, {"qwen2.5-1.5b-n1-any#aaaa": gpu_record("ib")}, {"fabrics": ["ib", "eth"]})
@@ -394,8 +395,8 @@ def test_junit_machine_lines_give_back_mfu_and_peak_memory(tmp_path):
     a CPU launch reads n/a as None; a file written before the lines reads None too."""
     from helpers import GPU_PEAK, gpu_expected, gpu_measurement
 
-    from pytest_fabric.junit import add_to_junit
-    from pytest_fabric.models import MFU_CONVENTION
+    from pytest_fabric.history.junit import add_to_junit
+    from pytest_fabric.core.models import MFU_CONVENTION
 
     gpu, cpu = gpu_measurement("eth"), launches("qwen2-tiny", 2, "eth", [1700.0])[0]
     path = tmp_path / "j.xml"
@@ -518,7 +519,7 @@ def test_a_fact_only_one_side_recorded_is_not_a_difference():
 
 
 def test_a_built_baseline_pairs_two_cases_night_by_night(tmp_path):
-    from pytest_fabric.baselines import Baseline
+    from pytest_fabric.history.baselines import Baseline
 
     paths = nights(tmp_path, [1.0, 1.01, 0.99, 1.005, 0.5])
     out = tmp_path / "baseline.json"

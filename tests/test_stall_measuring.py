@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from helpers import emulated_unavailable, needs, session_directory
 
-from pytest_fabric.measure import result_estimate
-from pytest_fabric.stats import FIRST_LAUNCH_FACTOR, STALL_MARGIN, STALL_MEASURE_FACTOR, measure_window
+from pytest_fabric.measuring.measure import result_estimate
+from pytest_fabric.deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_MARGIN, STALL_MEASURE_FACTOR,
+                                          measure_window)
 from pytest_fabric.workload import faults
 from pytest_fabric.workload.result import TrainResult
 
@@ -42,7 +43,7 @@ def test_a_fixed_step_count_stays_fixed():
 
 SOURCE = """
 import pytest
-from pytest_fabric.case import Case
+from pytest_fabric.core.case import Case
 
 
 @pytest.mark.parametrize("fabric", ["ib", "eth"])

@@ -12,8 +12,8 @@ from collections import Counter
 
 import pytest
 
-import pytest_fabric.stats as stats_module
-from pytest_fabric.stats import (
+import pytest_fabric.deciding.stats as stats_module
+from pytest_fabric.deciding.stats import (
     CONFIDENCE,
     DISTURBED_SIGMA,
     MIN_LEARNED_NIGHTS,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import FAST_LAUNCH
 
-from pytest_fabric.store import ResultStore, StoreWarning
+from pytest_fabric.measuring.store import ResultStore, StoreWarning
 
 
 @pytest.fixture

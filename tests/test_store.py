@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_fabric.store import ResultStore, StoreWarning
+from pytest_fabric.measuring.store import ResultStore, StoreWarning
 
 
 def test_get_or_compute_computes_once(tmp_path):

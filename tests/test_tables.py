@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_fabric.night_model import CaseResult, LinkResult, SavedRun
-from pytest_fabric.tables import (Table, aligned_lines, bandwidth_table, config_rows, cost_tables, delta_text,
+from pytest_fabric.history.night_model import CaseResult, LinkResult, SavedRun
+from pytest_fabric.reporting.tables import (Table, aligned_lines, bandwidth_table, config_rows, cost_tables, delta_text,
                                   reference, throughput_tables)
 
 

@@ -10,8 +10,8 @@ import math
 import pytest
 from helpers import bandwidth_measurement, train_measurement
 
-from pytest_fabric.measure import configuration_tokens_per_s
-from pytest_fabric.terminal import bandwidth_table, summary_tables
+from pytest_fabric.measuring.measure import configuration_tokens_per_s
+from pytest_fabric.reporting.terminal import bandwidth_table, summary_tables
 
 
 def measurement(model: str, nodes: int, fabric: str, tokens_per_s: float, **kw):

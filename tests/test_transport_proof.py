@@ -14,10 +14,10 @@ import pytest
 
 from pytest_fabric.cluster.base import Cluster
 from pytest_fabric.cluster.supervisor import LaunchOutcome
-from pytest_fabric.case import Case
-from pytest_fabric.measure import Measurer, LaunchSettings
-from pytest_fabric.store import ResultStore
-from pytest_fabric.nccl_evidence import NicInventory
+from pytest_fabric.core.case import Case
+from pytest_fabric.measuring.measure import Measurer, LaunchSettings
+from pytest_fabric.measuring.store import ResultStore
+from pytest_fabric.measuring.nccl_evidence import NicInventory
 from pytest_fabric.workload.result import TrainResult, write_result
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"

@@ -16,9 +16,10 @@ import pytest
 from helpers import assert_valid_junit, outcome, run_gates
 from lxml import etree
 
-from pytest_fabric.junit import load_junit
-from pytest_fabric.stats import Verdict
-from pytest_fabric.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, counts, outcome_of, undecided_night
+from pytest_fabric.history.junit import load_junit
+from pytest_fabric.deciding.stats import Verdict
+from pytest_fabric.deciding.verdicts import (ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, counts,
+                                             outcome_of, undecided_night)
 
 
 def cases(xml):
@@ -221,7 +222,7 @@ fabric.m-n2-eth.gpus=2</system-out></testcase></testsuite></testsuites>"""))
 
 
 def test_the_family_wise_rule_is_said_in_words():
-    from pytest_fabric.reporter import family_line
+    from pytest_fabric.reporting.reporter import family_line
 
     assert "failures judged over 5 gates" in family_line("bonferroni", 5)
     assert "each gate judged alone (--family-wise none)" in family_line("none", 1)

@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_fabric import stats
-from pytest_fabric.models import get_model
+from pytest_fabric.deciding import stats
+from pytest_fabric.core.models import get_model
 from pytest_fabric.workload import faults, fsdp, metrics, signals, train, weights
 from pytest_fabric.workload.config import ConfigError, TrainConfig
 from pytest_fabric.workload.result import RESULT_VERSION, TRAIN_FORMAT, ResultFormatError, TrainResult

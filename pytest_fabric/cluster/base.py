@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest_fabric
 
-from ..fabrics import Fabric
+from ..core.fabrics import Fabric
 from .nodelock import LockError, NodeLock, holding, lock_wait_s
 from .supervisor import LaunchOutcome
 

@@ -21,7 +21,7 @@ from itertools import count
 
 from .base import Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env, THREADS_PER_RANK, torchrun_argv
 from .supervisor import LaunchOutcome, ProcSpec, supervise
-from ..units import mbit_to_bytes_per_s
+from ..core.units import mbit_to_bytes_per_s
 
 # RFC 2544 benchmark range: never routed, never anybody's real network.
 SUBNET = "198.18.0"

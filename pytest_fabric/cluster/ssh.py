@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..redact import is_secret_name
+from ..core.redact import is_secret_name
 from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, launch_on_held_nodes, rank_env,
                    torchrun_argv)
 from .nodelock import NodeLock, holder_program, session_name

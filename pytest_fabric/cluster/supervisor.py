@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..redact import redact
+from ..core.redact import redact
 from .proctree import process_tree
 
 # After the first process fails, the others get this long to fail or finish on their own (their

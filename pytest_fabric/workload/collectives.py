@@ -26,7 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from .config import CollectivesConfig
 from .result import CollectiveRow, CollectivesResult
 from .train import _dump_stacks_on_sigusr1, _exit_now, finish
-from ..units import gbyte_per_s
+from ..core.units import gbyte_per_s
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 

@@ -18,8 +18,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..atomic import write_text
-from ..units import gbyte_to_gbit
+from ..core.atomic import write_text
+from ..core.units import gbyte_to_gbit
 
 TRAIN_FORMAT = "pytest-fabric-train-result"
 COLLECTIVES_FORMAT = "pytest-fabric-collectives-result"
@@ -175,7 +175,7 @@ class TrainResult(LaunchFacts):
         for a result recorded before the head was counted, the catalog's count for its model and
         sequence length (the recorded one where the model is not in the catalog)."""
         if self.flops_convention is None and self.seq_len:
-            from ..models import MODELS
+            from ..core.models import MODELS
 
             spec = MODELS.get(self.model)
             if spec is not None:

@@ -30,8 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .. import stats
-from ..models import MFU_CONVENTION
+from ..deciding import stats
+from ..core.models import MFU_CONVENTION
 from . import faults, fsdp, metrics, signals, weights
 from .config import ConfigError, TrainConfig
 from .result import CollectivesResult, StepSignals, TrainResult, write_result
@@ -126,7 +126,7 @@ class _Progress:
 def run(cfg: TrainConfig) -> TrainResult | None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ..models import ModelSpec
+    from ..core.models import ModelSpec
 
     injected = faults.from_env()  # harness self-tests only; empty in real runs
     device = _pick_device(cfg.device)

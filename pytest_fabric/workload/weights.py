@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..models import ModelSpec
+from ..core.models import ModelSpec
 from .config import ConfigError
 
 # The config fields that set FLOPs per token and parameter counts: a checkpoint that differs in any

@@ -1,0 +1,153 @@
+"""The night model: what a saved night is, as plain data (``SavedRun`` of ``CaseResult`` and
+``LinkResult``, with its verdicts), and ``ResultsError`` for a file that is not one.
+
+A leaf, as pytest keeps ``reports.py``: the readers and writers (``nights.py`` for JSON and the
+session store, ``baselines.py``, ``junit.py`` for JUnit XML) all build and read these types, and
+none of them has to import another to do so. It imports only other leaves (``case``, ``fabrics``,
+``stats``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.case import BANDWIDTH, Case
+from ..core.fabrics import FABRICS
+from ..deciding.stats import configuration_value
+
+__all__ = ["CaseResult", "LinkResult", "ResultsError", "SavedRun", "case_of_test", "parse_case_id", "verdict_case"]
+
+
+class ResultsError(Exception):
+    """A file that is not a readable pytest-fabric results file; the message says which and why."""
+
+
+def parse_case_id(case_id: str) -> Case:
+    """``Case.parse``, under the name older callers import (``Case.parse`` is the one reader)."""
+    return Case.parse(case_id)
+
+
+@dataclass
+class CaseResult:
+    """One (model, nodes, fabric) of a night: a value per launch, and the step's figures."""
+
+    model: str
+    nodes: int
+    fabric: str
+    gpus: int
+    tokens_per_s: list[float]
+    tokens_per_s_per_gpu: list[float]
+    # Each launch's weight (``stats.LaunchEstimate.weight``: 1, small for a launch disturbed as a
+    # whole); None: all 1 (files written before 0.2, which left disturbed launches out instead).
+    weights: list[float] | None = None
+    # The step's figures (``hostbound.py``), as the terminal and JUnit show them: the MFU at the
+    # configuration's value (``models.MFU_CONVENTION``) against ``mfu_peak`` ("H200 SXM 989 TFLOP/s
+    # dense bf16"), and the largest per-rank peak memory over the launches, GiB. None: a CPU run (MFU
+    # and its peak: no GPU peak), a baseline, or a file written before they were saved (all three).
+    mfu: float | None = None
+    mfu_peak: str | None = None
+    peak_memory_gib: float | None = None
+
+    @property
+    def id(self) -> str:
+        return Case(self.model, self.nodes, self.fabric).id
+
+    @property
+    def launches(self) -> int:
+        return len(self.tokens_per_s)
+
+    @property
+    def down_weighted(self) -> int:
+        """Launches that counted with a small weight (disturbed as a whole)."""
+        return sum(1 for w in self.weights or () if w < 1.0)
+
+    @property
+    def count_text(self) -> str:
+        """"6", or "6 (1 dw)" with one of them down-weighted: the count every output shows."""
+        return f"{self.launches}" + (f" ({self.down_weighted} dw)" if self.down_weighted else "")
+
+    @property
+    def mean(self) -> float:
+        """The configuration's value: ``stats.configuration_value`` of its launches with their
+        weights (the number the gates judged and the terminal and JUnit showed)."""
+        return configuration_value(self.tokens_per_s, self.weights)
+
+    @property
+    def mean_per_gpu(self) -> float:
+        return configuration_value(self.tokens_per_s_per_gpu, self.weights)
+
+
+@dataclass
+class LinkResult:
+    """Collective bandwidth of one (nodes, fabric): busbw at each collective's largest payload."""
+
+    nodes: int
+    fabric: str
+    busbw_gbit: dict[str, float]
+    payload_bytes: int
+    link_gbit: float | None = None  # the emulated link rate; None on a real fabric
+
+    @property
+    def id(self) -> str:
+        return Case(BANDWIDTH, self.nodes, self.fabric).id
+
+
+@dataclass
+class SavedRun:
+    """One night (or a baseline, or several JUnit files of one night, combined)."""
+
+    identity: dict[str, Any]
+    cases: dict[str, CaseResult] = field(default_factory=dict)
+    bandwidth: dict[str, LinkResult] = field(default_factory=dict)
+    # {"test", "outcome" (a verdicts.OUTCOMES word; older nights: pytest's), "message", "gates"} and,
+    # where known, {"model", "nodes", "fabric"}.
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # first line of each failed launch
+    source: Path | None = None
+    kind: str = "results"  # "results", "store", "junit" or "baseline"
+    # USD per GPU-hour by fabric, as the night was run with (ini fabric_price, --fabric-price).
+    prices: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def measurements(self) -> dict[str, list[float]]:
+        """case id -> tokens/s of each launch."""
+        return {cid: list(c.tokens_per_s) for cid, c in self.cases.items()}
+
+    @property
+    def label(self) -> str:
+        """What a trend calls this night: when it ran, else its session directory or file name."""
+        created = self.identity.get("created")
+        if isinstance(created, str) and len(created) >= 16:
+            return created[:16].replace("T", " ")
+        if self.source is None:
+            return "unnamed"
+        # A store is always measurements.json; its session directory is named after the start time.
+        return self.source.parent.name if self.kind == "store" else self.source.name
+
+    def fabrics(self) -> list[str]:
+        """The fabrics measured, the session's order first, then the presets' order, then by name."""
+        seen = {c.fabric for c in self.cases.values()} | {b.fabric for b in self.bandwidth.values()}
+        declared = [f for f in self.identity.get("fabrics") or [] if f in seen]
+        presets = [f for f in FABRICS if f in seen and f not in declared]
+        return declared + presets + sorted(seen - set(declared) - set(presets))
+
+
+def case_of_test(test: str) -> dict[str, Any]:
+    """model, nodes and fabric when the test's parameter is a case id (``test_x[qwen2-tiny-n2-eth]``)."""
+    _, bracket, param = test.partition("[")
+    try:
+        case = Case.parse(param.rstrip("]")) if bracket else None
+    except ValueError:
+        return {}
+    return {"model": case.model, "nodes": case.nodes, "fabric": case.fabric} if case else {}
+
+
+def verdict_case(verdict: Mapping[str, Any]) -> tuple[str, int, str] | None:
+    """(model, nodes, fabric) a verdict is about: given explicitly, or the test id's parameter."""
+    if all(k in verdict for k in ("model", "nodes", "fabric")):
+        return str(verdict["model"]), int(verdict["nodes"]), str(verdict["fabric"])
+    found = case_of_test(str(verdict.get("test", "")))
+    return (found["model"], found["nodes"], found["fabric"]) if found else None

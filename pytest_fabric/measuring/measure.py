@@ -1,0 +1,390 @@
+"""Measuring one (model, nodes, fabric) configuration, once per session.
+
+A ``Measurer`` turns a ``Case`` into a ``Measurement``: it writes the rank program's config, asks
+the cluster to launch it, reads the JSON result, and caches the record in the session's
+``ResultStore`` so that every test (and every xdist worker) comparing against the same
+configuration reuses one launch. A failed launch is cached too: the tests that need it fail at once
+with the same report instead of waiting out the same deadline again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from filelock import FileLock, Timeout
+
+from ..physics import memory
+from . import preflight
+from ..core.case import BANDWIDTH, Case
+from ..cluster import Cluster, LaunchRequest
+from ..cluster.base import OnThisMachine
+from ..core.fabrics import Fabric, get_fabric
+from ..core.models import get_model
+from .measurement import (BandwidthMeasurement, LaunchRecord, Measurement, MeasurementError,  # noqa: F401 (public names)
+                          configuration_tokens_per_s, counted, launch_value, result_estimate, step_loss)
+from ..deciding.stats import FIRST_LAUNCH_FACTOR, STALL_MEASURE_FACTOR, measure_window
+from ..core.storage import is_storage_error, storage_problem
+from .store import ResultStore
+from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
+from ..workload import faults
+from ..workload.signals import probe_judged
+from ..workload.config import CollectivesConfig, TrainConfig
+from ..workload.result import CollectivesResult, TrainResult
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Everything besides the case that decides what a launch measures."""
+
+    gpus_per_node: int = 1
+    steps: int = 10  # measured steps at least
+    warmup_steps: int = 2
+    # Then measuring goes on until the launch's step time is known to `step_precision`, for at most
+    # `measure_s` seconds of measured steps (0: exactly `steps` steps) and `max_steps` steps.
+    measure_s: float = 6.0
+    step_precision: float = 0.01
+    max_steps: int = 200
+    batch_size: int | None = None  # None: the model's own default shape
+    seq_len: int | None = None
+    launch_timeout_s: float = 300.0
+    # The session's fabrics (presets + user definitions and overrides); None: the presets.
+    fabric_table: Mapping[str, Fabric] | None = field(default=None, compare=False)
+    device: str = "auto"
+    fsdp: int = 2
+    mixed_precision: str = "auto"
+    activation_checkpointing: bool = False
+    compile: str = "auto"  # per-block torch.compile: "auto" (on GPUs), "on", "off"
+    # GPU memory per rank in bytes for the pre-launch memory check (--gpu-memory); None: what
+    # nvidia-smi reports here where ranks run on this machine's GPUs, else no check.
+    gpu_memory_bytes: float | None = field(default=None, compare=False)
+    model_path: str | None = None
+    # The transport proof: GPUDirect RDMA required on RDMA fabrics; NICs each node has, by fabric
+    # (ini fabric_inventory; a fabric not listed is compared with what its nodes' sysfs shows).
+    require_gdr: bool = True
+    inventory: Mapping[str, NicInventory] = field(default_factory=dict, compare=False)
+
+    def workload_knobs(self) -> dict[str, Any]:
+        """The TrainConfig fields these settings decide (beyond model and shape)."""
+        return {"device": self.device, "fsdp": self.fsdp, "mixed_precision": self.mixed_precision,
+                "activation_checkpointing": self.activation_checkpointing, "compile": self.compile,
+                "model_path": self.model_path,
+                "steps": self.steps, "warmup_steps": self.warmup_steps, "max_steps": self.max_steps,
+                "measure_s": self.measure_s, "step_precision": self.step_precision}
+
+    def fabric(self, name: str) -> Fabric:
+        return get_fabric(name, self.fabric_table)
+
+    def measuring(self) -> str:
+        """How long a launch measures, in words (the session's header line)."""
+        if not self.measure_s:
+            return f"{self.steps} measured steps"
+        return (f"at least {self.steps} measured steps, then to {self.step_precision:.0%} precision within "
+                f"{self.measure_s:g} s (a configuration's first launch {self.measure_s * FIRST_LAUNCH_FACTOR:g} s, "
+                f"after its steps stall {self.measure_s * STALL_MEASURE_FACTOR:g} s)")
+
+    def shape(self, model: str, ranks: int = 1) -> tuple[int, int]:
+        """(batch, seq) per rank: the user's, else the model's default. A CPU-sized model has one
+        shape; a real (GPU) model takes the largest of its GPU batches that fits an 80 GB GPU at
+        ``ranks`` ranks (memory.default_gpu_shape)."""
+        spec = get_model(model)
+        if spec.cpu_sized or self.batch_size:
+            return self.batch_size or spec.batch_size, self.seq_len or spec.seq_len
+        return memory.default_gpu_shape(spec, ranks, self.activation_checkpointing, self.compile != "off",
+                                        seq=self.seq_len)
+
+
+# The name of 0.1, kept for suites written against it.
+Settings = LaunchSettings
+
+
+Progress = Callable[[str], None]
+
+
+class Measurer:
+    def __init__(self, cluster: Cluster, settings: LaunchSettings, store: ResultStore, workdir: Path,
+                 progress: Progress | None = None, progress_every_s: float = 3.0) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.store = store
+        self.workdir = workdir
+        self.progress = progress
+        self.progress_every_s = progress_every_s
+        self.launched: list[Case] = []  # what this process actually launched
+        # Pre-flight facts of the nodes, by fabric: read once per session (locally or by a probe
+        # through the launcher), then the inventory the transport proof compares NCCL's NICs with.
+        self._nodes: dict[str, list[preflight.NodeFacts]] = {}
+        # Per configuration (its cache key), the fastest busy-step CPU probe seen this session.
+        self._probe_reference: dict[str, float] = {}
+
+    def key(self, case: Case) -> str:
+        """Cache key: the case plus every setting that changes the measurement."""
+        s = self.settings
+        batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
+        # One node never touches the fabric: any fabric's measurement serves all of them.
+        fabric = case.fabric if case.crosses_fabric else "any"
+        fabric_settings = s.fabric(case.fabric).settings() if case.crosses_fabric else None
+        knobs = json.dumps([self.cluster.name, s.gpus_per_node, batch, seq, fabric_settings, s.workload_knobs()],
+                           sort_keys=True)
+        return f"{case.model}-n{case.nodes}-{fabric}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
+
+    def measure(self, case: Case, launch: int = 0) -> Measurement:
+        """Launch number ``launch`` (0, 1, ...) of ``case``: each is an independent launch, cached."""
+        key = self.key(case) + (f"@{launch}" if launch else "")
+        return Measurement.from_record(case, self._cached(case, key, lambda: self._launch(case, launch)), launch)
+
+    def _earlier_stall(self, case: Case, launch: int) -> list[float]:
+        """How far each earlier launch of ``case``'s configuration this session sat above its fast
+        steps (``LaunchEstimate.stall``), for ``stats.measure_window``."""
+        key, out = self.key(case), []
+        for j in range(launch):
+            stored = self.store.get(key + (f"@{j}" if j else ""))
+            try:
+                record = LaunchRecord.from_dict(stored) if stored else None
+            except (KeyError, TypeError, ValueError):  # an unreadable record says nothing of stalls
+                continue
+            if record is not None and isinstance(record.result, TrainResult):
+                out.append(launch_value(record.result).stall)
+        return out
+
+    def _cached(self, case: Case, key: str, launch: Callable[[], LaunchRecord]) -> LaunchRecord:
+        """The store's record of ``key``, launched if absent; MeasurementError for a failed launch, and
+        for a disk that cannot take the launch's files (one line saying what to do, storage.py)."""
+        try:
+            stored, _ = self.store.get_or_compute(key, lambda: launch().to_dict())
+        except OSError as exc:
+            if not is_storage_error(exc):
+                raise
+            raise MeasurementError(f"{case.id}: {storage_problem(exc, 'the launch files', self.workdir)}") from None
+        record = LaunchRecord.from_dict(stored)  # as stored: secrets masked, as another worker may have written it
+        if record.failed:
+            raise MeasurementError(record.error)
+        return record
+
+    def _launch(self, case: Case, launch: int = 0) -> LaunchRecord:
+        s = self.settings
+        batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
+        if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
+            return LaunchRecord.failure(case, problem)
+        # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py).
+        measure_s, longer = measure_window(s.measure_s, launch, self._earlier_stall(case, launch))
+        if longer and self.progress is not None:
+            self.progress(f"{case.id}: {longer}")
+        run_dir = self._run_dir(case)
+        config = TrainConfig(
+            model=get_model(case.model).to_dict(),
+            batch_size=batch,
+            seq_len=seq,
+            result_path=str(run_dir / "result.json"),
+            progress_path=str(run_dir / "progress.jsonl"),
+            collective_timeout_s=s.launch_timeout_s,
+            **{**s.workload_knobs(), "measure_s": measure_s},
+            fabric=self._fabric_record(case),
+        )
+        record = self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
+        return replace(record, measured_longer=longer) if longer else record
+
+    def _memory_refusal(self, case: Case, batch: int, seq: int) -> str:
+        """One line naming what to change when the shape cannot fit the GPU (memory.refusal); "" on
+        CPU runs and where the GPU's memory is unknown."""
+        s = self.settings
+        gpu_bytes = s.gpu_memory_bytes
+        if gpu_bytes is None and self.cluster.checks_here and self._runs_on_gpus():
+            gpu_bytes = memory.local_gpu_bytes()
+        if not gpu_bytes or s.device == "cpu":
+            return ""
+        problem = memory.refusal(get_model(case.model), batch, seq, case.nodes * s.gpus_per_node, gpu_bytes,
+                                 s.activation_checkpointing, s.compile != "off",
+                                 "fp32" if s.mixed_precision == "fp32" else "bf16")
+        return f"{case.id}: {problem}" if problem else ""
+
+    def measure_bandwidth(self, case: Case) -> BandwidthMeasurement:
+        """Collective bandwidth over ``case``'s nodes and fabric (``case.model`` is ignored)."""
+        case = Case(BANDWIDTH, case.nodes, case.fabric)
+        s = self.settings
+        knobs = json.dumps([self.cluster.name, s.gpus_per_node, s.fabric(case.fabric).settings(), s.device],
+                           sort_keys=True)
+        key = f"{case.id}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
+        return BandwidthMeasurement.from_record(self._cached(case, key, lambda: self._launch_bandwidth(case)))
+
+    def _launch_bandwidth(self, case: Case) -> LaunchRecord:
+        run_dir = self._run_dir(case)
+        config = CollectivesConfig(result_path=str(run_dir / "result.json"), device=self.settings.device,
+                                   collective_timeout_s=self.settings.launch_timeout_s,
+                                   fabric=self._fabric_record(case))
+        return self._run(case, "pytest_fabric.workload.collectives", config, run_dir, None)
+
+    def _run_dir(self, case: Case) -> Path:
+        """A fresh directory per launch (repeats of one case may start within the same second)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{case.id}-{time.strftime('%H%M%S')}-", dir=self.workdir))
+
+    def _fabric_record(self, case: Case) -> dict[str, Any]:
+        fabric = self.settings.fabric(case.fabric).for_launch(case.crosses_fabric)
+        return {**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric), "crosses_fabric": case.crosses_fabric}
+
+    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None) -> LaunchRecord:
+        """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error."""
+        s = self.settings
+        fabric = s.fabric(case.fabric)
+        config.dump(run_dir / "config.json")
+        nccl_logs = run_dir / "nccl"
+        nccl_logs.mkdir(exist_ok=True)
+        if self._runs_on_gpus() and (problems := self._preflight(case, run_dir)):
+            return LaunchRecord.failure(case, f"{case.id}: pre-flight failed: " + "; ".join(problems))
+        inventory = self._inventory(case)
+        request = LaunchRequest(
+            nodes=case.nodes,
+            procs_per_node=s.gpus_per_node,
+            fabric=fabric.for_launch(case.crosses_fabric),  # one node: no transport selected
+            program=["-m", module, "--config", str(run_dir / "config.json")],
+            workdir=run_dir,
+            deadline_s=s.launch_timeout_s,
+            job_id=re.sub(r"[^A-Za-z0-9]", "", case.id)[:40] + str(int(time.time())),
+            # NCCL's own logs are the proof of which transport ran (ignored by gloo on CPU); GRAPH
+            # carries port speeds before NCCL 2.27, needed where a speed is declared.
+            env=nccl_debug_env(nccl_logs, graph=bool(inventory and inventory.gbit_per_nic)),
+            # Harness self-tests (workload/faults.py, checked by the plugin): a node that never joins.
+            links_down=tuple(sorted(faults.nodes_left_out(faults.from_env(), fabric.name))),
+            links_cut=tuple((i, Path(faults.cut_request(run_dir, i)))
+                            for i in sorted(faults.links_cut(faults.from_env(), fabric.name))),
+            # Launchers on shared nodes (ssh, slurm) say here when another session's launch holds them.
+            notify=(lambda text: self.progress(f"{case.id}: {text}")) if self.progress is not None else None,
+        )
+        self.launched.append(case)
+        ticker = self._ticker(case, progress_file) if progress_file else None
+        with self._machine_slot(case):
+            outcome = self.cluster.launch(request, on_tick=ticker)
+        if not outcome.ok:
+            return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}")
+        kind = CollectivesResult if isinstance(config, CollectivesConfig) else TrainResult
+        try:
+            result = kind.from_dict(json.loads(Path(config.result_path).read_text()), config.result_path)
+        except (OSError, ValueError) as exc:  # ResultFormatError is a ValueError
+            return LaunchRecord.failure(case, f"{case.id}: every rank exited 0 but the result written by "
+                                              f"global rank 0 (node0) is unreadable ({exc}).\n{outcome.describe()}")
+        if result.device == "cuda" and self.cluster.proves_transport:
+            # The log files exist, so nccl_debug_env (ENV included) reached NCCL: env_logged.
+            facts, problem = prove_transport(case.fabric, nccl_logs, crosses_fabric=case.crosses_fabric,
+                                             table=s.fabric_table, require_gdr=s.require_gdr,
+                                             inventory=inventory, env_logged=True)
+            result.transport = facts.summary()
+            result.transport_problem = problem
+        if isinstance(result, TrainResult):
+            self._judge_speed(case, result)
+        result.cluster = self.cluster.describe()
+        result.launch_s = round(outcome.elapsed_s, 2)
+        result.run_dir = str(run_dir)
+        return LaunchRecord(case, self.cluster.name, result)
+
+    def _judge_speed(self, case: Case, result: TrainResult) -> None:
+        """Record with the result the full-speed CPU probe of its configuration: the fastest busy-step
+        probe any launch of the same configuration showed this session, this one included, so that a
+        launch run in a slow phase of the machine is known as such for good (``stats.launch_estimate``,
+        ``signals.slow_phase``). Per configuration: the job's own load sets the vCPU's speed (two
+        busy cores probe slower than one; a node idling on the network slower still), so only
+        launches of the same job are comparable; the first launch of a configuration is its own
+        reference."""
+        sig = result.signals
+        busy = sig.cpu_busy or [None] * len(sig.probe_s)
+        probes = [p for p, b in zip(sig.probe_s, busy) if probe_judged(p, b)]
+        if len(probes) < 3:
+            return
+        key = self.key(case)
+        self._probe_reference[key] = min(self._probe_reference.get(key, math.inf), min(probes))
+        sig.probe_reference_s = self._probe_reference[key]
+
+    @contextmanager
+    def _machine_slot(self, case: Case) -> Iterator[None]:
+        """Hold this machine's launch lock where every rank runs here (emulated, local clusters)."""
+        if not isinstance(self.cluster, OnThisMachine):
+            yield
+            return
+        lock = FileLock(str(self.cluster.machine_lock_path()))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            if self.progress is not None:
+                self.progress(f"{case.id}: waiting for another pytest-fabric session's launch on this machine "
+                              f"({lock.lock_file})")
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _preflight(self, case: Case, run_dir: Path) -> list[str]:
+        """What stops ``case``'s fabric on its nodes: checked here where this host is a node, else
+        on every node through the launcher (once per fabric)."""
+        s = self.settings
+        fabric = s.fabric(case.fabric)
+        if self.cluster.checks_here:
+            problems = preflight.check(fabric, s.gpus_per_node, network=case.crosses_fabric,
+                                       declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)
+            if case.crosses_fabric:
+                self._nodes.setdefault(case.fabric, [preflight.read_node()])
+            return [f"{p} ({platform.node()})" for p in problems]
+        if not (case.crosses_fabric and self.cluster.probes_nodes):
+            return []
+        if case.fabric not in self._nodes:
+            try:
+                self._nodes[case.fabric] = preflight.probe_nodes(self.cluster, fabric, case.nodes, run_dir)
+            except RuntimeError as exc:
+                return [str(exc)]
+        # Each node is judged with the NCCL settings its probe saw, i.e. what reached that node.
+        return [p for node in self._nodes[case.fabric]
+                for p in preflight.check_node(fabric, node, node.env or self.cluster.nccl_env(fabric),
+                                              declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)]
+
+    def _inventory(self, case: Case) -> NicInventory | None:
+        """The NICs NCCL should have used: the ini's declaration, else the fewest any node showed."""
+        declared = self.settings.inventory.get(case.fabric)
+        if declared is not None:
+            return declared
+        fabric = self.settings.fabric(case.fabric)
+        found = [inv for node in self._nodes.get(case.fabric, []) if (inv := preflight.inventory(fabric, node))]
+        return min(found, key=lambda inv: inv.nics or 0) if found else None
+
+    def _runs_on_gpus(self) -> bool:
+        device = self.settings.device
+        return device == "cuda" or (device == "auto" and self.cluster.checks_here and preflight.visible_gpus() > 0)
+
+    def _ticker(self, case: Case, progress_file: Path) -> Callable[[float], None] | None:
+        if self.progress is None:
+            return None
+        shown = [0.0]
+
+        def tick(elapsed: float) -> None:
+            if elapsed - shown[0] < self.progress_every_s:
+                return
+            shown[0] = elapsed
+            self.progress(f"{case.id}: {_progress_text(progress_file)} ({elapsed:.0f}s)")
+
+        return tick
+
+
+def _progress_text(progress_file: Path) -> str:
+    try:
+        lines = progress_file.read_text().splitlines()
+    except FileNotFoundError:
+        lines = []
+    if not lines:
+        return "starting ranks"
+    try:
+        last = json.loads(lines[-1])
+    except ValueError:  # a line being written right now
+        last = json.loads(lines[-2]) if len(lines) > 1 else None
+    if last is None:
+        return "starting ranks"
+    phase = "warm-up" if last["phase"] == "warmup" else "measuring"
+    return f"step {last['step']} of at least {last['of']} ({phase}), {last['tokens_per_s']:.0f} tokens/s"

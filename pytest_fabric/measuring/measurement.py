@@ -1,0 +1,249 @@
+"""The value types of a launch, a leaf below the launch machinery (``measure.py``).
+
+``LaunchRecord`` is one launch as the session's store keeps it (the case, the cluster, and the rank
+program's typed result or why there is none): the measurer returns it, the store holds its JSON,
+and the night (``nights.run_from_store``) is built from it. ``Measurement`` and
+``BandwidthMeasurement`` are a record read as a case's value; ``launch_value`` is the one place a
+launch's value is taken from a training result (measurements, calibration, the benchmarks).
+
+A measurement takes four forms from the ranks to JUnit: the rank's ``TrainResult`` (written as
+result.json), the store's ``LaunchRecord``, the session's ``Measurement`` (and the night's
+``SavedRun``), and JUnit's machine lines. This module imports no launcher, lock or probe: the
+readers of a night (``nights``, ``junit``, ``gates``, ``terminal``) need none of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..core.case import BANDWIDTH, Case
+from ..deciding.stats import LaunchEstimate, configuration_value, launch_estimate
+from ..core.units import MIB
+from ..workload.result import CollectiveRow, CollectivesResult, TrainResult
+from ..workload.signals import probe_judged, slow_phase, typical_probe
+
+__all__ = ["BandwidthMeasurement", "LaunchRecord", "Measurement", "MeasurementError", "configuration_tokens_per_s",
+           "counted", "launch_value", "result_estimate", "step_loss"]
+
+
+class MeasurementError(Exception):
+    """A launch that produced no result; the message carries the ranks' last log lines."""
+
+
+@dataclass
+class LaunchRecord:
+    """One launch as the session's store keeps it: what was launched (``case``), on which cluster
+    (``cluster``, the launcher's name), and the rank program's typed result, or why there is none
+    (``error``, a launch that produced no result; ``result`` is then None).
+
+    Its JSON (``to_dict``) is the store's record, ``{"case", "cluster", "result"}`` (and
+    ``"measured_longer"`` when it measured longer) or ``{"case", "error"}``, the keys a saved night
+    keeps under ``"records"``.
+    """
+
+    case: Case
+    cluster: str = ""
+    result: TrainResult | CollectivesResult | None = field(default=None, repr=False)
+    error: str | None = None
+    # Why the launch measured longer than --measure-seconds (its configuration's steps stalled in an
+    # earlier launch: ``stats.measure_window``); "" when it did not.
+    measured_longer: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def bandwidth(self) -> bool:
+        """A collectives launch (busbw), not a training one."""
+        return self.case.model == BANDWIDTH
+
+    @classmethod
+    def failure(cls, case: Case, error: str) -> LaunchRecord:
+        return cls(case, error=error)
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"case": asdict(self.case), "error": self.error}
+        assert self.result is not None, "a launch record holds a result or an error"
+        longer = {"measured_longer": self.measured_longer} if self.measured_longer else {}
+        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict(), **longer}
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> LaunchRecord:
+        """A store record as a ``LaunchRecord``: ``KeyError``, ``TypeError`` or ``ValueError``
+        (``ResultFormatError``) where it is not one."""
+        if isinstance(record, LaunchRecord):
+            return record
+        case = Case(**record["case"])
+        if "error" in record:
+            return cls(case, error=str(record["error"]) if record["error"] else "")
+        kind = CollectivesResult if case.model == BANDWIDTH else TrainResult
+        return cls(case, str(record.get("cluster", "")), kind.from_dict(record["result"], f"result of {case.id}"),
+                   measured_longer=str(record.get("measured_longer") or ""))
+
+
+@dataclass
+class Measurement:
+    """One training launch of a case: the rank program's result and the launch's value.
+
+    The value is ``launch_value`` of the result (the measured steps' mean once warm-up-like and
+    disturbed steps are set aside: what the job pays), and every figure here (tokens/s, per GPU,
+    MFU) derives from it: one number per launch, computed in one place. A launch disturbed as a
+    whole counts with a small weight (``down_weighted`` says why), never silently in or out.
+    """
+
+    case: Case
+    result: TrainResult = field(repr=False)
+    estimate: LaunchEstimate
+    cluster: str
+    launch: int = 0  # the launch's index among the repeats of its case
+    # Set when this measurement was taken for another fabric and serves this one too (one node).
+    shared_with: str | None = None
+
+    @property
+    def step_s(self) -> float:
+        """The launch's step time: its value."""
+        return self.estimate.step_s
+
+    @property
+    def gpus(self) -> int:
+        return self.result.world_size
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.result.tokens_per_step / self.estimate.step_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.gpus
+
+    @property
+    def mfu(self) -> float | None:
+        return self.result.mfu(self.tokens_per_s)
+
+    @property
+    def down_weighted(self) -> str:
+        """Why the whole launch counts with a small weight ("" when it counts fully)."""
+        return self.estimate.disturbed
+
+    # The name before 0.2, when a disturbed launch was left out.
+    set_aside = down_weighted
+
+    @property
+    def weight(self) -> float:
+        return self.estimate.weight
+
+    def sample(self, per_gpu: bool = False) -> tuple[float, float, float]:
+        """(log tokens/s, its within-launch variance, its extra variance as a disturbed launch):
+        what a launch contributes to a contrast."""
+        value = self.tokens_per_s_per_gpu if per_gpu else self.tokens_per_s
+        return math.log(value), self.estimate.log_se ** 2, self.estimate.extra_var
+
+    @property
+    def label(self) -> str:
+        return f"{self.case.fabric} ({self.case.model}, {self.case.nodes} node{'s' * (self.case.nodes > 1)})"
+
+    def summary(self) -> str:
+        shared = f" [one node: shared with {self.shared_with}]" if self.shared_with else ""
+        return (f"{self.case.id}: {self.tokens_per_s:.1f} tokens/s, {self.tokens_per_s_per_gpu:.1f} tokens/s/GPU, "
+                f"step {self.step_s * 1000:.1f} ms ({self.estimate.describe()}), {self.gpus} GPU(s){shared}")
+
+    def to_record(self) -> dict[str, Any]:
+        return LaunchRecord(self.case, self.cluster, self.result).to_dict()
+
+    @classmethod
+    def from_record(cls, case: Case, record: LaunchRecord | Mapping[str, Any], launch: int = 0) -> Measurement:
+        """A launch record (a ``LaunchRecord``, or its JSON ``{"case", "cluster", "result"}``) as the
+        Measurement of ``case``.
+
+        ``ResultFormatError`` when the result is not a readable training result.
+        """
+        record = LaunchRecord.from_dict(record)
+        if not isinstance(record.result, TrainResult):
+            raise ValueError(f"{record.case.id}: {record.error or 'not a training result'}")
+        return cls(case=case, result=record.result, estimate=launch_value(record.result), cluster=record.cluster,
+                   launch=launch, shared_with=record.case.fabric if record.case != case else None)
+
+
+def launch_value(result: TrainResult) -> LaunchEstimate:
+    """A training result's launch value (``stats.launch_estimate``): its steps, their disturbance
+    flags, and the slow phase its CPU probes show against its configuration's fastest launch. The one place a
+    launch's value is taken from a result (measurements, calibration, the benchmarks)."""
+    sig = result.signals
+    return launch_estimate(result.step_s, sig.disturbed or None,
+                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s, sig.cpu_busy),
+                           loss=step_loss(result))
+
+
+# The name before the launch record: the same function.
+result_estimate = launch_value
+
+
+def step_loss(result: TrainResult) -> list[float]:
+    """Per measured step, the share of its time a disturbance took: steal and other processes' CPU
+    time over the step (the worst node's cores, counted as if one core: an upper bound), or a CPU
+    probe slower than the launch's median (1 - median / probe); 0 where nothing was recorded."""
+    sig, n = result.signals, len(result.step_s)
+    busy = sig.cpu_busy or [None] * n
+    median = typical_probe(sig.probe_s, busy)
+    out = []
+    for i, step in enumerate(result.step_s):
+        cpu = ((sig.steal_s[i] if i < len(sig.steal_s) else 0.0)
+               + (sig.foreign_s[i] if i < len(sig.foreign_s) else 0.0)) / step
+        probe = sig.probe_s[i] if i < len(sig.probe_s) and probe_judged(sig.probe_s[i], busy[i]) else 0.0
+        slowed = 1 - median / probe if median and probe > median else 0.0
+        out.append(min(1.0, max(cpu, slowed)))
+    return out[:n]
+
+
+def counted(launches: Sequence[Measurement]) -> list[Measurement]:
+    """The launches a configuration's value rests on: all of them (a disturbed one with its small
+    weight). Kept for suites written against 0.1, when disturbed launches were left out."""
+    return list(launches)
+
+
+def configuration_tokens_per_s(launches: Sequence[Measurement], per_gpu: bool = False) -> float:
+    """A configuration's tokens/s (per GPU) from its launches: ``stats.configuration_value``, each
+    launch weighted by ``Measurement.weight``. The one number the gates, the terminal, JUnit and
+    saved nights show."""
+    return configuration_value([m.tokens_per_s_per_gpu if per_gpu else m.tokens_per_s for m in launches],
+                               [m.weight for m in launches])
+
+
+@dataclass
+class BandwidthMeasurement:
+    """Collective bandwidth of one (nodes, fabric), nccl-tests semantics (see workload/collectives.py)."""
+
+    case: Case
+    result: CollectivesResult = field(repr=False)
+    cluster: str
+
+    @property
+    def rows(self) -> list[CollectiveRow]:
+        return self.result.rows
+
+    def largest(self, op: str) -> CollectiveRow:
+        """The row gates read: the largest payload of ``op``."""
+        return self.result.largest(op)
+
+    def busbw_gbit(self, op: str) -> float:
+        return self.largest(op).busbw_gbit
+
+    def summary(self) -> str:
+        parts = [f"{op} {self.busbw_gbit(op):.3f} Gbit/s at {self.largest(op).bytes / MIB:g} MiB"
+                 for op in self.result.ops()]
+        return f"{self.case.id}: busbw " + ", ".join(parts)
+
+    def to_record(self) -> dict[str, Any]:
+        return LaunchRecord(self.case, self.cluster, self.result).to_dict()
+
+    @classmethod
+    def from_record(cls, record: LaunchRecord | Mapping[str, Any]) -> BandwidthMeasurement:
+        record = LaunchRecord.from_dict(record)
+        if not isinstance(record.result, CollectivesResult):
+            raise ValueError(f"{record.case.id}: {record.error or 'not a collectives result'}")
+        return cls(record.case, record.result, record.cluster)

@@ -1,0 +1,295 @@
+"""The objects behind the ``fabric_measure`` and ``fabric_compare`` fixtures.
+
+``MeasureFixture`` launches a configuration (or serves it from the session's cache) and refuses a
+result that is not of the fabric asked for: a failed launch, a wrong transport, a step faster than
+the link can carry. ``CompareFixture`` decides the gates (``within``, ``ahead``, ``no_regression``)
+on repeated, interleaved launches with ``stats``' sequential intervals, and records each verdict
+with its prediction and floor for the reporter.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import pytest
+
+from ..core.case import Case
+from ..deciding.gates import DEFAULT_AHEAD, DEFAULT_WITHIN, GateOutcome, apply_verdict
+from ..physics.hostbound import host_bound
+from ..measuring.measure import (BandwidthMeasurement, Measurement, MeasurementError,
+                                 configuration_tokens_per_s)
+from ..history.nights import identity_from_records, identity_mismatch
+from .session import ERRORED_KEY, MEASURED_KEY, NOTES_KEY, OUTCOMES_KEY, FabricSession
+from ..deciding.stats import (STALL_MARGIN, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate,
+                    configuration_value, contrast_interval, fabric_time_reference, fabric_time_sample,
+                    reference_term, within_gate)
+
+
+class MeasureFixture:
+    """``fabric_measure(case)`` -> Measurement: launched once per session, then served from the cache."""
+
+    def __init__(self, session: FabricSession, item: pytest.Item) -> None:
+        self._session = session
+        self._item = item
+
+    def __call__(self, case: Case, launch: int = 0) -> Measurement:
+        return self._record(lambda: self._session.measurer().measure(case, launch))
+
+    def _record(self, measure):
+        try:
+            m = measure()
+        except MeasurementError as exc:
+            message = f"measurement failed: {exc}"
+            self._item.stash[ERRORED_KEY] = True
+        else:
+            message = None
+        if message is not None:  # outside the except: the report shows the launch's failure once, unchained
+            pytest.fail(message, pytrace=False)
+        self._item.stash.setdefault(MEASURED_KEY, []).append(m)
+        if m.result.transport_problem:
+            # The numbers are real, but not of the fabric that was asked for.
+            pytest.fail(f"wrong transport: {m.result.transport_problem}", pytrace=False)
+        impossible = self._session.impossible(m)
+        if impossible:
+            pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
+        return m
+
+    def bandwidth(self, case: Case) -> BandwidthMeasurement:
+        """Collective bandwidth over ``case``'s nodes and fabric (all_reduce, all_gather, reduce_scatter)."""
+        return self._record(lambda: self._session.measurer().measure_bandwidth(case))
+
+
+class CompareFixture:
+    """Gates decided on repeated, interleaved launches (reference, candidate, reference, ...).
+
+    ``--repeats`` launches per side first, then one pair more while the interval of the ratio
+    straddles the threshold, up to ``--max-repeats`` per side (a launch disturbed as a whole counts
+    with a small weight, so a large effect decides even then, and a small one buys more launches); launches are cached per index, so a reference measured for one comparison serves
+    the next one too. The interval is ``stats.contrast_interval`` of the launches' values (each a
+    robust value of its steps, with its own precision), with the session's launch-noise prior.
+    """
+
+    def __init__(self, measure: MeasureFixture, session: FabricSession, item: pytest.Item) -> None:
+        self._measure = measure
+        self._session = session
+        self._item = item
+
+    def within(self, candidate: Case, reference: Case, rel: float = DEFAULT_WITHIN) -> GateOutcome:
+        """``candidate`` is at most ``rel`` slower than ``reference`` (one-sided)."""
+        return self._compare(candidate, reference, within_gate(rel), f"{candidate.fabric} at most {rel:.0%} slower",
+                             parity=True)
+
+    def ahead(self, reference: Case, candidate: Case, by: float = DEFAULT_AHEAD) -> GateOutcome:
+        """``reference`` is at least ``by`` faster than ``candidate`` (one-sided)."""
+        return self._compare(reference, candidate, ahead_gate(by), f"{reference.fabric} at least {by:.0%} ahead")
+
+    def _gate(self, threshold: float, direction: str, cases: Sequence[Case],
+              prior: NoisePrior | None = None) -> SequentialGate:
+        o = self._session.options
+        return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats,
+                              prior=prior or self._session.noise(cases), family=self._session.family())
+
+    def _launch_until_decided(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate,
+                              per_gpu: bool = False, fixed: tuple[float, float] = (0.0, 0.0),
+                              combine: Callable[[Sequence[Measurement]], tuple[float, float, float]] | None = None,
+                              ) -> tuple[list[list[Measurement]], Look]:
+        """Launch every case once per round until ``--repeats`` rounds are in and a look decides, or
+        the budget is spent.
+
+        The gate judges sum_j signs[j] x log tokens/s of cases[j] (per GPU with ``per_gpu``) plus
+        ``fixed``, blocked by round: launches of one round ran back to back, so a drift of the
+        machine that hits both cancels. Which case launches first alternates by round (``round_order``),
+        so an order effect (the second launch of a round warmer, or colder) cancels too. Every launch
+        counts: one disturbed as a whole with its small weight (``stats.contrast_interval``).
+        ``combine``: instead of the signed sum, each round's launches make one sample."""
+        o = self._session.options
+        runs: list[list[Measurement]] = [[] for _ in cases]
+        while True:
+            index = len(runs[0])
+            for j in round_order(index, len(cases)):
+                runs[j].append(self._measure(cases[j], launch=index))
+            spent = index + 1 >= o.max_repeats
+            if not spent and index + 1 < o.repeats:
+                continue
+            groups = ([(+1.0, [combine(r) for r in zip(*runs)])] if combine else
+                      [(sign, [m.sample(per_gpu) for m in launches]) for sign, launches in zip(signs, runs)])
+            result = gate.look(groups, fixed, blocked=True, launches=index + 1)
+            if result.verdict is not Verdict.INCONCLUSIVE or spent:
+                return runs, result
+
+    def _compare(self, a: Case, b: Case, gate_spec: tuple[float, str], requirement: str,
+                 parity: bool = False) -> GateOutcome:
+        threshold, direction = gate_spec
+        gate = self._gate(threshold, direction, (a, b))
+        # b first: interleaved b a b a ...
+        (runs_b, runs_a), look = self._launch_until_decided((b, a), (-1, +1), gate)
+        outcome = GateOutcome(
+            a.fabric, b.fabric, threshold, requirement, look.interval, look.verdict,
+            (configuration_tokens_per_s(runs_a), configuration_tokens_per_s(runs_b)), "tokens/s",
+            f"[{a.model}, {a.nodes} node(s)]", gate.prior, _down_weighted(runs_a + runs_b),
+            stall_note([(a.fabric, runs_a), (b.fabric, runs_b)]), gate.family)
+        if parity and outcome.verdict is Verdict.PASS and (reason := host_bound(runs_a + runs_b)):
+            outcome = replace(outcome, verdict=Verdict.INCONCLUSIVE,  # hostbound.py's rule
+                              extra="; ".join(filter(None, [reason, outcome.extra])))
+        predicted = self._session.predicted(a, b, runs_a, runs_b, outcome.interval)
+        # Measured, floor and predicted side by side.
+        predicted = "\n".join([predicted, *(self._session.floor_line(runs) for runs in (runs_a, runs_b))])
+        self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
+        # In the output (JUnit system-out) whatever the verdict, and in a failure's message.
+        self._item.stash.setdefault(NOTES_KEY, []).append(predicted)
+        apply_verdict(outcome, self._session.options.inconclusive, note=predicted)
+        return outcome
+
+    def no_regression(self, case: Case, rel: float | None = None) -> GateOutcome:
+        """Tonight's ``case`` is not more than ``rel`` below the --fabric-baseline run's.
+
+        A fabric regression is the fabric adding more time to a step, so by default
+        (``--regression-on fabric-time``) the gate judges tonight's n-node tokens/s/GPU with the
+        same night's one-node step (a launch that never crosses the fabric) replaced by the
+        baseline's: what the fabric adds tonight, at the baseline's compute speed
+        (``stats.fabric_time_sample``). A machine that is faster or slower all night moves the
+        one-node step and the compute inside the n-node step alike, so it cancels, for a
+        compute-bound job as scaling efficiency does and for a communication-bound one, where
+        efficiency would read it as a fabric change. Scaling efficiency and the raw tokens/s ratio
+        are shown beside it; ``--regression-on scaling`` or ``tokens`` gates one of those instead.
+        One-node cases, and baselines without a one-node measurement of the model, are judged
+        on raw tokens/s.
+
+        Skips when there is no baseline or it never measured ``case``. A baseline from other
+        hardware or software is compared all the same, with a loud warning naming the differences.
+        """
+        o = self._session.options
+        baseline = o.baseline
+        if baseline is None:
+            pytest.skip("no --fabric-baseline given")
+        if not baseline.values.get(case.id):
+            pytest.skip(f"the baseline {baseline.path} has no measurement of {case.id}")
+        rel = o.regression_threshold if rel is None else rel
+        threshold, direction = within_gate(rel)
+        one = case.with_nodes(1)
+        mode = o.regression_on
+        if case.nodes == 1 or not baseline.values.get(one.id):
+            mode = "tokens"
+        noise_n = self._session.noise([case])
+        past = reference_term(baseline.values[case.id], noise_n)
+        gpus_n, gpus_1 = baseline.gpus.get(case.id, 1), baseline.gpus.get(one.id, 1)
+        nights = [(math.log(multi / gpus_n), math.log(single / gpus_1))
+                  for multi, single in baseline.paired(case.id, one.id)]
+
+        def raw(tonight: list[Measurement], confidence: float) -> Interval:
+            return contrast_interval([(+1, [m.sample() for m in tonight])], noise_n, confidence,
+                                     (-past[0], past[1]))
+
+        def efficiency(runs_one: list[Measurement], tonight: list[Measurement]) -> tuple[float, float]:
+            """(tonight's, the baseline's) scaling efficiency: n-node over one-node tokens/s/GPU."""
+            if len(nights) >= 2:
+                past_eff = statistics.fmean(m - s for m, s in nights)
+            else:
+                past_eff = (statistics.fmean(math.log(v / gpus_n) for v in baseline.values[case.id])
+                            - statistics.fmean(math.log(v / gpus_1) for v in baseline.values[one.id]))
+            return (configuration_tokens_per_s(tonight, per_gpu=True)
+                    / configuration_tokens_per_s(runs_one, per_gpu=True), math.exp(past_eff))
+
+        def raw_line(tonight: list[Measurement], confidence: float) -> str:
+            tokens = raw(tonight, confidence)
+            return (f"raw tokens/s tonight/baseline = {tokens.point:.3f} [{tokens.low:.3f}, {tokens.high:.3f}]: "
+                    f"tonight {configuration_tokens_per_s(tonight):.1f} vs baseline {math.exp(past[0]):.1f}")
+
+        if mode == "fabric-time":
+            # A single saved night, or nights that measured only one of the two: the values apart.
+            apart = None if len(nights) >= 2 else ([v / gpus_n for v in baseline.values[case.id]],
+                                                   [v / gpus_1 for v in baseline.values[one.id]])
+            reference, one_reference, prior = fabric_time_reference(noise_n, self._session.noise([one]),
+                                                                    nights, apart)
+            gate = self._gate(threshold, direction, (case, one), prior=prior)
+            (runs_one, tonight), result = self._launch_until_decided(
+                (one, case), (-1, +1), gate, per_gpu=True, fixed=(-reference[0], reference[1]),
+                combine=lambda r: fabric_time_sample(r[1].sample(per_gpu=True), r[0].sample(per_gpu=True),
+                                                     one_reference))
+            values = (math.exp(reference[0]) * result.interval.point, math.exp(reference[0]))
+            what = "fabric time"
+            unit = (f"n{case.nodes} tokens/s/GPU at the baseline's one-node speed (tonight's n{case.nodes} "
+                    f"step less tonight's n1 step, plus the baseline's n1 step)")
+            eff = efficiency(runs_one, tonight)
+            extra = (f"scaling efficiency tonight/baseline = {eff[0] / eff[1]:.3f} ({eff[0]:.3f} vs {eff[1]:.3f}); "
+                     + raw_line(tonight, result.interval.confidence))
+            launches = runs_one + tonight
+        elif mode == "scaling":
+            # log efficiency = log(multi / gpus) - log(one / gpus_one); tonight's launches give it per GPU.
+            gate = self._gate(threshold, direction, (case, one))
+            if len(nights) >= 2:
+                # Each night's own efficiency: what moved both of a night's values (the machine's speed
+                # that night) cancels, as it does in tonight's rounds.
+                past_eff = reference_term([math.exp(m - s) for m, s in nights], gate.prior)
+                fixed = (-past_eff[0], past_eff[1])
+            else:  # a single saved night, or nights that measured only one of the two: the values apart
+                past_one = reference_term(baseline.values[one.id], gate.prior)
+                gpus = math.log(gpus_n) - math.log(gpus_1)
+                fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
+            (runs_one, tonight), result = self._launch_until_decided((one, case), (-1, +1), gate, per_gpu=True,
+                                                                     fixed=fixed)
+            values = efficiency(runs_one, tonight)
+            what, unit = "scaling", f"scaling efficiency (n{case.nodes} over n1 tokens/s/GPU)"
+            extra = raw_line(tonight, result.interval.confidence)
+            launches = runs_one + tonight
+        else:
+            gate = self._gate(threshold, direction, (case,))
+            (tonight,), result = self._launch_until_decided((case,), (+1,), gate, fixed=(-past[0], past[1]))
+            values = (configuration_tokens_per_s(tonight), math.exp(past[0]))
+            what, unit = "tokens/s", "tokens/s"
+            extra = ("" if case.nodes == 1 or o.regression_on == "tokens"
+                     else f"judged on raw tokens/s: the baseline has no one-node measurement of {case.model}")
+            launches = tonight
+        mismatch = identity_mismatch(baseline.identity, identity_from_records(self._session.store.all()),
+                                     ("baseline", "tonight"))
+        if mismatch:
+            warnings.warn(FabricIdentityWarning(f"{case.id}: comparing against a baseline from a different "
+                                                f"set-up: " + "; ".join(mismatch)), stacklevel=2)
+            extra = "; ".join(filter(None, [extra, f"DIFFERENT SET-UP: {'; '.join(mismatch)}"]))
+        outcome = GateOutcome("tonight", "baseline", threshold, f"{what} at most {rel:.0%} below the baseline",
+                              result.interval, result.verdict, values, unit, f"[{case.id}]", gate.prior,
+                              _down_weighted(launches),
+                              "; ".join(filter(None, [stall_note([("tonight", tonight)]), extra])), gate.family)
+        self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
+        apply_verdict(outcome, o.inconclusive)
+        return outcome
+
+
+def round_order(index: int, n: int) -> list[int]:
+    """The order the ``n`` cases of round ``index`` (0-based) launch in: as given in even rounds,
+    reversed in odd ones (the reference first in rounds 1, 3, 5, the candidate in 2, 4, 6)."""
+    order = list(range(n))
+    return order[::-1] if index % 2 else order
+
+
+def _down_weighted(launches: Sequence[Measurement]) -> tuple[str, ...]:
+    """One description per launch the gate counted with a small weight, and why."""
+    return tuple(f"{m.case.id} launch {m.launch + 1}: {m.down_weighted}" for m in launches if m.down_weighted)
+
+
+def stall_note(sides: Sequence[tuple[str, Sequence[Measurement]]]) -> str:
+    """"eth steps stall: mean 8% below the fast steps" for each side whose configuration's mean
+    throughput sits more than ``stats.STALL_MARGIN`` below its fast steps (the 25% quantile): the
+    cost a stalling fabric puts on the job, which the fast steps alone would hide."""
+    notes = []
+    for name, launches in sides:
+        if not launches:
+            continue
+        mean = configuration_tokens_per_s(launches)
+        fast = configuration_value([m.result.tokens_per_step / m.estimate.fast_step_s for m in launches],
+                                   [m.weight for m in launches])
+        if 1 - mean / fast > STALL_MARGIN:
+            notes.append(f"{name} steps stall: mean {1 - mean / fast:.0%} below the fast steps")
+    return "; ".join(notes)
+
+
+class FabricIdentityWarning(UserWarning):
+    """Two runs being compared ran on different hardware or software."""
+
+
+class FabricDeprecationWarning(DeprecationWarning):
+    """A name of pytest-fabric 0.1 that still works, and what to write instead."""

@@ -1,0 +1,225 @@
+"""One pytest process's view of a fabric run, and the keys its hooks, fixtures and reporter share.
+
+``FabricSession`` holds what the session decided at configure time (options, the cluster and its
+size, the results directory every xdist worker shares) and answers what every part of the plugin
+asks of it: the prepared cluster (falling back to local processes where ``auto`` cannot make
+namespaces), the measurer, the noise prior a gate assumes, and the physical floor and prediction of
+what was measured on this session's links. State that travels with one test lives in the
+``pytest.StashKey``s below.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from . import options as fabric_options
+from ..core.case import Case
+from ..cluster import Cluster, ClusterUnavailable, local_fallback
+from ..core.fabrics import Fabric
+from ..physics.floor import Floor, impossible_payloads, run_floor, transport_hint
+from ..deciding.gates import GateOutcome
+from ..measuring.measure import Measurer
+from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
+from ..core.models import get_model
+from ..physics.predict import comparison_line
+from ..core.redact import remember
+from ..deciding.references import ReferenceError, References
+from ..history.baselines import Baseline
+from ..history.nights import ResultsError, launch_records, session_measurements
+from ..deciding.stats import DEFAULT_NOISE, Interval, NoisePrior
+from ..measuring.store import ResultStore
+
+
+@dataclass
+class FabricSession:
+    """One pytest process's view of the fabric run (controller or xdist worker)."""
+
+    config: pytest.Config
+    options: fabric_options.FabricOptions
+    nodes: int  # the cluster size this session tests up to (--nodes, or the cluster's own)
+    cluster: Cluster
+    note: str | None  # why `auto` fell back, shown in the header and in skip reasons
+    directory: Path  # shared by the controller and every worker of this session
+    outputs: dict[str, str] = field(default_factory=dict)  # nodeid -> testcase text (controller)
+    _measurer: Measurer | None = None
+    _prepared: bool = False
+    gates: int = 0  # comparison tests collected this session (the night's family of gates)
+
+    def family(self) -> int:
+        """How many gates a failure's error allowance is shared over (--family-wise)."""
+        return max(1, self.gates) if self.options.family_wise == "bonferroni" else 1
+
+    def prepared_cluster(self) -> Cluster:
+        if not self._prepared:
+            try:
+                self.cluster.prepare()
+            except ClusterUnavailable as exc:
+                # Only the emulated cluster has a fallback; a Slurm or SSH cluster that cannot run is an error.
+                if self.options.cluster != "auto" or self.cluster.name != "emulated":
+                    raise pytest.UsageError(f"--cluster {self.options.cluster} ({self.cluster.name}): {exc}") from None
+                self.cluster, self.note = local_fallback(exc)
+            self._prepared = True
+        return self.cluster
+
+    def noise(self, cases: Sequence[Case] = ()) -> NoisePrior:
+        """Launch-to-launch noise a gate over ``cases`` assumes before tonight's launches:
+        --launch-noise, else what the --fabric-baseline learned from its nights for those
+        configurations (else for all of its own), else the declared default."""
+        o = self.options
+        if o.launch_noise is not None:
+            return o.launch_noise
+        learned = o.baseline.noise([c.id for c in cases]) if o.baseline is not None else None
+        return learned or DEFAULT_NOISE
+
+    @functools.cached_property
+    def store(self) -> ResultStore:
+        """One per process: records its disk could not take stay in memory there (store.py)."""
+        return ResultStore(self.directory)
+
+    def measurer(self) -> Measurer:
+        if self._measurer is None:
+            self._measurer = Measurer(self.prepared_cluster(), self.options.settings, self.store,
+                                      self.directory / "launches", progress=progress_writer(self.config))
+        return self._measurer
+
+    def recorded(self) -> list[Measurement]:
+        """Every measurement of the session, one per (model, nodes, fabric) in the tested fabrics."""
+        return session_measurements(launch_records(self.store.all()), self.options.fabrics)[0]
+
+    def recorded_bandwidth(self) -> list[BandwidthMeasurement]:
+        return session_measurements(launch_records(self.store.all()), self.options.fabrics)[1]
+
+    # -- the physical floor of what was measured (floor.py), on this session's links ---------------
+
+    def link(self, name: str) -> tuple[Fabric, float | None, str]:
+        """(fabric, its link rate in Gbit/s or None, where the rate comes from) for the floor and
+        the prediction: declared (--fabric-link-gbit), else the emulated link's exact rate, else
+        the fabric's nominal rate."""
+        fabric = self.options.settings.fabric(name)
+        emulated = self.cluster.name == "emulated"
+        source = "declared" if fabric.declared_gbit else "emulated" if emulated else "nominal"
+        return fabric, fabric.link_gbit(emulated), source
+
+    def floor(self, m: Measurement) -> Floor | None:
+        """The physical floor of ``m``'s configuration on its fabric's link; None on one node or where
+        no link rate is known (a fabric without a nominal rate on a real cluster, nothing declared)."""
+        _, link, _ = self.link(m.case.fabric)
+        if m.case.nodes < 2 or not link:
+            return None
+        return run_floor(get_model(m.case.model), m.case.nodes, link, m.result, self.options.floor_tolerance)
+
+    def impossible(self, m: Measurement | BandwidthMeasurement) -> str | None:
+        """Why ``m`` is faster than its fabric's link can carry (a training step too short for its
+        traffic, or collective payloads above the link), or None."""
+        if isinstance(m, BandwidthMeasurement):
+            return self._impossible_payloads(m)
+        floor = self.floor(m)
+        if floor is None:
+            return None
+        fabric, _, source = self.link(m.case.fabric)
+        return floor.problem(m.step_s, m.case.fabric, transport_hint(dict(fabric.nccl_env), source))
+
+    def _impossible_payloads(self, bw: BandwidthMeasurement) -> str | None:
+        fabric, link, source = self.link(bw.case.fabric)
+        if not link:
+            return None
+        tolerance = self.options.floor_tolerance
+        flagged = impossible_payloads(bw.rows, bw.case.nodes, link, tolerance)
+        if not flagged:
+            return None
+        return (f"{bw.case.fabric}: {'; '.join(flagged)}; {bw.case.fabric}'s link is {link:g} Gbit/s per node "
+                f"(+{tolerance:.0%} tolerance): these bytes did not cross {bw.case.fabric} at its rate "
+                f"({transport_hint(dict(fabric.nccl_env), source)})")
+
+    def floor_line(self, launches: Sequence[Measurement]) -> str:
+        """``floor: ...`` for one side of a comparison: its configuration's step next to the floor. Never
+        raises, like the prediction: each launch's floor was already enforced when it was measured."""
+        m = launches[0]
+        try:
+            floor = self.floor(m)
+            if floor is None:
+                reason = "one node" if m.case.nodes < 2 else f"no link rate known for fabric {m.case.fabric!r}"
+                return f"floor: {m.case.fabric} none ({reason})"
+            return floor.line(m.result.tokens_per_step / configuration_tokens_per_s(launches), m.case.fabric)
+        except Exception as exc:  # noqa: BLE001 - an output line must never turn a test into an error
+            return f"floor: {m.case.fabric} unavailable ({type(exc).__name__}: {exc})"
+
+    def predicted(self, a: Case, b: Case, runs_a: Sequence[Measurement], runs_b: Sequence[Measurement],
+                  interval: Interval) -> str:
+        """The analytical model's line for comparing ``a`` with ``b`` (``predict.comparison_line``)
+        on this session's link rates. Never raises."""
+        try:
+            rates = {f: self.link(f)[1] for f in (a.fabric, b.fabric)}
+            sides = [(case.fabric, runs[0].result, configuration_tokens_per_s(runs))
+                     for case, runs in ((a, runs_a), (b, runs_b))]
+        except Exception as exc:  # noqa: BLE001 - a prediction must never turn a test into an error
+            return f"predicted: unavailable ({type(exc).__name__}: {exc})"
+        ratio = (interval.point, interval.low, interval.high, interval.confidence)
+        return comparison_line(a.model, a.nodes, rates, sides, ratio, self.options.settings.gpus_per_node,
+                               self.options.flops_per_rank)
+
+
+SESSION_KEY = pytest.StashKey[FabricSession]()
+MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
+# Lines shown below a test's verdicts (the prediction, the floor). The verdicts themselves are the
+# GateOutcomes under OUTCOMES_KEY: every renderer writes their words from those.
+NOTES_KEY = pytest.StashKey[list[str]]()
+VERDICTS_KEY = NOTES_KEY  # the name before 0.5
+OUTCOMES_KEY = pytest.StashKey[list[GateOutcome]]()
+ERRORED_KEY = pytest.StashKey[bool]()  # a measurement the test needed failed: its outcome is "error"
+NO_FABRICS_KEY = pytest.StashKey[bool]()  # a comparison skipped because the fabrics share one link
+
+
+def session_directory(config: pytest.Config) -> Path:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "fabric_dir" in workerinput:
+        return Path(workerinput["fabric_dir"])
+    root = Path(tempfile.gettempdir()) / f"pytest-fabric-{getpass.getuser()}"
+    return root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def progress_writer(config: pytest.Config):
+    """Lines on the terminal while a launch runs; workers have no terminal, so none there."""
+    if hasattr(config, "workerinput"):
+        return None
+    terminal = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if terminal is None:
+        return None
+
+    def show(text: str) -> None:
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                terminal.write_line(f"[fabric] {text}")
+        else:
+            terminal.write_line(f"[fabric] {text}")
+
+    return show
+
+
+def with_inputs(options: fabric_options.FabricOptions) -> fabric_options.FabricOptions:
+    """``options`` with the files it names read by their owners (--fabric-suite by
+    ``References.load``, --fabric-baseline by ``baselines.Baseline.load``), and every fabric
+    setting's secret value remembered for masking (``redact.remember``): what ``options.parse``
+    leaves undone, so that parsing reads no file and changes no global state. A bad file is one
+    usage error."""
+    try:
+        references = References.load(options.suite_path) if options.suite_path else References()
+    except ReferenceError as exc:
+        raise pytest.UsageError(f"--fabric-suite: {exc}") from None
+    try:
+        baseline = Baseline.load(options.baseline_path) if options.baseline_path else None
+    except ResultsError as exc:
+        raise pytest.UsageError(f"--fabric-baseline: {exc}") from None
+    for fabric in (options.settings.fabric_table or {}).values():
+        remember(fabric.nccl_env)  # a token given as a fabric setting is masked like the environment's
+    return replace(options, references=references, baseline=baseline)
