@@ -20,7 +20,9 @@ LOWER = ("pytest_fabric.cluster", "pytest_fabric.workload")
 # Leaf modules the lower half may use: data, catalogs and helpers that import nothing above them.
 LEAVES = {"pytest_fabric", "pytest_fabric.core.atomic", "pytest_fabric.core.case",
           "pytest_fabric.core.fabrics", "pytest_fabric.core.models", "pytest_fabric.history.night_model",
-          "pytest_fabric.core.redact", "pytest_fabric.deciding.stats", "pytest_fabric.core.units"}
+          "pytest_fabric.core.redact", "pytest_fabric.deciding.stats", "pytest_fabric.core.units",
+          "pytest_fabric.deciding.steps", "pytest_fabric.deciding.contrasts",
+          "pytest_fabric.deciding.sequential", "pytest_fabric.deciding.across_nights"}
 
 
 def _modules() -> dict[str, Path]:
@@ -240,7 +242,9 @@ def _reachable(name: str) -> set[str]:
 # Modules split out of a larger one by role, each below the module that kept the rest (which
 # re-exports their public names): the split module never reaches back up.
 SPLIT_BELOW = {"nccl_logs": "nccl_evidence", "nic_inventory": "nccl_evidence", "report_document": "htmlreport",
-               "report_plots": "htmlreport", "trend": "htmlreport", "tables": "terminal"}
+               "report_plots": "htmlreport", "trend": "htmlreport", "tables": "terminal",
+               "steps": "stats", "contrasts": "stats", "sequential": "stats", "across_nights": "stats",
+               "step_model": "predict", "comparison": "predict"}
 
 
 @pytest.mark.parametrize("low", sorted(SPLIT_BELOW))

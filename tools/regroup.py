@@ -90,6 +90,12 @@ MAPPING = {
     # document, its plots, the trend report).
     "nccl_logs": "measuring", "nic_inventory": "measuring",
     "report_document": "reporting", "report_plots": "reporting", "trend": "reporting",
+    # Split out of stats by role (stats re-exports every name): one launch's steps -> its value, the
+    # contrasts across launches and the gate, the sequential design, the robust center across nights.
+    "steps": "deciding", "contrasts": "deciding", "sequential": "deciding", "across_nights": "deciding",
+    # Split out of predict (which re-exports them): the step model itself, and the model next to a
+    # measured comparison (the fitted throughput, the predicted: ...; measured: ... line).
+    "step_model": "physics", "comparison": "physics",
 }
 
 # Where the rewrite looks (git-tracked and untracked-not-ignored files only).
