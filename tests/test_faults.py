@@ -284,7 +284,8 @@ def chaos(_cache, pytester, monkeypatch) -> FaultRun:
 @pytest.mark.parametrize("fabric, says", [
     ("eth", r"log limit exceeded after [\d.]+s\nnode1: its log passed 32 MiB"),
     ("eth-b", r"the result written by global rank 0 \(node0\) is unreadable"),
-    ("roce", r"deadline exceeded after [\d.]+s\ninjected fault: linkcut: node1's link cut by the harness"),
+    ("roce", r"deadline exceeded after [\d.]+s \(deadline 60s, the stop included\)\n"
+             r"injected fault: linkcut: node1's link cut by the harness"),
 ])
 def test_each_chaos_fault_is_an_error_naming_the_node_within_the_deadline(chaos, fabric, says):
     failure = chaos.failure(fabric)
