@@ -107,6 +107,19 @@ def json_problems(out: Path) -> list[str]:
     return bad
 
 
+def completed_launches(stores: set[Path]) -> dict[str, str]:
+    """Store key -> run directory of every completed launch in ``stores`` (unreadable ones skipped:
+    ``json_problems`` reports them)."""
+    found = {}
+    for store in stores:
+        try:
+            records = json.loads(store.read_text())
+        except (OSError, ValueError):
+            continue
+        found.update({k: r["result"].get("run_dir", "") for k, r in records.items() if isinstance(r.get("result"), dict)})
+    return found
+
+
 def run_pytest(cmd: list[str], env: dict, log: Path, kill: dict | None) -> tuple[int | None, str]:
     """One attempt; ``kill``: {"at": seconds, "how": "int"|"kill"}. Returns (exit code, how it ended)."""
     with open(log, "ab") as out:
@@ -203,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     base_env = {**os.environ, "TMPDIR": str(out / "tmp"), "PYTHONPATH": os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     rows, kills, problems = [], [], []
-    remeasured = 0
+    remeasured = reused = 0
     for g, group in enumerate(groups):
         fabrics = ",".join(item["fabric"] for item in group)
         junit, save = out / f"run-{g}.xml", out / f"night-{g}.json"
@@ -216,22 +229,28 @@ def main(argv: list[str] | None = None) -> int:
         latest = 20 if args.smoke else len(group) * 15
         kill = {"at": rng.uniform(8, latest), "how": rng.choice(["int", "kill"])} if g in killed_runs else None
         attempt = 0
+        killed_completed: dict[str, str] = {}  # launches a killed attempt completed: store key -> its run dir
         while True:
             attempt += 1
             stores_before = set(out.glob("tmp/**/measurements.json"))
             code, how = run_pytest(cmd, env, out / f"run-{g}.log", kill)
             print(f"run {g} attempt {attempt}: {how} (exit {code})", flush=True)
+            mine = completed_launches(set(out.glob("tmp/**/measurements.json")) - stores_before)
             if how == "completed":
                 break
             kills.append(how)
             problems += [f"after {how}: {p}" for p in json_problems(out)]
-            # Launches the killed session completed: the restart must not lose them.
-            for store in set(out.glob("tmp/**/measurements.json")) - stores_before:
-                try:
-                    remeasured += sum("result" in r for r in json.loads(store.read_text()).values())
-                except ValueError:
-                    pass
+            killed_completed.update(mine)
             kill = None
+        # The restart must reuse what the killed attempts completed (the same launch: its run
+        # directory), not launch it again, and lose none of it.
+        for key, run_dir in killed_completed.items():
+            if key not in mine:
+                problems.append(f"run {g}: {key}, completed before a kill, is not in the restart's store")
+            elif mine[key] == run_dir:
+                reused += 1
+            else:
+                remeasured += 1
         results = outcomes(junit)
         saved = json.loads(save.read_text()) if save.exists() else {}
         saved_fabrics = {r["case"]["fabric"] for r in saved.get("records", {}).values()}
@@ -296,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| launches not as expected | {sum(not r['ok'] for r in rows)} |")
     print(f"| unfaulted gate (advantage llama-wide n2: ib ahead of eth) | {gate or 'skipped'} |")
     print(f"| completed launches lost from the saved night | {lost} |")
+    print(f"| launches completed by a killed session, reused by its restart | {reused} |")
     print(f"| launches completed by a killed session, measured again after restart | {remeasured} |")
     print(f"| stores / saved nights not valid JSON (after kills, at the end) | {len(problems)} |")
     for what, found in left.items():
@@ -305,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"BAD {r['fabric']} {r['kind']}: {r['why']}")
     for p in problems + [f"{w}: {x}" for w, f in left.items() for x in f]:
         print(f"BAD {p}")
-    ok = all(r["ok"] for r in rows) and not problems and not any(left.values()) and gate in (None, "pass", "fail")
+    ok = all(r["ok"] for r in rows) and not problems and not remeasured and not any(left.values()) and gate in (None, "pass", "fail")
     print(f"\n{'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 

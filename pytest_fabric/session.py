@@ -35,7 +35,7 @@ from .references import ReferenceError, References
 from .baselines import Baseline
 from .nights import ResultsError
 from .stats import DEFAULT_NOISE, Interval, NoisePrior
-from .store import ResultStore
+from .store import ResultStore, resume_path
 
 
 @dataclass
@@ -52,6 +52,7 @@ class FabricSession:
     _measurer: Measurer | None = None
     _prepared: bool = False
     gates: int = 0  # comparison tests collected this session (the night's family of gates)
+    resumed: str | None = None  # launches an earlier, killed session left for this one (store.resume)
 
     def family(self) -> int:
         """How many gates a failure's error allowance is shared over (--family-wise)."""
@@ -82,7 +83,8 @@ class FabricSession:
     @functools.cached_property
     def store(self) -> ResultStore:
         """One per process: records its disk could not take stay in memory there (store.py)."""
-        return ResultStore(self.directory)
+        save = self.options.save
+        return ResultStore(self.directory, resume_path(save) if save is not None else None)
 
     def measurer(self) -> Measurer:
         if self._measurer is None:

@@ -336,3 +336,43 @@ def test_a_hang_under_a_short_deadline_is_reported_within_it(pytester, monkeypat
     assert re.search(r"^node1: pytest-fabric: injected fault: hang on rank 1 at step 0 \(fabric eth\), on node1/",
                      failure, re.M), failure
     assert run.leftover_processes == [] and run.leftover_namespaces == set()
+
+
+# -- a killed session restarted: what it completed is not measured again ----------------------------
+
+@pytest.mark.slow
+def test_a_session_killed_outright_is_restarted_reusing_the_launches_it_completed(pytester):
+    needs(UNAVAILABLE)
+    tmp = pytester.path / "tmp"
+    tmp.mkdir()
+    pytester.makepyfile(test_generated=SOURCE)
+    saved = pytester.path / "saved.json"
+    resume = pytester.path / "saved.json.resume.json"
+    env = {**os.environ, "TMPDIR": str(tmp), faults.ENV: ""}
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_generated.py", *ARGS, "--fabrics", "ib,eth",
+           f"--fabric-save={saved}"]
+    proc = subprocess.Popen(cmd, cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 3 * DEADLINE_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            if resume.exists() and '"ib"' in resume.read_text():  # ib's launch completed, eth's under way
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the ib launch never completed")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # no clean-up, no saved night
+        proc.wait()
+        sweep_stale_namespaces()
+    assert not saved.exists()
+    restart = subprocess.run(cmd, cwd=pytester.path, env=env, capture_output=True, text=True, timeout=4 * DEADLINE_S)
+    output = restart.stdout
+    assert restart.returncode == 0, output + restart.stderr
+    # In the header, and again at the end (-q shows no header).
+    assert output.count(f"fabric: reusing 1 launches saved by an earlier session in {resume}") == 2, output
+    launched = sorted(re.sub(r"-\d{6}-\w+$", "", p.name) for p in (session_directory(output) / "launches").iterdir())
+    assert launched == ["qwen2-tiny-n2-eth"], launched  # ib was not launched again
+    night = json.loads(saved.read_text())
+    assert sorted(r["case"]["fabric"] for r in night["records"].values()) == ["eth", "ib"]
+    assert not resume.exists()  # the restart ended on its own
