@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from cluster_env import leftover_processes
@@ -216,14 +217,18 @@ def test_the_healthy_measurement_is_kept_on_disk(fault_run):
 
 # -- Ctrl-C ----------------------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pytester):
+def session_to_kill(pytester: pytest.Pytester, fault_text: str) -> tuple[Path, Path, dict[str, str]]:
+    """(its TMPDIR, its --fabric-save, its environment) for a pytest run started as a subprocess."""
     needs(UNAVAILABLE)
     tmp = pytester.path / "tmp"
     tmp.mkdir()
     pytester.makepyfile(test_generated=SOURCE)
-    saved = pytester.path / "saved.json"
-    env = {**os.environ, "TMPDIR": str(tmp), faults.ENV: "hang:fabric=eth,rank=1,step=1"}
+    return tmp, pytester.path / "saved.json", {**os.environ, "TMPDIR": str(tmp), faults.ENV: fault_text}
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pytester):
+    tmp, saved, env = session_to_kill(pytester, "hang:fabric=eth,rank=1,step=1")
     before = namespaces()
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_generated.py", *ARGS,
                              "--fabrics", "ib,eth", f"--fabric-save={saved}"],
@@ -342,13 +347,8 @@ def test_a_hang_under_a_short_deadline_is_reported_within_it(pytester, monkeypat
 
 @pytest.mark.slow
 def test_a_session_killed_outright_is_restarted_reusing_the_launches_it_completed(pytester):
-    needs(UNAVAILABLE)
-    tmp = pytester.path / "tmp"
-    tmp.mkdir()
-    pytester.makepyfile(test_generated=SOURCE)
-    saved = pytester.path / "saved.json"
+    _, saved, env = session_to_kill(pytester, "")
     resume = pytester.path / "saved.json.resume.json"
-    env = {**os.environ, "TMPDIR": str(tmp), faults.ENV: ""}
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_generated.py", *ARGS, "--fabrics", "ib,eth",
            f"--fabric-save={saved}"]
     proc = subprocess.Popen(cmd, cwd=pytester.path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
