@@ -175,6 +175,13 @@ def test_each_fault_fails_within_the_deadline_with_the_ranks_log_tails(fault_run
     assert float(match.group(2)) <= DEADLINE_S + 5, failure
     assert "--- node0: " in failure and "--- node1: " in failure and "last lines of" in failure
     assert says in failure, failure
+    # One line names the fault's kind and the node it hit: the rank's own (lifted from that node's log
+    # to the head) or the harness's note of what it did to the node.
+    kind, node = {"eth": ("crash", 1), "eth-b": ("abort", 0), "roce": ("hang", 1), "efa": ("nojoin", 1)}[fabric]
+    assert re.search(rf"^node{node}: pytest-fabric: injected fault: {kind} on rank {node} at step 1 \(fabric {fabric}\), "
+                     rf"on node{node}/|^injected fault: {kind}: node{node}'s link left down", failure, re.M), failure
+    if kind in ("crash", "abort"):
+        assert f"node{node} failed first: exit code 1 at " in failure, failure
     # The store keeps the failure, so every other test of the configuration reports it without relaunching.
     assert fault_run.record(fabric)["error"].split("\n")[0] in failure
 
