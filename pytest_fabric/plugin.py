@@ -70,6 +70,9 @@ def pytest_configure(config: pytest.Config) -> None:
             f"lower --nodes or --gpus-per-node")
     session = FabricSession(config, opts, nodes, cluster, note, session_directory(config))
     config.stash[SESSION_KEY] = session
+    if not hasattr(config, "workerinput"):
+        # A session killed before it ended left its completed launches beside --fabric-save.
+        _, session.resumed = session.store.resume()
     config.pluginmanager.register(FabricReporter(session), REPORTER_NAME)
 
 
@@ -100,9 +103,26 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     ]
     if session.note:
         lines.append(f"fabric: NOTE {session.note}")
+    if session.resumed:
+        lines.append(f"fabric: {session.resumed}")
     if o.baseline is None:
         lines.append("fabric: regression gates off (no --fabric-baseline given)")
     return lines
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A session that ended on its own leaves nothing to resume; an interrupted one keeps it."""
+    fabric = session.config.stash.get(SESSION_KEY, None)
+    if fabric is not None and not hasattr(session.config, "workerinput") \
+            and exitstatus != pytest.ExitCode.INTERRUPTED:
+        fabric.store.finished()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Launches reused from a killed session: said at the end too (``-q`` shows no header)."""
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None and session.resumed and not hasattr(config, "workerinput"):
+        terminalreporter.write_line(f"fabric: {session.resumed}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

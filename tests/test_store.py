@@ -193,3 +193,40 @@ def test_hammer_thousands_of_writes_from_eight_processes_lose_nothing(tmp_path):
     assert set(computed) == {k for k in expected if "-put-" not in k}
     assert not list(tmp_path.glob("*.tmp")), "temporary files must be renamed into place"
     print(f"{HAMMER_WORKERS * HAMMER_OPS} operations by {HAMMER_WORKERS} processes in {elapsed:.1f}s")
+
+
+# -- a session killed before it ended: its completed launches are reused by the restart ------------
+
+def test_a_restart_reuses_the_completed_launches_of_a_killed_session(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_FABRIC_FAULT", "")
+    from pytest_fabric.measuring.store import resume_path
+
+    resume = resume_path(tmp_path / "night.json")
+    killed = ResultStore(tmp_path / "session-1", resume)
+    killed.put("qwen2-tiny-n2-ib#abc", {"case": {"fabric": "ib"}, "result": {"step_s": [0.5]}})
+    killed.put("qwen2-tiny-n2-eth#abc", {"case": {"fabric": "eth"}, "error": "launch failed after 3.0s"})
+    killed.put("qwen2-tiny-n2-ib#abc@1", {"case": {"fabric": "ib"}, "result": {"step_s": [0.6]}})
+    # Killed here (nothing ends the session): the restart, a new session directory, same --fabric-save.
+    restart = ResultStore(tmp_path / "session-2", resume)
+    assert restart.resume() == (2, f"reusing 2 launches saved by an earlier session in {resume}")
+    assert restart.get("qwen2-tiny-n2-ib#abc@1")["result"] == {"step_s": [0.6]}
+    assert restart.get("qwen2-tiny-n2-eth#abc") is None  # a failed launch is launched again
+    # Killed again before measuring anything: nothing of the first session is lost.
+    assert ResultStore(tmp_path / "session-3", resume).resume()[0] == 2
+    restart.finished()  # the session ended on its own: nothing is left to resume
+    assert not resume.exists()
+    assert ResultStore(tmp_path / "session-4", resume).resume() == (0, None)
+
+
+def test_a_restart_reuses_nothing_when_the_faults_or_the_file_differ(tmp_path, monkeypatch):
+    from pytest_fabric.measuring.store import resume_path
+
+    resume = resume_path(tmp_path / "night.json")
+    monkeypatch.setenv("PYTEST_FABRIC_FAULT", "slow:factor=1.2")
+    ResultStore(tmp_path / "s1", resume).put("k", {"case": {}, "result": {"step_s": [0.5]}})
+    monkeypatch.setenv("PYTEST_FABRIC_FAULT", "")
+    count, line = ResultStore(tmp_path / "s2", resume).resume()
+    assert count == 0 and "its faults differ from this session's" in line
+    resume.write_text('{"identity": {"pytest_fab')  # never one written by the store (atomic), but a person's
+    count, line = ResultStore(tmp_path / "s3", resume).resume()
+    assert count == 0 and "unreadable" in line

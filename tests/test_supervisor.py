@@ -219,3 +219,39 @@ def test_an_unstartable_program_stops_the_ones_already_started(tmp_path, monkeyp
         supervise([first, missing], tmp_path, deadline_s=60)
     assert len(started) == 1
     assert started[0].returncode is not None, "the process started before the failure is still running"
+
+
+@pytest.mark.parametrize("deadline_s", [3, 8])
+def test_the_stop_is_budgeted_inside_the_deadline(tmp_path, monkeypatch, deadline_s):
+    # The production graces: a rank that ignores SIGTERM costs the whole TERM grace, yet the
+    # supervisor returns by the deadline (it starts stopping stop_budget_s before it).
+    monkeypatch.setattr(supervisor, "TERM_GRACE_S", 3.0)
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)"
+    start = time.monotonic()
+    outcome = supervise([python("node0", code), python("node1", code)], tmp_path, deadline_s=deadline_s)
+    elapsed = time.monotonic() - start
+    assert outcome.timed_out and sorted(outcome.killed) == ["node0", "node1"]
+    assert outcome.elapsed_s <= deadline_s and elapsed <= deadline_s * 1.1, (outcome.elapsed_s, elapsed)
+    assert outcome.describe().startswith(f"deadline exceeded after {outcome.elapsed_s:.1f}s (deadline {deadline_s}s")
+
+
+def test_stop_budget_is_a_share_of_the_deadline_bounded_both_ways():
+    assert supervisor.stop_budget_s(20) == 2.0
+    assert supervisor.stop_budget_s(300) == supervisor.STOP_BUDGET_S
+    assert supervisor.stop_budget_s(3) == supervisor.MIN_STOP_S
+    assert supervisor.stop_budget_s(1) == 0.5  # never more than half of it
+
+
+def test_the_report_names_the_node_that_failed_first_and_lifts_the_ranks_own_lines(tmp_path):
+    # node1 says what happened to it, then prints more than a tail's worth of lines; node0 waits.
+    says = ("import sys; print('pytest-fabric: injected fault: crash on rank 1 at step 1, on node1/10.0.0.2'); "
+            "print('pytest-fabric: injected fault: crash on rank 1 at step 1, on node1/10.0.0.2'); "
+            "[print('frame', i) for i in range(200)]; sys.exit(1)")
+    outcome = supervise([python("node0", "import time; time.sleep(120)"), python("node1", says)], tmp_path,
+                        deadline_s=60)
+    report = outcome.describe()
+    assert "injected fault" not in outcome.procs[1].tail()  # out of the tail ...
+    lines = report.splitlines()
+    assert lines[1].startswith("node1 failed first: exit code 1 at ")
+    # ... at the head, once, with the node it came from
+    assert lines.count("node1: pytest-fabric: injected fault: crash on rank 1 at step 1, on node1/10.0.0.2") == 1

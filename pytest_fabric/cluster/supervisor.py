@@ -4,6 +4,15 @@ Launchers only build argv lists; this module owns the process lifecycle: each pr
 own process group with its output in a log file, the whole launch has a deadline, the first failing
 process brings the others down after a short grace, and every exit path (success, failure, deadline,
 Ctrl-C) kills every process group it started before returning or re-raising.
+
+The deadline includes the stop: the supervisor starts stopping a launch that runs out of time early
+enough (``stop_budget_s``: stacks, TERM, KILL) that it returns by the deadline, whatever its length,
+so the failure is reported within it (the launcher's clean-up after that takes well under 10% of it).
+
+A rank program's own messages to the operator are lines starting with ``pytest-fabric: `` (an
+injected fault says so there); a failure report lists them at its head, by node, wherever they are
+in the node's log, so that the report names the node and what happened even when the log's last
+lines (a stack dump, garbage) have pushed them out of its tail.
 """
 
 from __future__ import annotations
@@ -37,6 +46,19 @@ LOG_LIMIT_BYTES = 32 * 1024 * 1024
 # so the report of a hang shows where each rank was waiting.
 STACK_DUMP_MARKER = b"pytest_fabric.workload"
 STACK_DUMP_WAIT_S = 1.5
+# The stop at a deadline (stacks, TERM, KILL) is budgeted inside it: it starts this long before the
+# deadline, a share of it (at least MIN_STOP_S, at most STOP_BUDGET_S), and each step is cut to fit.
+STOP_BUDGET_S = 5.0
+STOP_SHARE = 0.1
+MIN_STOP_S = 1.0
+# A rank program's messages to the operator (faults.py), lifted to the head of a failure report.
+RANK_MESSAGE = b"pytest-fabric: "
+RANK_MESSAGES_PER_NODE = 3
+
+
+def stop_budget_s(deadline_s: float) -> float:
+    """How long before ``deadline_s`` the supervisor starts stopping a launch that is still running."""
+    return min(STOP_BUDGET_S, max(MIN_STOP_S, STOP_SHARE * deadline_s), deadline_s / 2)
 
 
 @dataclass(frozen=True)
@@ -72,6 +94,33 @@ class ProcOutcome:
             kept.insert(0, f"[... {start} earlier bytes not shown]")
         return redact("\n".join(_printable(line) for line in kept))
 
+    def messages(self, limit: int = RANK_MESSAGES_PER_NODE) -> list[str]:
+        """The rank programs' own lines (``pytest-fabric: ...``) anywhere in the log, each once, the
+        first ``limit`` of them, printable and secrets masked."""
+        found: list[str] = []
+        try:
+            with open(self.log_path, "rb") as f:
+                left = self.log_upto if self.log_upto is not None else f.seek(0, os.SEEK_END)
+                f.seek(0)
+                carry = b""
+                while left > 0 and len(found) < limit:
+                    chunk = carry + f.read(min(left, 1 << 20))
+                    left -= len(chunk) - len(carry)
+                    lines = chunk.split(b"\n")
+                    carry = lines.pop() if left > 0 else b""
+                    for raw in lines:
+                        at = raw.find(RANK_MESSAGE)
+                        line = _printable(raw[at:].decode(errors="replace").rstrip()) if at >= 0 else ""
+                        if line and line not in found:
+                            found.append(line)
+                            if len(found) == limit:
+                                break
+                    if len(carry) > LOG_LIMIT_BYTES:  # no newline for a long way: not a message
+                        carry = b""
+        except OSError:
+            return []
+        return [redact(line) for line in found]
+
 
 def _printable(line: str) -> str:
     """One log line as a report shows it: control characters (binary garbage) as ``?``, cut to
@@ -90,6 +139,9 @@ class LaunchOutcome:
     log_overflow: str | None = None
     # What the launcher did to the launch besides running it (an injected fault's link cut).
     notes: list[str] = field(default_factory=list)
+    # The process that failed first (a non-zero exit) and when, seconds into the launch.
+    first_failure: tuple[str, float] | None = None
+    deadline_s: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -100,11 +152,17 @@ class LaunchOutcome:
         masked by ``tail``)."""
         head = "deadline exceeded" if self.timed_out else "log limit exceeded" if self.log_overflow else \
             "launch failed"
-        parts = [f"{head} after {self.elapsed_s:.1f}s"]
+        parts = [f"{head} after {self.elapsed_s:.1f}s"
+                 + (f" (deadline {self.deadline_s:g}s, the stop included)" if self.timed_out and self.deadline_s else "")]
+        if self.first_failure is not None:
+            name, at = self.first_failure
+            code = next((p.returncode for p in self.procs if p.name == name), None)
+            parts.append(f"{name} failed first: exit code {code} at {at:.1f}s")
         if self.log_overflow:
             parts.append(f"{self.log_overflow}: its log passed {LOG_LIMIT_BYTES >> 20} MiB (a rank printing "
                          f"garbage or a runaway log); the launch was stopped")
         parts += self.notes
+        parts += [f"{p.name}: {line}" for p in self.procs for line in p.messages()]
         for p in self.procs:
             state = "killed" if p.returncode is None else f"exit code {p.returncode}"
             parts.append(f"--- {p.name}: {state}; last lines of {p.log_path} ---\n{p.tail()}")
@@ -149,13 +207,17 @@ def supervise(
         overflow: str | None = None
         log_upto: dict[str, int | None] = {}
         first_failure: float | None = None
+        first_failed: tuple[str, float] | None = None
+        stop_at = deadline_s - stop_budget_s(deadline_s)
         while True:
             codes = [p.poll() for _, p, _ in started]
             now = time.monotonic()
-            if all(c is not None for c in codes):
-                break
             if first_failure is None and any(c not in (None, 0) for c in codes):
                 first_failure = now
+                first_failed = (next(spec.name for (spec, _, _), c in zip(started, codes) if c not in (None, 0)),
+                                now - start)
+            if all(c is not None for c in codes):
+                break
             if first_failure is not None and now - first_failure > FAILURE_GRACE_S:
                 break
             overflow = next((spec.name for spec, _, log_path in started
@@ -163,16 +225,16 @@ def supervise(
             if overflow is not None:
                 log_upto = {spec.name: _size(log_path) for spec, _, log_path in started}
                 break
-            if now - start > deadline_s:
+            if now - start > stop_at:
                 timed_out = True
-                _dump_stacks(started)
+                _dump_stacks(started, min(STACK_DUMP_WAIT_S, 0.4 * stop_budget_s(deadline_s)))
                 log_upto = {spec.name: _size(log_path) for spec, _, log_path in started}
                 break
             if on_tick is not None:
                 on_tick(now - start)
             time.sleep(tick_s)
     finally:
-        killed = _stop_all(started)
+        killed = _stop_all(started, min(TERM_GRACE_S, 0.4 * stop_budget_s(deadline_s)))
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
@@ -186,6 +248,8 @@ def supervise(
         timed_out=timed_out,
         killed=killed,
         log_overflow=overflow,
+        first_failure=first_failed,
+        deadline_s=deadline_s,
     )
 
 
@@ -208,7 +272,7 @@ def _catches(pid: int, sig: int) -> bool:
     return False
 
 
-def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> None:
+def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]], wait_s: float = STACK_DUMP_WAIT_S) -> None:
     """Ask every rank program still running to print its threads' stacks (SIGUSR1, faulthandler).
 
     Only processes that hold the marker *and* catch SIGUSR1 get it: SIGUSR1 kills a process that
@@ -229,7 +293,7 @@ def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> None
             except (OSError, ProcessLookupError):
                 continue
     if asked:
-        time.sleep(STACK_DUMP_WAIT_S)
+        time.sleep(wait_s)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -252,15 +316,17 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
-def _stop_all(started: list[tuple[ProcSpec, subprocess.Popen, Path]]) -> list[str]:
-    """Kill what is still running (TERM, then KILL) with every descendant, and reap the leaders."""
+def _stop_all(started: list[tuple[ProcSpec, subprocess.Popen, Path]], term_grace_s: float = TERM_GRACE_S
+              ) -> list[str]:
+    """Kill what is still running (TERM, then KILL ``term_grace_s`` later) with every descendant, and
+    reap the leaders."""
     killed = [spec.name for spec, proc, _ in started if proc.poll() is None]
     # Even a leader that exited may have left children behind (torchrun workers).
     trees = [pid for _, proc, _ in started for pid in process_tree(proc.pid)]
     for _, proc, _ in started:
         _kill_group(proc, signal.SIGTERM)
     _signal_all(trees, signal.SIGTERM)
-    deadline = time.monotonic() + TERM_GRACE_S
+    deadline = time.monotonic() + term_grace_s
     for _, proc, _ in started:
         try:
             proc.wait(timeout=max(0.0, deadline - time.monotonic()))

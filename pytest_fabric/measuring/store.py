@@ -6,12 +6,20 @@ launches: two jobs on the same machines at once would measure each other, not th
 Records are stored with secrets masked (``redact``): the store is shown, saved and reported.
 Where the disk refuses a write (full, read-only), the record stays in this process's memory and is
 reported from there; the lock is skipped where it cannot be created (a read-only disk changes for nobody).
+
+A session that saves its night (``--fabric-save NIGHT``) also keeps its completed launches in a resume
+file beside it (``NIGHT.resume.json``, written atomically with every record), which the session
+removes when it ends on its own. A session killed before that (Ctrl-C, SIGTERM, SIGKILL) leaves it,
+and the session restarted with the same ``--fabric-save`` reuses those launches (``resume``): same
+key (case, launch index, set-up), same harness version, host and injected faults; failed launches
+are launched again.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -25,15 +33,34 @@ from ..core.atomic import write_text
 from ..core.redact import redact_data
 from ..core.storage import is_storage_error, storage_problem
 
+RESUME_SUFFIX = ".resume.json"
+
+
+def resume_path(save: Path | str) -> Path:
+    """The resume file of the night saved at ``save``."""
+    return Path(f"{save}{RESUME_SUFFIX}")
+
+
+def _resume_identity() -> dict[str, str]:
+    """What must not have changed for a launch to be reused: the harness, the machine, the faults."""
+    from .. import __version__
+
+    return {"pytest_fabric": __version__, "host": platform.node(), "faults": os.environ.get("PYTEST_FABRIC_FAULT", "")}
+
+
+def _completed(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if isinstance(v, dict) and isinstance(v.get("result"), dict)}
+
 
 class StoreWarning(UserWarning):
     """The session's store was unreadable and has been set aside."""
 
 
 class ResultStore:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, resume_file: Path | None = None) -> None:
         self.directory = directory
         self.path = directory / "measurements.json"
+        self.resume_file = resume_file
         self._lock = FileLock(str(directory / "measurements.lock"))
         # Records this process could not write (full or read-only disk): kept here, served with the
         # file's, and written with the next write that succeeds.
@@ -104,6 +131,52 @@ class ResultStore:
                               stacklevel=3)
         else:
             self._unsaved.clear()  # all of them are in the file now
+            self._write_resume(data)
+
+    def _write_resume(self, data: dict[str, Any]) -> None:
+        """The completed launches to the resume file (a disk that refuses it: the store has said so)."""
+        if self.resume_file is None:
+            return
+        try:
+            write_text(self.resume_file, json.dumps({"identity": _resume_identity(), "records": _completed(data)},
+                                                    sort_keys=True, separators=(",", ":")))
+        except OSError as exc:
+            if not is_storage_error(exc):
+                raise
+
+    def resume(self) -> tuple[int, str | None]:
+        """Adopt the completed launches an earlier session left in the resume file (one killed before
+        it ended); (how many, a line saying so or why none were, None when there is no such file)."""
+        if self.resume_file is None or not self.resume_file.exists():
+            return 0, None
+        try:
+            earlier = json.loads(self.resume_file.read_text())
+            identity, records = earlier["identity"], _completed(earlier["records"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return 0, f"not reusing {self.resume_file}: unreadable ({exc}); every launch is measured again"
+        if identity != _resume_identity():
+            changed = ", ".join(k for k, v in _resume_identity().items() if identity.get(k) != v)
+            return 0, (f"not reusing the launches saved by an earlier session in {self.resume_file}: its {changed} "
+                       f"differ from this session's; every launch is measured again")
+        with self.locked():
+            data = self._read()
+            new = {k: v for k, v in records.items() if k not in data}
+            if new:
+                data.update(new)
+                self._unsaved.update(new)  # kept in memory, all of them, where the disk refuses them
+                self._write(data, next(iter(new)))
+        return len(new), f"reusing {len(new)} launches saved by an earlier session in {self.resume_file}"
+
+    def finished(self) -> None:
+        """The session ended on its own: its night is saved, nothing is left to resume."""
+        if self.resume_file is not None:
+            try:
+                self.resume_file.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if not is_storage_error(exc):
+                    raise
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self.locked():

@@ -36,7 +36,7 @@ from ..deciding.references import ReferenceError, References
 from ..history.baselines import Baseline
 from ..history.nights import ResultsError, launch_records, session_measurements
 from ..deciding.stats import DEFAULT_NOISE, Interval, NoisePrior
-from ..measuring.store import ResultStore
+from ..measuring.store import ResultStore, resume_path
 
 
 @dataclass
@@ -53,6 +53,7 @@ class FabricSession:
     _measurer: Measurer | None = None
     _prepared: bool = False
     gates: int = 0  # comparison tests collected this session (the night's family of gates)
+    resumed: str | None = None  # launches an earlier, killed session left for this one (store.resume)
 
     def family(self) -> int:
         """How many gates a failure's error allowance is shared over (--family-wise)."""
@@ -83,7 +84,8 @@ class FabricSession:
     @functools.cached_property
     def store(self) -> ResultStore:
         """One per process: records its disk could not take stay in memory there (store.py)."""
-        return ResultStore(self.directory)
+        save = self.options.save
+        return ResultStore(self.directory, resume_path(save) if save is not None else None)
 
     def measurer(self) -> Measurer:
         if self._measurer is None:

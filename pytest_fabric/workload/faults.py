@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -156,9 +157,24 @@ def truncates(faults: list[Fault], rank: int, fabric: str | None) -> Fault | Non
     return next((f for f in faults if f.kind == "truncate" and f.rank == rank and f.applies(fabric)), None)
 
 
+def here() -> str:
+    """The node this rank runs on, as the launcher named it (``node1/198.18.0.2``), else the host name."""
+    return os.environ.get("PYTEST_FABRIC_NODE") or socket.gethostname()
+
+
+def announcement(fault: Fault) -> str:
+    """What a rank says when it does what ``fault`` says: the fault's kind and where (its node), so
+    that the failure report names both (the supervisor lifts such lines to its head)."""
+    return f"injected fault: {fault.describe()}, on {here()}"
+
+
+def _announce(fault: Fault) -> None:
+    print(f"pytest-fabric: {announcement(fault)}", file=sys.stderr, flush=True)
+
+
 def write_truncated(fault: Fault, path: str, text: str) -> None:
     """``text`` cut in the middle at ``path``, written in place (not atomically): a writer that died mid-write."""
-    print(f"pytest-fabric: injected fault: {fault.describe()}", file=sys.stderr, flush=True)
+    _announce(fault)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text[: len(text) // 2])
 
@@ -166,7 +182,7 @@ def write_truncated(fault: Fault, path: str, text: str) -> None:
 def _print_garbage(fault: Fault) -> None:
     """``fault.mb`` MB of random bytes and newline-free lines on stdout and stderr, every 32 KiB
     followed by the fault's line (so that a log's tail still says what happened)."""
-    line = f"\npytest-fabric: injected fault: {fault.describe()}\n".encode()
+    line = f"\npytest-fabric: {announcement(fault)}\n".encode()
     for i in range(fault.mb * 32):
         chunk = os.urandom(1 << 15) if i % 2 == 0 else b"x" * (1 << 15)
         os.write(1 + i % 2, chunk + line)
@@ -178,7 +194,7 @@ def _cut_my_link(fault: Fault, run_dir: str | None) -> None:
     if run_dir is None or int(os.environ.get("GROUP_RANK", "0")) != fault.node \
             or int(os.environ.get("LOCAL_RANK", "0")) != 0:
         return
-    print(f"pytest-fabric: injected fault: {fault.describe()}", file=sys.stderr, flush=True)
+    _announce(fault)
     open(cut_request(run_dir, fault.node), "w").close()
     state = f"/sys/class/net/{os.environ.get('GLOO_SOCKET_IFNAME', 'fab0')}/operstate"
     deadline = time.monotonic() + 10.0
@@ -203,9 +219,9 @@ def at_step(faults: list[Fault], rank: int, step: int, fabric: str | None, run_d
             continue
         if fault.kind not in RANK_KINDS or fault.rank != rank or fault.step != step or not fault.applies(fabric):
             continue
-        print(f"pytest-fabric: injected fault: {fault.describe()}", file=sys.stderr, flush=True)
+        _announce(fault)
         if fault.kind == "crash":
-            raise InjectedFault(f"injected fault: {fault.describe()}")
+            raise InjectedFault(announcement(fault))
         if fault.kind == "abort":
             os.kill(os.getpid(), signal.SIGABRT)
         while True:  # hang
