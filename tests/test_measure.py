@@ -133,8 +133,9 @@ def test_the_measured_steps_and_their_bounds_reach_the_rank_program(tmp_path):
         m.measure(Case("qwen2-tiny", 2, "eth"), launch)
     first, second = (TrainConfig.load(r.program[-1]) for r in cluster.requests)
     assert (second.steps, second.measure_s, second.step_precision, second.max_steps) == (5, 2.5, 0.02, 40)
-    # A configuration's first launch measures twice the window (stats.measure_window).
-    assert (first.steps, first.measure_s, first.max_steps) == (5, 2.5 * FIRST_LAUNCH_FACTOR, 40)
+    # A configuration's first launch measures the whole of twice the window (stats.measure_window).
+    assert (first.steps, first.measure_s, first.step_precision, first.max_steps) == (5, 2.5 * FIRST_LAUNCH_FACTOR,
+                                                                                     0.0, 40)
 
 
 def test_a_result_of_the_first_version_is_still_read(tmp_path):

@@ -16,29 +16,36 @@ import pytest
 from helpers import emulated_unavailable, needs, session_directory
 
 from pytest_fabric.measuring.measure import result_estimate
-from pytest_fabric.deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_MARGIN, STALL_MEASURE_FACTOR,
-                                          measure_window)
+from pytest_fabric.deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_MARGIN, STALL_MEASURE_FACTOR, Window, measure_window,
+                                          measuring_done)
 from pytest_fabric.workload import faults
 from pytest_fabric.workload.result import TrainResult
 
 UNAVAILABLE = emulated_unavailable()
 
 
-def test_the_first_launch_measures_longer_and_later_clean_ones_the_window():
-    assert measure_window(6.0, 0, []) == (6.0 * FIRST_LAUNCH_FACTOR, "")
-    assert measure_window(6.0, 1, [0.0]) == (6.0, "")
-    assert measure_window(6.0, 3, [0.0, STALL_MARGIN * 0.9, 0.01]) == (6.0, "")
+def test_the_first_launch_measures_its_whole_longer_window_and_later_clean_ones_stop_as_usual():
+    assert measure_window(6.0, 0, []) == Window(6.0 * FIRST_LAUNCH_FACTOR, True)
+    assert measure_window(6.0, 1, [0.0]) == Window(6.0, False)
+    assert measure_window(6.0, 3, [0.0, STALL_MARGIN * 0.9, 0.01]) == Window(6.0, False)
 
 
-def test_an_earlier_stall_stretches_the_window_and_says_why():
-    seconds, why = measure_window(6.0, 2, [0.01, 0.12])
-    assert seconds == pytest.approx(6.0 * STALL_MEASURE_FACTOR) and seconds > 6.0 * FIRST_LAUNCH_FACTOR
-    assert "12%" in why and "stall" in why and f"{6.0 * STALL_MEASURE_FACTOR:g} s" in why
+def test_an_earlier_stall_stretches_the_window_measured_whole_and_says_why():
+    window = measure_window(6.0, 2, [0.01, 0.12])
+    assert window.seconds == pytest.approx(6.0 * STALL_MEASURE_FACTOR) and window.whole
+    assert "12%" in window.why and "stall" in window.why and f"{6.0 * STALL_MEASURE_FACTOR:g} s" in window.why
 
 
 def test_a_fixed_step_count_stays_fixed():
-    assert measure_window(0.0, 0, []) == (0.0, "")
-    assert measure_window(0.0, 1, [0.5]) == (0.0, "")
+    assert measure_window(0.0, 0, []) == Window(0.0, False)
+    assert measure_window(0.0, 1, [0.5]) == Window(0.0, False)
+
+
+def test_no_precision_stop_when_the_whole_window_is_measured():
+    steady = [0.5] * 30  # known to far better than 1% after 10 steps
+    assert measuring_done(steady[:10], None, min_steps=10, max_steps=200, measure_s=6.0, precision=0.01) == "precision"
+    assert measuring_done(steady[:10], None, min_steps=10, max_steps=200, measure_s=6.0, precision=0.0) == ""
+    assert measuring_done(steady[:12], None, min_steps=10, max_steps=200, measure_s=6.0, precision=0.0) == "time cap"
 
 
 SOURCE = """
@@ -76,6 +83,6 @@ def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monk
     ib0, ib1 = by_key[("ib", False)], by_key[("ib", True)]
     assert "stall" in ib1["measured_longer"]  # planted: 10 steps at p=0.5 stall (all or none: 2 in 1024)
     # The window the ranks were given (their config.json) is what stretched: three times --measure-seconds.
-    window = {r: json.loads((Path(x["result"]["run_dir"]) / "config.json").read_text())["measure_s"]
-              for r, x in (("first", ib0), ("second", ib1))}
-    assert window == {"first": 2.0 * FIRST_LAUNCH_FACTOR, "second": 2.0 * STALL_MEASURE_FACTOR}
+    window = {r: [json.loads((Path(x["result"]["run_dir"]) / "config.json").read_text())[k]
+                  for k in ("measure_s", "step_precision")] for r, x in (("first", ib0), ("second", ib1))}
+    assert window == {"first": [2.0 * FIRST_LAUNCH_FACTOR, 0.0], "second": [2.0 * STALL_MEASURE_FACTOR, 0.0]}

@@ -161,7 +161,7 @@ def test_defaults_keep_the_cpu_workload(tmp_path):
 
 @pytest.mark.parametrize(("field", "value"), [
     ("fsdp", 3), ("mixed_precision", "fp16"), ("device", "tpu"), ("steps", 0), ("max_steps", 0),
-    ("measure_s", -1), ("step_precision", 0), ("step_precision", 1),
+    ("measure_s", -1), ("step_precision", -0.01), ("step_precision", 1),
 ])
 def test_unknown_values_are_refused(tmp_path, field, value):
     with pytest.raises(ConfigError, match=field):

@@ -148,6 +148,7 @@ def measuring_done(step_s: Sequence[float], disturbed: Sequence[str] | None, *, 
     "precision": at least ``min_steps`` clean steady steps and the launch's value (their mean) known
     to ``precision`` (half-width of its 95% interval over the value); "time cap": ``measure_s``
     seconds of measured steps spent (with at least ``min_steps`` steps); "step cap": ``max_steps``.
+    ``precision`` 0: no stop on precision, the whole window is measured (``measure_window``).
     Deterministic in its inputs, so every rank, given the same all-reduced step times, stops at
     the same step. (``q`` is ignored: the value is the mean since 0.2.)
     """
@@ -157,7 +158,7 @@ def measuring_done(step_s: Sequence[float], disturbed: Sequence[str] | None, *, 
     if n < min_steps:
         return ""
     clean, _, _ = _clean(step_s, disturbed)
-    if len(clean) >= max(min_steps, 2):  # one step says nothing of its own precision
+    if precision > 0 and len(clean) >= max(min_steps, 2):  # one step says nothing of its own precision
         mean = statistics.fmean(clean)
         if _Z95 * mean_standard_error(clean) <= precision * mean:
             return "precision"
@@ -210,37 +211,51 @@ DISTURBED_SIGMA = 0.10
 WEIGHT_SIGMA = 0.02
 
 
-# How long a launch measures beyond --measure-seconds, decided before it starts (never on its own
-# steps: a launch that measured longer because its own first steps stalled would, on average, end
-# with fewer stalls than it should have, its value biased toward the fast steps):
-# - a configuration's first launch this session measures FIRST_LAUNCH_FACTOR x --measure-seconds:
-#   it is where the session learns whether the configuration's steps stall;
+# How long a launch measures, decided before it starts (never on its own steps: a launch that
+# measured longer because its own first steps stalled, or stopped early because its first steps
+# happened not to, would on average end with fewer stalls than it should have, its value biased
+# toward the fast steps):
+# - a configuration's first launch this session measures its whole window of FIRST_LAUNCH_FACTOR x
+#   --measure-seconds (no stop on precision): it is where the session learns whether the
+#   configuration's steps stall;
 # - a configuration whose earlier launch stalled (its mean at least ``STALL_MARGIN`` above its fast
-#   steps) measures its next launches STALL_MEASURE_FACTOR x --measure-seconds.
+#   steps) measures its next launches' whole window of STALL_MEASURE_FACTOR x --measure-seconds;
+# - any other launch stops at --step-precision or after --measure-seconds.
 # Why: a mean over steps of which some stall varies from launch to launch with how many happened to
 # stall (20% of 12 steps stalling x1.6: about 6% between launches; of 36: about 4%), and a gate over
 # 6 launches then cannot tell an 11% loss from a 5% one. Simulated with this module's gate (5 gates
 # a night, Bonferroni): such stalls fail 72% of nights with a first launch of 12 steps and the rest
-# of 36, 94% with a first of 24.
+# of 36, 94% with a first of 24. And a precision stop is biased where steps stall: 10 steps without a
+# stall (11% of launches at p = 0.2) reach 1% and stop, valued at the fast steps.
 FIRST_LAUNCH_FACTOR = 2.0
 STALL_MEASURE_FACTOR = 3.0
 
 
-def measure_window(measure_s: float, launch: int, earlier_stall: Sequence[float]) -> tuple[float, str]:
-    """(seconds of measured steps launch number ``launch`` of a configuration may spend, why it is
-    more than ``measure_s`` when its steps stall, else "").
+@dataclass(frozen=True)
+class Window:
+    """How long one launch measures (``measure_window``)."""
+
+    seconds: float  # of measured steps, at most (0: exactly --steps steps)
+    whole: bool  # measure the whole window: no stop on --step-precision
+    why: str = ""  # why it is longer than --measure-seconds because steps stall ("" otherwise)
+
+
+def measure_window(measure_s: float, launch: int, earlier_stall: Sequence[float]) -> Window:
+    """The window of launch number ``launch`` of a configuration.
 
     ``earlier_stall``: ``LaunchEstimate.stall`` of the configuration's earlier launches this session.
     ``measure_s`` 0 (exactly --steps steps) stays 0.
     """
     if not measure_s:
-        return measure_s, ""
+        return Window(measure_s, False)
     worst = max(earlier_stall, default=0.0)
     if worst >= STALL_MARGIN:
-        return (measure_s * STALL_MEASURE_FACTOR,
-                f"an earlier launch's mean sat {worst:.0%} above its fast steps (steps stall): measuring up to "
-                f"{measure_s * STALL_MEASURE_FACTOR:g} s instead of {measure_s:g} s")
-    return (measure_s * FIRST_LAUNCH_FACTOR if launch == 0 else measure_s), ""
+        return Window(measure_s * STALL_MEASURE_FACTOR, True,
+                      f"an earlier launch's mean sat {worst:.0%} above its fast steps (steps stall): measuring "
+                      f"{measure_s * STALL_MEASURE_FACTOR:g} s instead of up to {measure_s:g} s")
+    if launch == 0:
+        return Window(measure_s * FIRST_LAUNCH_FACTOR, True)
+    return Window(measure_s, False)
 
 
 @dataclass(frozen=True)

@@ -90,8 +90,8 @@ class LaunchSettings:
         if not self.measure_s:
             return f"{self.steps} measured steps"
         return (f"at least {self.steps} measured steps, then to {self.step_precision:.0%} precision within "
-                f"{self.measure_s:g} s (a configuration's first launch {self.measure_s * FIRST_LAUNCH_FACTOR:g} s, "
-                f"after its steps stall {self.measure_s * STALL_MEASURE_FACTOR:g} s)")
+                f"{self.measure_s:g} s (a configuration's first launch: all of {self.measure_s * FIRST_LAUNCH_FACTOR:g} s; "
+                f"after its steps stall: all of {self.measure_s * STALL_MEASURE_FACTOR:g} s)")
 
     def shape(self, model: str, ranks: int = 1) -> tuple[int, int]:
         """(batch, seq) per rank: the user's, else the model's default. A CPU-sized model has one
@@ -177,9 +177,9 @@ class Measurer:
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
             return LaunchRecord.failure(case, problem)
         # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py).
-        measure_s, longer = measure_window(s.measure_s, launch, self._earlier_stall(case, launch))
-        if longer and self.progress is not None:
-            self.progress(f"{case.id}: {longer}")
+        window = measure_window(s.measure_s, launch, self._earlier_stall(case, launch))
+        if window.why and self.progress is not None:
+            self.progress(f"{case.id}: {window.why}")
         run_dir = self._run_dir(case)
         config = TrainConfig(
             model=get_model(case.model).to_dict(),
@@ -188,11 +188,12 @@ class Measurer:
             result_path=str(run_dir / "result.json"),
             progress_path=str(run_dir / "progress.jsonl"),
             collective_timeout_s=s.launch_timeout_s,
-            **{**s.workload_knobs(), "measure_s": measure_s},
+            **{**s.workload_knobs(), "measure_s": window.seconds,
+               "step_precision": 0.0 if window.whole else s.step_precision},
             fabric=self._fabric_record(case),
         )
         record = self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
-        return replace(record, measured_longer=longer) if longer else record
+        return replace(record, measured_longer=window.why) if window.why else record
 
     def _memory_refusal(self, case: Case, batch: int, seq: int) -> str:
         """One line naming what to change when the shape cannot fit the GPU (memory.refusal); "" on

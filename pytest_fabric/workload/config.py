@@ -44,8 +44,8 @@ class TrainConfig:
     # only and broadcast while sharding; None: random weights.
     model_path: str | None = None
     # Measuring goes on past ``steps`` until the launch's step time is known to ``step_precision`` (the
-    # relative half-width of its 95% interval, stats.measuring_done), for at most ``measure_s``
-    # seconds of measured steps and ``max_steps`` steps.
+    # relative half-width of its 95% interval, stats.measuring_done; 0: no such stop, the whole
+    # window), for at most ``measure_s`` seconds of measured steps and ``max_steps`` steps.
     max_steps: int = 200
     measure_s: float = 6.0
     step_precision: float = 0.01
@@ -65,9 +65,9 @@ class TrainConfig:
             self.check_device("cpu")
         if self.steps < 1 or self.max_steps < self.steps:
             raise ConfigError(f"steps={self.steps}, max_steps={self.max_steps}: need 1 <= steps <= max_steps")
-        if not (self.measure_s >= 0 and 0 < self.step_precision < 1):
+        if not (self.measure_s >= 0 and 0 <= self.step_precision < 1):
             raise ConfigError(f"measure_s={self.measure_s}, step_precision={self.step_precision}: need measure_s >= 0 and "
-                              f"0 < step_precision < 1")
+                              f"0 <= step_precision < 1 (0: measure the whole window)")
 
     def check_device(self, device_type: str) -> None:
         """Refuse what cannot run on ``device_type``, before any process group exists."""
