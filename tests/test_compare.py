@@ -292,7 +292,12 @@ def test_a_gate_uses_the_noise_learned_for_its_configurations():
     learned = {"sigma": 0.2, "df": 40.0, "nights": 5, "cases": {REF.id: {"sigma": 0.01, "df": 40.0, "nights": 5}}}
     fixture, _, _ = compare({"ib": 1000.0, "eth": 1000.0}, baseline=Baseline("b.json", {}, {}, {}, learned))
     result = fixture.within(CAND, REF, rel=0.05)
-    assert result.noise.sigma == pytest.approx(0.01) and "these configurations" in result.noise.source
+    assert result.noise.sigma == pytest.approx(0.01) and "these 2 configurations" in result.noise.source
+    # Learned for one of the two only: not "nights of these configurations" for one launch per side.
+    assert "1 of these 2" in result.noise.source and result.noise.nights == 0
+    both = {**learned, "cases": {**learned["cases"], CAND.id: {"sigma": 0.02, "df": 10.0, "nights": 3}}}
+    fixture, _, _ = compare({"ib": 1000.0, "eth": 1000.0}, baseline=Baseline("b.json", {}, {}, {}, both))
+    assert fixture.within(CAND, REF, rel=0.05).noise.nights == 3  # the fewer of the two
 
 
 # -- against a baseline -------------------------------------------------------------------------------

@@ -409,16 +409,24 @@ class TestReferenceTerm:
 
 
 class TestContrastInterval:
-    def test_one_launch_a_side_decides_a_5x_gap(self):
-        # No launch-to-launch evidence tonight and a declared prior: widened to 10% on 3 df, and a
-        # 5x gap still decides.
+    def test_one_launch_a_side_on_a_declared_prior_never_decides_and_says_why(self):
+        # No launch-to-launch evidence tonight and a declared prior: even a 5x gap is inconclusive,
+        # the line says what would decide; the interval shown is widened to 10% on 3 df.
         iv = contrast_interval([(1, side([1000.0])), (-1, side([200.0]))])
         assert iv.point == pytest.approx(5.0)
         assert 3.0 < iv.low and iv.high < 8.0
         assert iv.launches == (1, 1)
         assert (iv.df, iv.sigma, iv.data_df) == (UNLEARNED_DF, pytest.approx(UNLEARNED_SIGMA), 0)
         assert "one launch per side" in iv.noise_note
-        assert decide(iv, *ahead_gate(0.2)) is Verdict.PASS
+        assert "needs a learned noise" in iv.undecidable and "--fabric-baseline" in iv.undecidable
+        assert decide(iv, *ahead_gate(0.2)) is Verdict.INCONCLUSIVE
+        # The same gap on a prior learned from enough nights of these configurations decides.
+        learned = NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS)
+        iv = contrast_interval([(1, side([1000.0])), (-1, side([200.0]))], learned)
+        assert iv.undecidable == "" and decide(iv, *ahead_gate(0.2)) is Verdict.PASS
+        # Two launches a side carry their own spread: the declared prior may decide again.
+        two = contrast_interval([(1, side([1000.0, 1010.0])), (-1, side([200.0, 202.0]))])
+        assert two.undecidable == "" and decide(two, *ahead_gate(0.2)) is Verdict.PASS
 
     def test_one_launch_a_side_on_a_learned_prior_uses_it(self):
         learned = NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS)

@@ -212,6 +212,9 @@ class Interval:
     # the prior widened for one launch per side, or set aside because tonight's rounds disagree.
     noise_note: str = ""
     data_df: int = 0  # degrees of freedom from tonight's launches (the rest: the prior's)
+    # Why no verdict may rest on this interval, whatever it shows ("" when one may): one launch per
+    # side on a noise not learned from ``MIN_LEARNED_NIGHTS`` nights of these configurations.
+    undecidable: str = ""
 
     def contains(self, x: float) -> bool:
         return self.low <= x <= self.high
@@ -226,11 +229,13 @@ class Interval:
 
 
 # One launch per side has no launch-to-launch spread of its own: its interval is the prior's alone.
-# A prior learned from at least this many nights of the configurations is trusted for that...
+# It decides only on a prior learned from at least this many nights of the configurations compared
+# (a baseline's: ``baselines.baseline_noise``); on any other (the declared default, a user's
+# --launch-noise, a baseline of fewer nights or of other configurations) it is inconclusive and says
+# why: a declared noise is a guess, and one launch cannot check it.
 MIN_LEARNED_NIGHTS = 3
-# ... any other (the declared default, a user's --launch-noise, a baseline of fewer nights) is
-# widened to at least this launch noise with this few degrees of freedom, so that only an effect
-# far beyond the threshold (ib 3-5x ahead of eth) decides on one launch, never a small one.
+# The interval such a look still shows (for the line, never for a verdict) is widened to at least this
+# launch noise on this few degrees of freedom.
 UNLEARNED_SIGMA = 0.10
 UNLEARNED_DF = 3.0
 # Tonight's rounds are checked against the prior (an F-test of their spread over the prior's
@@ -245,12 +250,21 @@ def _parts(sample: Sequence[float]) -> tuple[float, float, float]:
 
 def one_launch_prior(prior: NoisePrior) -> NoisePrior:
     """The prior a contrast of one launch per side uses: ``prior`` itself when learned from at least
-    ``MIN_LEARNED_NIGHTS`` nights, else widened (``UNLEARNED_SIGMA``, ``UNLEARNED_DF``)."""
+    ``MIN_LEARNED_NIGHTS`` nights of the configurations, else widened (``UNLEARNED_SIGMA``,
+    ``UNLEARNED_DF``) for the interval shown beside an inconclusive verdict."""
     if prior.nights >= MIN_LEARNED_NIGHTS:
         return prior
     return NoisePrior(max(prior.sigma, UNLEARNED_SIGMA), min(prior.df, UNLEARNED_DF),
-                      f"{prior.source}, widened to {max(prior.sigma, UNLEARNED_SIGMA):.0%}: one launch per side "
-                      f"decides a small effect only on a noise learned from {MIN_LEARNED_NIGHTS} nights", prior.nights)
+                      f"{prior.source}, widened to {max(prior.sigma, UNLEARNED_SIGMA):.0%}", prior.nights)
+
+
+def one_launch_reason(prior: NoisePrior) -> str:
+    """Why one launch per side cannot decide on ``prior`` ("" when it can)."""
+    if prior.nights >= MIN_LEARNED_NIGHTS:
+        return ""
+    return (f"one launch per side needs a learned noise: the launch noise here is {prior.source}, and one "
+            f"launch cannot check it; a baseline of {MIN_LEARNED_NIGHTS} nights of these configurations "
+            f"(pytest-fabric baseline, --fabric-baseline) or --repeats 2 decides")
 
 
 def contrast_interval(
@@ -286,7 +300,8 @@ def contrast_interval(
     Moderated: s2 = (df0 floor + df s2_tonight) / (df0 + df), unless tonight's spread is too large for
     the prior (F = s2_tonight / floor beyond its ``PRIOR_CHECK_P`` quantile): then s2 = s2_tonight on
     df alone, and ``noise_note`` says so. With one launch in every group (no spread tonight) the
-    prior is ``one_launch_prior``'s. The contrast's variance is sum_g c_g^2 sum_i omega_gi^2 (s2 +
+    prior is ``one_launch_prior``'s, and on a prior not learned from nights of these configurations
+    the interval is ``undecidable`` (``one_launch_reason``). The contrast's variance is sum_g c_g^2 sum_i omega_gi^2 (s2 +
     e_gi) + fixed variance; Student's t on the degrees of freedom used.
     """
     from scipy.stats import f as f_dist
@@ -297,8 +312,9 @@ def contrast_interval(
     if not groups or any(not samples for _, samples in groups):
         raise ValueError("every group of a contrast needs at least one launch")
     parts = [(c, [_parts(s) for s in samples]) for c, samples in groups]
-    note = ""
+    note = undecidable = ""
     if all(len(samples) == 1 for _, samples in parts):
+        undecidable = one_launch_reason(prior)
         widened = one_launch_prior(prior)
         if widened is not prior:
             note = f"one launch per side: launch noise widened to {widened.sigma:.0%} ({widened.df:g} df)"
@@ -335,7 +351,7 @@ def contrast_interval(
                    for (c, samples), omega in zip(parts, omegas)) + fixed[1]
     half = float(student_t.ppf(1 - (1 - confidence) / 2, dof)) * math.sqrt(variance)
     return Interval(math.exp(estimate - half), math.exp(estimate), math.exp(estimate + half), confidence, dof,
-                    math.sqrt(s2), tuple(len(samples) for _, samples in parts), note, df)
+                    math.sqrt(s2), tuple(len(samples) for _, samples in parts), note, df, undecidable)
 
 
 # --------------------------------------------------------------------------------------------
@@ -362,8 +378,11 @@ def decide(interval: Interval, threshold: float, direction: str = ">=") -> Verdi
     ``">="`` (the project's gates: the ratio must be at least the threshold): pass when the
     whole interval is at or above the threshold, fail when it lies wholly below, inconclusive
     when it straddles. ``"<="`` is the mirror image. A two-sided interval at confidence 1 - alpha
-    makes each verdict wrong with probability at most alpha/2.
+    makes each verdict wrong with probability at most alpha/2. An interval no verdict may rest on
+    (``Interval.undecidable``: one launch per side on an unlearned noise) is inconclusive.
     """
+    if interval.undecidable and direction in (*_AT_LEAST, *_AT_MOST):
+        return Verdict.INCONCLUSIVE
     if direction in _AT_LEAST:
         if interval.low >= threshold:
             return Verdict.PASS

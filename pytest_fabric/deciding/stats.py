@@ -71,6 +71,7 @@ from .contrasts import (
     fabric_time_sample,
     night_variance,
     one_launch_prior,
+    one_launch_reason,
     pooled_noise,
     reference_term,
     within_gate,

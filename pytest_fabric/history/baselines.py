@@ -140,22 +140,28 @@ def baseline_noise(baseline: Mapping[str, Any], case_ids: Sequence[str] = ()) ->
     if not isinstance(noise, dict):
         return None
     learned = noise.get("cases") if isinstance(noise.get("cases"), dict) else {}
-    mine = [learned[cid] for cid in dict.fromkeys(case_ids) if isinstance(learned.get(cid), dict)]
+    wanted = list(dict.fromkeys(case_ids))
+    mine = [learned[cid] for cid in wanted if isinstance(learned.get(cid), dict)]
     try:
         if mine:
             df = sum(float(c["df"]) for c in mine)
             sigma = math.sqrt(sum(float(c["df"]) * float(c["sigma"]) ** 2 for c in mine) / df) if df > 0 else math.nan
             nights = max(int(c.get("nights", 0)) for c in mine)
             what = "these configurations' launches"
+            # Nights of *these* configurations (what one launch per side may decide on,
+            # contrasts.MIN_LEARNED_NIGHTS): the fewest any of them was learned from, 0 where one was not.
+            covered = min(int(c.get("nights", 0)) for c in mine) if len(mine) == len(wanted) else 0
+            if len(mine) < len(wanted):
+                what = f"{len(mine)} of these {len(wanted)} configurations' launches"
         else:
             sigma, df = float(noise["sigma"]), float(noise["df"])
-            nights, what = noise.get("nights", "?"), "all configurations' launches"
+            nights, what, covered = noise.get("nights", "?"), "all configurations' launches", 0
     except (KeyError, TypeError, ValueError):
         return None
     if not (df > 0 and math.isfinite(sigma)):
         return None
-    return NoisePrior(min(max(sigma, MIN_LEARNED_NOISE), 0.5), df,
-                      f"learned from {nights} nights of {what}", nights=nights if isinstance(nights, int) else 0)
+    return NoisePrior(min(max(sigma, MIN_LEARNED_NOISE), 0.5), df, f"learned from {nights} nights of {what}",
+                      nights=covered)
 
 
 @dataclass(frozen=True)
