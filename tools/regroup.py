@@ -79,7 +79,7 @@ MAPPING = {
     "measure": "measuring", "store": "measuring", "preflight": "measuring", "nccl_evidence": "measuring",
     "stats": "deciding", "gates": "deciding", "verdicts": "deciding", "references": "deciding",
     "night_model": "history", "nights": "history", "baselines": "history", "junit": "history",
-    "calibration": "history",  # fits the step model to saved nights' launches
+    "calibration": "history", "setups": "history",  # fits the step model to saved nights' launches
     "options": "running", "session": "running", "matrix": "running", "fixtures": "running",
     "reporter": "reporting", "terminal": "reporting", "dashboards": "reporting", "htmlreport": "reporting",
     # Named by issue 20 and not written yet (a row whose module is absent is skipped): the measurement
