@@ -79,6 +79,7 @@ _MOVED = {
     'reporter': 'reporting.reporter',
     'sequential': 'deciding.sequential',
     'session': 'running.session',
+    'setups': 'history.setups',
     'stats': 'deciding.stats',
     'step_model': 'physics.step_model',
     'steps': 'deciding.steps',
