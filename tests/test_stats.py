@@ -418,7 +418,7 @@ class TestContrastInterval:
         assert iv.launches == (1, 1)
         assert (iv.df, iv.sigma, iv.data_df) == (UNLEARNED_DF, pytest.approx(UNLEARNED_SIGMA), 0)
         assert "one launch per side" in iv.noise_note
-        assert "needs a learned noise" in iv.undecidable and "--fabric-baseline" in iv.undecidable
+        assert "needs a noise learned from 3 nights" in iv.undecidable and "--fabric-baseline" in iv.undecidable
         assert decide(iv, *ahead_gate(0.2)) is Verdict.INCONCLUSIVE
         # The same gap on a prior learned from enough nights of these configurations decides.
         learned = NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS)

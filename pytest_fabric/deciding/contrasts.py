@@ -262,9 +262,8 @@ def one_launch_reason(prior: NoisePrior) -> str:
     """Why one launch per side cannot decide on ``prior`` ("" when it can)."""
     if prior.nights >= MIN_LEARNED_NIGHTS:
         return ""
-    return (f"one launch per side needs a learned noise: the launch noise here is {prior.source}, and one "
-            f"launch cannot check it; a baseline of {MIN_LEARNED_NIGHTS} nights of these configurations "
-            f"(pytest-fabric baseline, --fabric-baseline) or --repeats 2 decides")
+    return (f"one launch per side needs a noise learned from {MIN_LEARNED_NIGHTS} nights of these configurations "
+            f"(pytest-fabric baseline, --fabric-baseline), or --repeats 2")
 
 
 def contrast_interval(
