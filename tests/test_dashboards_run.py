@@ -54,7 +54,9 @@ def test_one_night_says_the_same_in_every_output(pytester, monkeypatch, junit_sc
     tree = etree.parse(str(out["night.xml"]))
     (case,) = tree.iter("testcase")
     text = case.find("system-out").text
-    assert len(text) < 1000, text
+    # Short enough for a dashboard: the verdict line (with, for one launch a side, why it cannot
+    # decide), the prediction, the floors and the machine lines.
+    assert len(text) < 1100, text
     gate = dict(line.split("=", 1) for line in text.splitlines() if line.startswith("fabric.gate.eth_vs_ib."))
     assert gate["fabric.gate.eth_vs_ib.verdict"] == word
     skipped = case.find("skipped")

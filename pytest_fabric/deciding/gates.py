@@ -187,7 +187,8 @@ class GateOutcome:
                     f"[{iv.low:.3f}, {iv.high:.3f}] over {launches} launches{aside}; required >= "
                     f"{self.threshold:.3f} ({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} "
                     f"{self.values[1]:.1f} {self.unit} {self.context}; noise {iv.sigma * 100:.1f}% on {iv.df:g} df "
-                    f"({self.noise.source})" + (f"; {self.extra}" if self.extra else ""))
+                    f"({self.noise.source})" + ("; one launch per side needs a learned noise" if iv.undecidable else "")
+                    + (f"; {self.extra}" if self.extra else ""))
         if detail == "headline":
             return (f"{self.a_name}/{self.b_name} = {iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}] vs threshold "
                     f"{self.threshold:.3f} {self.context}: {self.verdict} after {launches} launches")

@@ -90,7 +90,8 @@ class FabricReporter:
             return None
         # --undecided-night fail: a night that decided no gate exits 1 (the summary says why).
         gates = [word for word, _, gate in self.outcomes.values() if gate]
-        self.undecided = undecided_night(gates, self.no_fabrics, self.fabric.note)
+        self.undecided = undecided_night(gates, self.no_fabrics, self.fabric.note,
+                                         one_launch=self.fabric.options.max_repeats == 1)
         if self.undecided and self.fabric.options.undecided_night == "fail" and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         # Each file on its own: a disk that refuses one still gets the others.
