@@ -146,9 +146,11 @@ class Measurer:
     def _earlier_stall(self, case: Case, launch: int) -> list[float]:
         """How far each earlier launch of ``case``'s configuration this session sat above its fast
         steps (``LaunchEstimate.stall``), for ``stats.measure_window``."""
-        key, out = self.key(case), []
+        if not launch:
+            return []
+        key, out, records = self.key(case), [], self.store.all()  # one read of the store, not one per launch
         for j in range(launch):
-            stored = self.store.get(key + (f"@{j}" if j else ""))
+            stored = records.get(key + (f"@{j}" if j else ""))
             try:
                 record = LaunchRecord.from_dict(stored) if stored else None
             except (KeyError, TypeError, ValueError):  # an unreadable record says nothing of stalls
