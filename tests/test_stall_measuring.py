@@ -1,10 +1,10 @@
 """How long a launch measures (stats.measure_window): a configuration's first launch twice the window,
-one whose steps stalled earlier three times.
+one whose steps stalled earlier as long as those steps say its mean needs (up to ten windows).
 
 The rule, then two real launches on the emulated cluster: the first with the `stall` fault planted
 (each step stalls with p=0.3, x2; of 16 steps none stalls 3 times in 1000, and three quarters
 or more almost never, so the 25% quantile stays a fast step) measures the default window; the second, of the same
-configuration, measures up to three times as long and says why in its record; a configuration
+configuration, measures longer, the whole window, and says why in its record; a configuration
 whose first launch did not stall (eth, unless the machine is busy) measures its second as usual.
 """
 
@@ -17,29 +17,57 @@ import pytest
 from helpers import emulated_unavailable, needs, session_directory
 
 from pytest_fabric.measuring.measure import result_estimate
-from pytest_fabric.deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_MARGIN, STALL_MEASURE_FACTOR, Window, measure_window,
-                                          measuring_done)
+from pytest_fabric.deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_DEADLINE_SHARE, STALL_MARGIN, STALL_MAX_FACTOR,
+                                          STALL_TARGET_SE, Window, launch_estimate, measure_window, measuring_done)
 from pytest_fabric.workload import faults
 from pytest_fabric.workload.result import TrainResult
 
 UNAVAILABLE = emulated_unavailable()
 
 
+def _launch(stalls: int, steps: int = 12, step_s: float = 0.5, factor: float = 1.6):
+    """A launch's value whose ``stalls`` of ``steps`` steps (spread evenly) took ``factor`` times as long."""
+    every = steps // stalls if stalls else steps + 1
+    return launch_estimate([step_s * (factor if stalls and i % every == every - 1 and i // every < stalls else 1.0)
+                            * (1 + 0.002 * (i % 3)) for i in range(steps)])
+
+
 def test_the_first_launch_measures_its_whole_longer_window_and_later_clean_ones_stop_as_usual():
+    clean = _launch(0)
+    assert clean.stall < STALL_MARGIN
     assert measure_window(6.0, 0, []) == Window(6.0 * FIRST_LAUNCH_FACTOR, True)
-    assert measure_window(6.0, 1, [0.0]) == Window(6.0, False)
-    assert measure_window(6.0, 3, [0.0, STALL_MARGIN * 0.9, 0.01]) == Window(6.0, False)
+    assert measure_window(6.0, 1, [clean]) == Window(6.0, False)
+    assert measure_window(6.0, 3, [clean, _launch(0, 24), clean]) == Window(6.0, False)
 
 
-def test_an_earlier_stall_stretches_the_window_measured_whole_and_says_why():
-    window = measure_window(6.0, 2, [0.01, 0.12])
-    assert window.seconds == pytest.approx(6.0 * STALL_MEASURE_FACTOR) and window.whole
-    assert "12%" in window.why and "stall" in window.why and f"{6.0 * STALL_MEASURE_FACTOR:g} s" in window.why
+def test_an_earlier_stall_stretches_the_window_as_far_as_its_steps_need_measured_whole_and_says_why():
+    stalled = _launch(3, 24)  # 3 of 24 steps x1.6: the mean 7.5% above the fast steps
+    assert stalled.stall >= STALL_MARGIN
+    need = stalled.used * stalled.step_s * (stalled.log_se / STALL_TARGET_SE) ** 2
+    window = measure_window(60.0, 2, [_launch(0), stalled])
+    # The stalled launch's own precision says how long its mean needs: seconds x (se / target)^2.
+    assert 60.0 < need < 60.0 * STALL_MAX_FACTOR and window.seconds == pytest.approx(need) and window.whole
+    assert f"{stalled.stall:.0%}" in window.why and "stall" in window.why and f"{need:.3g} s" in window.why
+    # The worst-known launch decides: more stalls, noisier means, a longer window.
+    assert measure_window(6.0, 2, [stalled]).seconds == pytest.approx(6.0 * STALL_MAX_FACTOR)
+
+
+def test_a_stretched_window_stays_within_its_caps():
+    heavy = _launch(6, 12, factor=3.0)  # half of the steps x3: far beyond any cap
+    assert measure_window(6.0, 1, [heavy]).seconds == pytest.approx(6.0 * STALL_MAX_FACTOR)
+    assert "the most it may" in measure_window(6.0, 1, [heavy]).why
+    # Half the launch deadline at most (the rest: start-up, warm-up), never less than the usual window.
+    assert measure_window(6.0, 1, [heavy], deadline_s=40.0).seconds == pytest.approx(40.0 * STALL_DEADLINE_SHARE)
+    assert measure_window(30.0, 1, [heavy], deadline_s=40.0).seconds == pytest.approx(30.0)
+    # A mild stall whose mean is already well known needs no more than the usual window, measured whole.
+    mild = launch_estimate([0.5, 0.5, 0.6] * 80)  # every third step 20% longer, 240 steps
+    assert mild.stall >= STALL_MARGIN and mild.log_se < STALL_TARGET_SE
+    assert measure_window(6.0, 1, [mild]) == Window(6.0, True, measure_window(6.0, 1, [mild]).why)
 
 
 def test_a_fixed_step_count_stays_fixed():
     assert measure_window(0.0, 0, []) == Window(0.0, False)
-    assert measure_window(0.0, 1, [0.5]) == Window(0.0, False)
+    assert measure_window(0.0, 1, [_launch(6, 12, factor=3.0)]) == Window(0.0, False)
 
 
 def test_no_precision_stop_when_the_whole_window_is_measured():
@@ -83,7 +111,10 @@ def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monk
         assert ("measured_longer" in second) == stalled, (fabric, second.get("measured_longer"))
     ib0, ib1 = by_key[("ib", False)], by_key[("ib", True)]
     assert "stall" in ib1["measured_longer"]  # planted: of 16 steps at p=0.3 none stalls 3 times in 1000
-    # The window the ranks were given (their config.json) is what stretched: three times --measure-seconds.
+    # The window the ranks were given (their config.json) is what stretched, as far as the first
+    # launch's steps said the mean needs, within the cap, measured whole.
     window = {r: [json.loads((Path(x["result"]["run_dir"]) / "config.json").read_text())[k]
                   for k in ("measure_s", "step_precision")] for r, x in (("first", ib0), ("second", ib1))}
-    assert window == {"first": [2.0 * FIRST_LAUNCH_FACTOR, 0.0], "second": [2.0 * STALL_MEASURE_FACTOR, 0.0]}
+    expected = measure_window(2.0, 1, [result_estimate(TrainResult.from_dict(ib0["result"], "ib"))], 300.0)
+    assert window == {"first": [2.0 * FIRST_LAUNCH_FACTOR, 0.0], "second": [pytest.approx(expected.seconds), 0.0]}
+    assert 2.0 < expected.seconds <= 2.0 * STALL_MAX_FACTOR

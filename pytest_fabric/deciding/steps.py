@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "DISTURBED_SIGMA", "FAST_QUANTILE", "FIRST_LAUNCH_FACTOR", "LOCATION_QUANTILE", "LaunchEstimate",
-    "MAD_TO_SIGMA", "MAX_DISTURBED_SHARE", "MIN_CLEAN_STEPS", "STALL_MARGIN", "STALL_MEASURE_FACTOR",
+    "MAD_TO_SIGMA", "MAX_DISTURBED_SHARE", "MIN_CLEAN_STEPS", "STALL_DEADLINE_SHARE", "STALL_MARGIN", "STALL_MAX_FACTOR",
+    "STALL_TARGET_SE",
     "WEIGHT_SIGMA", "launch_estimate", "location_interval", "mean_standard_error", "measure_window",
     "measuring_done", "steady_window",
 ]
@@ -219,16 +220,25 @@ WEIGHT_SIGMA = 0.02
 #   --measure-seconds (no stop on precision): it is where the session learns whether the
 #   configuration's steps stall;
 # - a configuration whose earlier launch stalled (its mean at least ``STALL_MARGIN`` above its fast
-#   steps) measures its next launches' whole window of STALL_MEASURE_FACTOR x --measure-seconds;
+#   steps) measures its next launches whole, as long as that launch's steps say the mean needs to be
+#   known to ``STALL_TARGET_SE`` (its standard error scales as 1 / sqrt(time): seconds x (se /
+#   target)^2), at least --measure-seconds and at most STALL_MAX_FACTOR x --measure-seconds and half the
+#   launch deadline;
 # - any other launch stops at --step-precision or after --measure-seconds.
 # Why: a mean over steps of which some stall varies from launch to launch with how many happened to
-# stall (20% of 12 steps stalling x1.6: about 6% between launches; of 36: about 4%), and a gate over
-# 6 launches then cannot tell an 11% loss from a 5% one. Simulated with this module's gate (5 gates
-# a night, Bonferroni): such stalls fail 72% of nights with a first launch of 12 steps and the rest
-# of 36, 94% with a first of 24. And a precision stop is biased where steps stall: 10 steps without a
-# stall (11% of launches at p = 0.2) reach 1% and stop, valued at the fast steps.
+# stall (20% of 12 steps stalling x1.6: about 7% between launches; of 120: about 2%), and a gate over
+# 6 launches per side then cannot tell an 11% loss from a 5% one. Simulated with this module's gate
+# (5 gates a night, Bonferroni, a prior of 1.1% on 6 df as a 3-night baseline learns it): such stalls
+# fail 71% of nights with later launches of 3 windows, 94% with 10. A mild stall's steps need less
+# (half of the steps 25% longer: about 3 windows), and a clean launch none. And a precision stop is
+# biased where steps stall: 10 steps without a stall (11% of launches at p = 0.2) reach 1% and stop,
+# valued at the fast steps.
 FIRST_LAUNCH_FACTOR = 2.0
-STALL_MEASURE_FACTOR = 3.0
+STALL_TARGET_SE = 0.01
+STALL_MAX_FACTOR = 10.0
+# The share of the launch deadline (--launch-timeout) a stretched window may take: the rest is for
+# start-up, warm-up and the ranks' exit.
+STALL_DEADLINE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -240,19 +250,30 @@ class Window:
     why: str = ""  # why it is longer than --measure-seconds because steps stall ("" otherwise)
 
 
-def measure_window(measure_s: float, launch: int, earlier_stall: Sequence[float]) -> Window:
+def measure_window(measure_s: float, launch: int, earlier: Sequence[LaunchEstimate],
+                   deadline_s: float | None = None) -> Window:
     """The window of launch number ``launch`` of a configuration.
 
-    ``earlier_stall``: ``LaunchEstimate.stall`` of the configuration's earlier launches this session.
+    ``earlier``: the ``LaunchEstimate`` of the configuration's earlier launches this session;
+    ``deadline_s``: the launch deadline, half of which a stretched window may take at most.
     ``measure_s`` 0 (exactly --steps steps) stays 0.
     """
     if not measure_s:
         return Window(measure_s, False)
-    worst = max(earlier_stall, default=0.0)
-    if worst >= STALL_MARGIN:
-        return Window(measure_s * STALL_MEASURE_FACTOR, True,
+    stalled = [e for e in earlier if e.stall >= STALL_MARGIN]
+    if stalled:
+        worst = max(e.stall for e in stalled)
+        # What each stalled launch's steps say its next one needs: its clean steps' time x (se / target)^2.
+        need = max(e.used * e.step_s * (e.log_se / STALL_TARGET_SE) ** 2 for e in stalled)
+        cap = measure_s * STALL_MAX_FACTOR
+        if deadline_s:
+            cap = max(min(cap, deadline_s * STALL_DEADLINE_SHARE), measure_s)
+        seconds = min(max(need, measure_s), cap)
+        capped = " (the most it may)" if need > cap else ""
+        return Window(seconds, True,
                       f"an earlier launch's mean sat {worst:.0%} above its fast steps (steps stall): measuring "
-                      f"{measure_s * STALL_MEASURE_FACTOR:g} s instead of up to {measure_s:g} s")
+                      f"all of {seconds:.3g} s{capped} for the mean to {STALL_TARGET_SE:.0%}, instead of up to "
+                      f"{measure_s:g} s")
     if launch == 0:
         return Window(measure_s * FIRST_LAUNCH_FACTOR, True)
     return Window(measure_s, False)

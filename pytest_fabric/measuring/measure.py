@@ -33,7 +33,7 @@ from ..core.fabrics import Fabric, get_fabric
 from ..core.models import get_model
 from .measurement import (BandwidthMeasurement, LaunchRecord, Measurement, MeasurementError,  # noqa: F401 (public names)
                           configuration_tokens_per_s, counted, launch_value, result_estimate, step_loss)
-from ..deciding.stats import FIRST_LAUNCH_FACTOR, STALL_MEASURE_FACTOR, measure_window
+from ..deciding.stats import FIRST_LAUNCH_FACTOR, STALL_MAX_FACTOR, STALL_TARGET_SE, LaunchEstimate, measure_window
 from ..core.storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
@@ -91,7 +91,8 @@ class LaunchSettings:
             return f"{self.steps} measured steps"
         return (f"at least {self.steps} measured steps, then to {self.step_precision:.0%} precision within "
                 f"{self.measure_s:g} s (a configuration's first launch: all of {self.measure_s * FIRST_LAUNCH_FACTOR:g} s; "
-                f"after its steps stall: all of {self.measure_s * STALL_MEASURE_FACTOR:g} s)")
+                f"after its steps stall: as long as their mean needs to be known to {STALL_TARGET_SE:.0%}, "
+                f"up to {self.measure_s * STALL_MAX_FACTOR:g} s)")
 
     def shape(self, model: str, ranks: int = 1) -> tuple[int, int]:
         """(batch, seq) per rank: the user's, else the model's default. A CPU-sized model has one
@@ -143,9 +144,9 @@ class Measurer:
         key = self.key(case) + (f"@{launch}" if launch else "")
         return Measurement.from_record(case, self._cached(case, key, lambda: self._launch(case, launch)), launch)
 
-    def _earlier_stall(self, case: Case, launch: int) -> list[float]:
-        """How far each earlier launch of ``case``'s configuration this session sat above its fast
-        steps (``LaunchEstimate.stall``), for ``stats.measure_window``."""
+    def _earlier(self, case: Case, launch: int) -> list[LaunchEstimate]:
+        """The values of ``case``'s configuration's earlier launches this session (how far each sat
+        above its fast steps, how well its mean was known), for ``stats.measure_window``."""
         if not launch:
             return []
         key, out, records = self.key(case), [], self.store.all()  # one read of the store, not one per launch
@@ -156,7 +157,7 @@ class Measurer:
             except (KeyError, TypeError, ValueError):  # an unreadable record says nothing of stalls
                 continue
             if record is not None and isinstance(record.result, TrainResult):
-                out.append(launch_value(record.result).stall)
+                out.append(launch_value(record.result))
         return out
 
     def _cached(self, case: Case, key: str, launch: Callable[[], LaunchRecord]) -> LaunchRecord:
@@ -179,7 +180,7 @@ class Measurer:
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
             return LaunchRecord.failure(case, problem)
         # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py).
-        window = measure_window(s.measure_s, launch, self._earlier_stall(case, launch))
+        window = measure_window(s.measure_s, launch, self._earlier(case, launch), s.launch_timeout_s)
         if window.why and self.progress is not None:
             self.progress(f"{case.id}: {window.why}")
         run_dir = self._run_dir(case)
