@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The gates' error rates from many nights: real launches pooled once, nights resampled from them.
 
-    python benchmarks/nightly_resample.py --out DIR [--pool-sessions 3] [--pool-launches 4] [--remeasure EXPR]
+    python benchmarks/nightly_resample.py --out DIR [--pool-sessions 3] [--pool-launches 4]
                                           [--nights 200] [--seed 1] [--baseline FILE]
 
 Ten real nights (`benchmarks/nightly_gates.py`) take ~100 minutes here and bound a rate only to
@@ -50,25 +50,16 @@ POOL = ["suites/test_throughput.py", "--models", "qwen2-tiny,llama-wide",
 ALL_GATES = " or ".join(SELECT.values())
 
 
-def pool(out: Path, sessions: int, launches: int, resume: bool,
-         remeasure: str = "") -> dict[str, dict[str, list[dict]]]:
+def pool(out: Path, sessions: int, launches: int, resume: bool) -> dict[str, dict[str, list[dict]]]:
     """Run (or reuse) the pool sessions; their launches by configuration key: "first" and "later".
-
-    ``remeasure``: a -k expression of configurations measured again in sessions of their own
-    (``repool<k>``), whose launches replace theirs in pool session k (where only their measuring
-    policy changed: the rest of the pool stands)."""
+    Every configuration is measured in every session: a pool that mixed one configuration's new
+    launches with another's older ones would read the machine's drift between them as an effect
+    (this machine ran 23% slower two hours after the first pool)."""
     by_key: dict[str, dict[str, list[dict]]] = {}
     for k in range(1, sessions + 1):
         wall = night(f"pool{k}", out, [*POOL, *FABRICS, "--throughput-launches", str(launches)], PLANTS, resume)
         print(f"pool session {k}: {wall:.0f}s", flush=True)
         records = json.loads((out / f"pool{k}.json").read_text())["records"]
-        if remeasure:
-            wall = night(f"repool{k}", out, [*POOL[:3], "-k", remeasure, *FABRICS, "--throughput-launches",
-                                             str(launches)], PLANTS, resume=True)
-            print(f"pool session {k}, remeasured {remeasure}: {wall:.0f}s", flush=True)
-            again = json.loads((out / f"repool{k}.json").read_text())["records"]
-            bases = {key.partition("@")[0] for key in again}
-            records = {**{key: r for key, r in records.items() if key.partition("@")[0] not in bases}, **again}
         for key, record in records.items():
             if "result" not in record:
                 continue
@@ -112,14 +103,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="a baseline merged from other sessions' nights (nightly_gates.py's baseline.json)")
     parser.add_argument("--only", choices=sorted(SELECT), help="judge only these gates (default: all of them)")
     parser.add_argument("--resume", action="store_true", help="reuse the pool sessions already in --out")
-    parser.add_argument("--remeasure", default="",
-                        help="a -k expression: measure these configurations again (sessions repool1.. in --out, "
-                             "reused when there) and replace their launches in the pool (after a change of "
-                             "measuring policy that only they feel)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    by_key = pool(out, args.pool_sessions, args.pool_launches, args.resume, args.remeasure)
+    by_key = pool(out, args.pool_sessions, args.pool_launches, args.resume)
     for base, drawn in sorted(by_key.items()):
         print(f"pool {base}: {len(drawn['first'])} first launches, {len(drawn['later'])} later", flush=True)
     rng = random.Random(args.seed)
