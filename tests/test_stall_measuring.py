@@ -11,6 +11,7 @@ whose first launch did not stall (eth, unless the machine is busy) measures its 
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,17 @@ def test_an_earlier_stall_stretches_the_window_as_far_as_its_steps_need_measured
     assert f"{stalled.stall:.0%}" in window.why and "stall" in window.why and f"{need:.3g} s" in window.why
     # The worst-known launch decides: more stalls, noisier means, a longer window.
     assert measure_window(6.0, 2, [stalled]).seconds == pytest.approx(6.0 * STALL_MAX_FACTOR)
+
+
+def test_a_machine_whose_speed_wobbles_stretches_no_window_of_its_own():
+    # Every configuration's mean ~8% above its fast steps is the machine's wobble, not this one's stalls.
+    wobbly = _launch(3, 24)
+    assert wobbly.stall >= STALL_MARGIN
+    assert measure_window(6.0, 1, [wobbly], machine_stall=wobbly.stall - 0.01) == Window(6.0, False)
+    stretched = measure_window(6.0, 1, [wobbly], machine_stall=wobbly.stall - STALL_MARGIN - 0.01)
+    assert stretched.whole and stretched.seconds > 6.0 and "other configurations" in stretched.why
+    # Stalls beyond the machine's still stretch it.
+    assert measure_window(6.0, 1, [_launch(6, 12, factor=3.0)], machine_stall=0.08).seconds > 6.0
 
 
 def test_a_stretched_window_stays_within_its_caps():
@@ -103,12 +115,17 @@ def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monk
     result.assert_outcomes(passed=2)
     records = json.loads((session_directory(result.stdout.str()) / "measurements.json").read_text())
     by_key = {(r["case"]["fabric"], "@1" in key): r for key, r in records.items()}
-    for fabric in ("ib", "eth"):
+    stall = {(fabric, later): result_estimate(TrainResult.from_dict(r["result"], fabric)).stall
+             for (fabric, later), r in by_key.items()}
+    for fabric, other in (("ib", "eth"), ("eth", "ib")):
         first, second = by_key[(fabric, False)], by_key[(fabric, True)]
-        stalled = result_estimate(TrainResult.from_dict(first["result"], fabric)).stall >= STALL_MARGIN
+        # The machine's wobble: what the other configuration's launches stored before this one show
+        # (ib runs first: none; eth: ib's two, whose median is the least any other shows).
+        machine = 0.0 if fabric == "ib" else statistics.median([stall[(other, False)], stall[(other, True)]])
+        stalled = stall[(fabric, False)] - machine >= STALL_MARGIN
         assert "measured_longer" not in first
         # The rule, on each configuration's own first launch (eth's may stall too on a busy machine).
-        assert ("measured_longer" in second) == stalled, (fabric, second.get("measured_longer"))
+        assert ("measured_longer" in second) == stalled, (fabric, machine, second.get("measured_longer"))
     ib0, ib1 = by_key[("ib", False)], by_key[("ib", True)]
     assert "stall" in ib1["measured_longer"]  # planted: of 16 steps at p=0.3 none stalls 3 times in 1000
     # The window the ranks were given (their config.json) is what stretched, as far as the first

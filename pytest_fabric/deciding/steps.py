@@ -220,7 +220,9 @@ WEIGHT_SIGMA = 0.02
 #   --measure-seconds (no stop on precision): it is where the session learns whether the
 #   configuration's steps stall;
 # - a configuration whose earlier launch stalled (its mean at least ``STALL_MARGIN`` above its fast
-#   steps) measures its next launches whole, as long as that launch's steps say the mean needs to be
+#   steps, beyond what the session's other configurations show: the machine's own wobble, which
+#   on this VM put clean launches' means 7-9% above their fast steps for an hour) measures its next
+#   launches whole, as long as that launch's steps say the mean needs to be
 #   known to ``STALL_TARGET_SE`` (its standard error scales as 1 / sqrt(time): seconds x (se /
 #   target)^2), at least --measure-seconds and at most STALL_MAX_FACTOR x --measure-seconds and half the
 #   launch deadline;
@@ -251,16 +253,21 @@ class Window:
 
 
 def measure_window(measure_s: float, launch: int, earlier: Sequence[LaunchEstimate],
-                   deadline_s: float | None = None) -> Window:
+                   deadline_s: float | None = None, machine_stall: float = 0.0) -> Window:
     """The window of launch number ``launch`` of a configuration.
 
     ``earlier``: the ``LaunchEstimate`` of the configuration's earlier launches this session;
-    ``deadline_s``: the launch deadline, half of which a stretched window may take at most.
+    ``deadline_s``: the launch deadline, half of which a stretched window may take at most;
+    ``machine_stall``: how far the machine puts a launch's mean above its fast steps (the least any
+    other configuration's launches this session show, ``Measurer._earlier``): a configuration stalls when its mean sits
+    ``STALL_MARGIN`` beyond that, since a machine whose speed wobbles puts every configuration's mean
+    above its fast steps, and that is no reason to measure one of them longer.
     ``measure_s`` 0 (exactly --steps steps) stays 0.
     """
     if not measure_s:
         return Window(measure_s, False)
-    stalled = [e for e in earlier if e.stall >= STALL_MARGIN]
+    machine = max(machine_stall, 0.0)
+    stalled = [e for e in earlier if e.stall - machine >= STALL_MARGIN]
     if stalled:
         worst = max(e.stall for e in stalled)
         # What each stalled launch's steps say its next one needs: its clean steps' time x (se / target)^2.
@@ -271,7 +278,9 @@ def measure_window(measure_s: float, launch: int, earlier: Sequence[LaunchEstima
         seconds = min(max(need, measure_s), cap)
         capped = " (the most it may)" if need > cap else ""
         return Window(seconds, True,
-                      f"an earlier launch's mean sat {worst:.0%} above its fast steps (steps stall): measuring "
+                      f"an earlier launch's mean sat {worst:.0%} above its fast steps"
+                      + (f" (the session's other configurations: {machine:.0%})" if machine else "")
+                      + f" (steps stall): measuring "
                       f"all of {seconds:.3g} s{capped} for the mean to {STALL_TARGET_SE:.0%}, instead of up to "
                       f"{measure_s:g} s")
     if launch == 0:

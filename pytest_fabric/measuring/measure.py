@@ -14,6 +14,7 @@ import json
 import math
 import platform
 import re
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -112,6 +113,17 @@ Settings = LaunchSettings
 Progress = Callable[[str], None]
 
 
+def _stored_value(stored: Any) -> LaunchEstimate | None:
+    """The launch value of a stored record; None for a failed, unreadable or non-training one."""
+    try:
+        record = LaunchRecord.from_dict(stored) if stored else None
+    except (KeyError, TypeError, ValueError):
+        return None
+    if record is None or not isinstance(record.result, TrainResult) or not record.result.step_s:
+        return None
+    return launch_value(record.result)
+
+
 class Measurer:
     def __init__(self, cluster: Cluster, settings: LaunchSettings, store: ResultStore, workdir: Path,
                  progress: Progress | None = None, progress_every_s: float = 3.0) -> None:
@@ -127,6 +139,8 @@ class Measurer:
         self._nodes: dict[str, list[preflight.NodeFacts]] = {}
         # Per configuration (its cache key), the fastest busy-step CPU probe seen this session.
         self._probe_reference: dict[str, float] = {}
+        # Launch values of stored records by store key, for the windows (a stored launch never changes).
+        self._values: dict[str, LaunchEstimate | None] = {}
 
     def key(self, case: Case) -> str:
         """Cache key: the case plus every setting that changes the measurement."""
@@ -144,21 +158,28 @@ class Measurer:
         key = self.key(case) + (f"@{launch}" if launch else "")
         return Measurement.from_record(case, self._cached(case, key, lambda: self._launch(case, launch)), launch)
 
-    def _earlier(self, case: Case, launch: int) -> list[LaunchEstimate]:
+    def _earlier(self, case: Case, launch: int) -> tuple[list[LaunchEstimate], float]:
         """The values of ``case``'s configuration's earlier launches this session (how far each sat
-        above its fast steps, how well its mean was known), for ``stats.measure_window``."""
+        above its fast steps, how well its mean was known), and how far the machine puts a mean above
+        its fast steps: the least any other configuration shows (its launches' median; 0 with none:
+        a configuration that stalls itself never hides another's), for ``stats.measure_window``."""
         if not launch:
-            return []
-        key, out, records = self.key(case), [], self.store.all()  # one read of the store, not one per launch
-        for j in range(launch):
-            stored = records.get(key + (f"@{j}" if j else ""))
-            try:
-                record = LaunchRecord.from_dict(stored) if stored else None
-            except (KeyError, TypeError, ValueError):  # an unreadable record says nothing of stalls
+            return [], 0.0
+        key, mine, others = self.key(case), {}, {}
+        for stored_key, stored in self.store.all().items():  # one read of the store, not one per launch
+            if stored_key not in self._values:
+                self._values[stored_key] = _stored_value(stored)
+            value = self._values[stored_key]
+            if value is None:  # failed, unreadable, or not a training launch: says nothing of stalls
                 continue
-            if record is not None and isinstance(record.result, TrainResult):
-                out.append(launch_value(record.result))
-        return out
+            base, _, index = stored_key.partition("@")
+            if base == key:
+                if int(index or 0) < launch:
+                    mine[int(index or 0)] = value
+            else:
+                others.setdefault(base, []).append(value.stall)
+        machine = min((statistics.median(stalls) for stalls in others.values()), default=0.0)
+        return [mine[j] for j in sorted(mine)], machine
 
     def _cached(self, case: Case, key: str, launch: Callable[[], LaunchRecord]) -> LaunchRecord:
         """The store's record of ``key``, launched if absent; MeasurementError for a failed launch, and
@@ -180,7 +201,8 @@ class Measurer:
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
             return LaunchRecord.failure(case, problem)
         # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py).
-        window = measure_window(s.measure_s, launch, self._earlier(case, launch), s.launch_timeout_s)
+        earlier, machine_stall = self._earlier(case, launch)
+        window = measure_window(s.measure_s, launch, earlier, s.launch_timeout_s, machine_stall)
         if window.why and self.progress is not None:
             self.progress(f"{case.id}: {window.why}")
         run_dir = self._run_dir(case)
