@@ -25,6 +25,13 @@ baseline (--baseline: nights measured on other sessions, never the pool, so a re
 judged against its own launches); and the nights share launches, so their outcomes are not
 independent: the intervals of the rates below treat them as independent and are too narrow by an
 unknown factor (the pool's size, not the number of nights, bounds what is learned).
+A pool session measures each configuration's launches back to back (--throughput-launches), so a
+slow phase of the machine that lasts minutes lands on one configuration and reads as its effect.
+On 2026-11-26 from 09:15 this VM's speed wobbled: in both pool sessions the configurations measured
+first (ib6, planted x1.0526, and ib5, stalls) came out 0.79 and 0.81 of ib, against 0.95 and 0.89
+measured at 06:00, and their gates' resampled rates were no error rates. Check the pool's own ratios
+(its configurations' values over ib's, printed at the end) against the plants before reading the
+table: where they are off, the pool is, not the gate.
 Needs root for the pool sessions. Run alone.
 """
 
@@ -121,7 +128,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.nights} nights resampled from {args.pool_sessions} pool sessions x {args.pool_launches} "
           f"launches of each configuration (seed {args.seed}); s per verdict: judging only, no launch")
     ok = print_table(rows, aa_max=0.05, planted_min=0.9)
+    print("\nthe pool's own ratios (tokens/s over the same model's n2 ib, over all its launches; set the "
+          "plants against them before reading the table):")
+    for line in pool_ratios(by_key):
+        print(f"  {line}")
     return 0 if ok else 1
+
+
+def pool_ratios(by_key: dict[str, dict[str, list[dict]]]) -> list[str]:
+    """Each multi-node configuration's value over its model's n2 ib value, as the gates take values
+    (the weighted geometric mean of its launches' values), from all of the pool's launches."""
+    from pytest_fabric.deciding.contrasts import configuration_value
+    from pytest_fabric.measuring.measurement import launch_value
+    from pytest_fabric.workload.result import TrainResult
+
+    values = {}
+    for key, drawn in by_key.items():
+        estimates = [launch_value(TrainResult.from_dict(r["result"], r["case"]["fabric"]))
+                     for r in drawn["first"] + drawn["later"]]
+        values[key.partition("#")[0]] = configuration_value([1 / e.step_s for e in estimates],
+                                                            [e.weight for e in estimates])
+    lines = []
+    for name, value in sorted(values.items()):
+        model, _, fabric = name.rpartition("-")
+        reference = values.get(f"{model}-ib")
+        if model.endswith("-n2") and fabric != "ib" and reference:
+            lines.append(f"{name}: {value / reference:.3f}")
+    return lines
 
 
 if __name__ == "__main__":
