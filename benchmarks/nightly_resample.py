@@ -136,18 +136,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def pool_ratios(by_key: dict[str, dict[str, list[dict]]]) -> list[str]:
-    """Each multi-node configuration's value over its model's n2 ib value, as the gates take values
-    (the weighted geometric mean of its launches' values), from all of the pool's launches."""
-    from pytest_fabric.deciding.contrasts import configuration_value
-    from pytest_fabric.measuring.measurement import launch_value
-    from pytest_fabric.workload.result import TrainResult
+    """Each multi-node configuration's value over its model's n2 ib value, the number the gates show
+    (``configuration_tokens_per_s``), from all of the pool's launches."""
+    from pytest_fabric.measuring.measurement import LaunchRecord, Measurement, configuration_tokens_per_s
 
     values = {}
     for key, drawn in by_key.items():
-        estimates = [launch_value(TrainResult.from_dict(r["result"], r["case"]["fabric"]))
-                     for r in drawn["first"] + drawn["later"]]
-        values[key.partition("#")[0]] = configuration_value([1 / e.step_s for e in estimates],
-                                                            [e.weight for e in estimates])
+        records = [LaunchRecord.from_dict(r) for r in drawn["first"] + drawn["later"]]
+        values[key.partition("#")[0]] = configuration_tokens_per_s([Measurement.from_record(r.case, r) for r in records])
     lines = []
     for name, value in sorted(values.items()):
         model, _, fabric = name.rpartition("-")
@@ -155,7 +151,6 @@ def pool_ratios(by_key: dict[str, dict[str, list[dict]]]) -> list[str]:
         if model.endswith("-n2") and fabric != "ib" and reference:
             lines.append(f"{name}: {value / reference:.3f}")
     return lines
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -231,8 +231,8 @@ WEIGHT_SIGMA = 0.02
 # stall (20% of 12 steps stalling x1.6: about 7% between launches; of 120: about 2%), and a gate over
 # 6 launches per side then cannot tell an 11% loss from a 5% one. Simulated with this module's gate
 # (5 gates a night, Bonferroni, a prior of 1.1% on 6 df as a 3-night baseline learns it): such stalls
-# fail 71% of nights with later launches of 3 windows, 94% with 10. A mild stall's steps need less
-# (half of the steps 25% longer: about 3 windows), and a clean launch none. And a precision stop is
+# fail 71% of nights with later launches of 3 windows, 92% with the window their steps ask for (10
+# windows for these stalls; fewer where the stalled launch's mean was already well known). And a precision stop is
 # biased where steps stall: 10 steps without a stall (11% of launches at p = 0.2) reach 1% and stop,
 # valued at the fast steps.
 FIRST_LAUNCH_FACTOR = 2.0
