@@ -609,6 +609,40 @@ def test_checkpoint_read_by_rank0_is_broadcast_while_sharding(tmp_path, checkpoi
 
 
 @pytest.mark.slow
+def test_a_checkpoint_problem_ends_every_rank_with_exit_code_2(tmp_path):
+    """Two rank programs (no torchrun: each one's own exit code is read) given a checkpoint without
+    weights: both say why and leave with 2, a configuration error, at once (the group's timeout is
+    120 s), and no result is written. The group is up when the error comes; each rank leaves it as
+    a finished launch does, so an abort at interpreter exit cannot turn the 2 into a crash."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(get_model("qwen2-tiny").hf_config().to_json_string())
+    cfg = config(tmp_path, model_path=str(broken))
+    cfg.dump(tmp_path / "config.json")
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": port, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": "2"}
+        env.pop(faults.ENV, None)
+        procs.append(subprocess.Popen([sys.executable, "-m", "pytest_fabric.workload.train", "--config",
+                                       str(tmp_path / "config.json")], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=100)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail("a rank still running 100 s after a checkpoint error")
+    said = f"pytest_fabric.workload.train: checkpoint {broken}: no *.safetensors in {broken}"
+    assert [(proc.returncode, said in out) for proc, out in zip(procs, outs)] == [(2, True), (2, True)], outs
+    assert not Path(cfg.result_path).exists()
+
+
+@pytest.mark.slow
 def test_bf16_mixed_precision_on_cpu(tmp_path):
     cfg = config(tmp_path, "llama-wide", mixed_precision="bf16", steps=2)
     result = result_of(launch(tmp_path, cfg), cfg)
@@ -637,8 +671,12 @@ def _resolve_as_rank(rank: int, world: int, tmp: str, paths: list[str]) -> None:
                          "tensors": None if got.state_dict is None else len(got.state_dict)})
         except ConfigError as exc:
             seen.append({"error": str(exc)})
-    dist.destroy_process_group()
     Path(tmp, f"rank{rank}.json").write_text(json.dumps(seen))
+    # Leave as the rank program does (train.finish, train._exit_now): together, then without C++
+    # static destructors, which abort at interpreter exit about one time in twenty under gloo.
+    dist.barrier()
+    dist.destroy_process_group()
+    train._exit_now(0)
 
 
 @pytest.mark.slow
@@ -696,20 +734,22 @@ def test_measuring_stops_at_the_step_cap(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_slow_fault_stretches_every_measured_step(tmp_path, monkeypatch):
-    """Launches with and without ``slow`` (factor 1.3) on the fabric they cross, taken in turn so
-    that both kinds see the same machine. This machine is shared: steps gain time, never lose it,
-    so each kind's fastest step is compared (its median is reported too: here, a median ratio of
-    0.22 was seen once, where the fastest steps' ratio was 1.36)."""
+    """Launches with and without ``slow`` on the fabric they cross, taken in turn so that both kinds
+    see the same machine. This machine is shared: steps gain time, never lose it, so each kind's
+    fastest step is compared (its median is reported too: here, a median ratio of 0.22 was seen once,
+    where the fastest steps' ratio was 1.36). The factor is 3: on a CI machine whose speed drifted
+    between launches, the plain launches' fastest step was once 1.5x the slowed launches' unslowed
+    compute, which a factor of 1.3 cannot rise above; a ratio above 1.5 still needs the fault."""
     fabric = {"name": "eth", "crosses_fabric": True}
-    step_s: dict[str | None, list[float]] = {None: [], "slow:fabric=eth,factor=1.3": []}
+    step_s: dict[str | None, list[float]] = {None: [], "slow:fabric=eth,factor=3": []}
     for _ in range(3):
         for fault, times in step_s.items():
             times += run_in_process(config(tmp_path, steps=8, warmup_steps=2, fabric=fabric), monkeypatch, fault).step_s
     plain, slow = step_s.values()
     ratio = min(slow) / min(plain)
     medians = f"medians {statistics.median(plain) * 1e3:.1f} vs {statistics.median(slow) * 1e3:.1f} ms"
-    # No upper bound: with the cores busy, the fault's sleep wakes late (seen: 2.3 for 1.3).
-    assert ratio > 1.05, f"fastest steps {min(plain) * 1e3:.1f} vs {min(slow) * 1e3:.1f} ms, {medians}"
+    # No upper bound: with the cores busy, the fault's sleep wakes late.
+    assert ratio > 1.5, f"fastest steps {min(plain) * 1e3:.1f} vs {min(slow) * 1e3:.1f} ms, {medians}"
 
 
 def test_short_payloads_are_timed_for_at_least_min_timed_s():

@@ -300,7 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"pytest_fabric.workload.train: {exc}", file=sys.stderr, flush=True)
         if dist.is_initialized():  # every rank raises the same error at the same point
+            dist.barrier()
             dist.destroy_process_group()
+            _exit_now(2)  # a gloo group was up: leave as a finished launch does (see _exit_now)
         return 2
     _exit_now(0)
     return 0
