@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The gates' error rates from many nights: real launches pooled once, nights resampled from them.
 
-    python benchmarks/nightly_resample.py --out DIR [--pool-sessions 3] [--pool-launches 4]
-                                          [--nights 200] [--seed 1] [--baseline FILE]
+    python benchmarks/nightly_resample.py --out DIR [--pool-sessions 3] [--pool-launches 4] [--rounds R]
+                                          [--nights 200] [--seed 1] --baseline FILE
 
 Ten real nights (`benchmarks/nightly_gates.py`) take ~100 minutes here and bound a rate only to
 [0%, 31%] when nothing fails. This benchmark measures the same configurations as the nightly gates
@@ -32,6 +32,15 @@ first (ib6, planted x1.0526, and ib5, stalls) came out 0.79 and 0.81 of ib, agai
 measured at 06:00, and their gates' resampled rates were no error rates. Check the pool's own ratios
 (its configurations' values over ib's, printed at the end) against the plants before reading the
 table: where they are off, the pool is, not the gate.
+
+--rounds R measures the pool as the gates measure a night: R sessions, each adding one launch of
+every configuration (session r reuses launches 0..r-2 through the store's resume file and measures
+launch r-1 of each), so that a slow phase lands on one round of every configuration. A night then
+takes every configuration's first launch and the later rounds in one drawn order, the same for
+every configuration: the launches the gates pair (reference and candidate, a regression's n1 and
+n2) were measured minutes apart, as in a real night. R-1 later rounds give (R-1)!/(R-6)! orders of
+the five later launches a side may take, far fewer distinct nights than 200: read the table's
+intervals as the nights', not the machine's.
 Needs root for the pool sessions. Run alone.
 """
 
@@ -75,12 +84,62 @@ def pool(out: Path, sessions: int, launches: int, resume: bool) -> dict[str, dic
     return by_key
 
 
+def pool_in_rounds(out: Path, rounds: int, resume: bool) -> dict[str, list[dict]]:
+    """Run (or reuse) ``rounds`` pool sessions that each add one launch of every configuration, as
+    the gates' rounds do: session r finds launches 0..r-2 of every configuration in its resume file
+    (the store's own resume, written here from session r-1's saved night) and measures launch r-1 of
+    each, in the suite's order, under the plugin's policy (its earlier launches and the other
+    configurations' are the ones it sees). A slow phase of the machine then lands on one round of
+    every configuration, not on one configuration. Returns each configuration's launches in round
+    order (index 0: its first launch)."""
+    from pytest_fabric.measuring.store import _resume_identity, resume_path
+
+    records: dict[str, dict] = {}
+    for r in range(1, rounds + 1):
+        save = out / f"round{r}.json"
+        if not (resume and (out / f"round{r}.xml").exists()):
+            if records:
+                saved = os.environ.get("PYTEST_FABRIC_FAULT")
+                os.environ["PYTEST_FABRIC_FAULT"] = PLANTS  # the identity the session will check
+                try:
+                    identity = _resume_identity()
+                finally:
+                    if saved is None:
+                        os.environ.pop("PYTEST_FABRIC_FAULT")
+                    else:
+                        os.environ["PYTEST_FABRIC_FAULT"] = saved
+                resume_path(save).write_text(json.dumps({"identity": identity, "records": records}))
+            wall = night(f"round{r}", out, [*POOL, *FABRICS, "--throughput-launches", str(r)], PLANTS)
+            print(f"round {r}: {wall:.0f}s", flush=True)
+        saved_records = json.loads(save.read_text())["records"]
+        missing = [key for key in records if key not in saved_records]
+        if missing:
+            raise SystemExit(f"round {r} did not reuse the earlier rounds' launches {missing[:3]}: see round{r}.log")
+        records = {key: record for key, record in saved_records.items() if "result" in record}
+    by_key: dict[str, list[dict]] = {}
+    for key in sorted(records, key=lambda k: (k.partition("@")[0], int(k.partition("@")[2] or 0))):
+        by_key.setdefault(key.partition("@")[0], []).append(records[key])
+    short = {base: len(launches) for base, launches in by_key.items() if len(launches) != rounds}
+    if short:
+        raise SystemExit(f"configurations without a launch in every round (a failed launch): {short}")
+    return by_key
+
+
 def resampled_night(i: int, out: Path, by_key: dict[str, dict[str, list[dict]]], rng: random.Random,
-                    baseline: Path, select: str) -> list[dict]:
-    """One night drawn from the pool, judged by the plugin; its gates' rows."""
+                    baseline: Path, select: str, by_round: dict[str, list[dict]] | None = None) -> list[dict]:
+    """One night drawn from the pool, judged by the plugin; its gates' rows. From a pool in rounds
+    (``by_round``): every configuration's first launch, then the later rounds in one order drawn for
+    the night and shared by every configuration, so that a night's launches that the gates pair
+    (a round's reference and candidate, a regression's n1 and n2) were measured together."""
     directory = out / "replay" / f"night{i}"
     directory.mkdir(parents=True, exist_ok=True)
     store = {}
+    if by_round is not None:
+        rounds = len(next(iter(by_round.values())))
+        order = [0, *rng.sample(range(1, rounds), rounds - 1)]
+        for base, launches in by_round.items():
+            for j, r in enumerate(order):
+                store[base + (f"@{j}" if j else "")] = launches[r]
     for base, drawn in by_key.items():
         later = rng.sample(drawn["later"], len(drawn["later"]))
         for j, record in enumerate([rng.choice(drawn["first"]), *later]):
@@ -104,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="nightly-resample", help="directory for the pool, the replayed nights, logs")
     parser.add_argument("--pool-sessions", type=int, default=3, help="real pytest sessions measuring the pool")
     parser.add_argument("--pool-launches", type=int, default=4, help="launches of each configuration per session")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="measure the pool in this many rounds instead (one launch of every configuration per "
+                             "session, as the gates interleave them); nights resample whole rounds")
     parser.add_argument("--nights", type=int, default=200, help="nights resampled from the pool")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--baseline", required=True,
@@ -113,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    by_key = pool(out, args.pool_sessions, args.pool_launches, args.resume)
+    by_round = pool_in_rounds(out, args.rounds, args.resume) if args.rounds else None
+    by_key = {} if by_round else pool(out, args.pool_sessions, args.pool_launches, args.resume)
+    if by_round:
+        by_key_view = {base: {"first": launches[:1], "later": launches[1:]} for base, launches in by_round.items()}
+        print(f"pool in {args.rounds} rounds: {len(by_round)} configurations, one launch of each per round", flush=True)
     for base, drawn in sorted(by_key.items()):
         print(f"pool {base}: {len(drawn['first'])} first launches, {len(drawn['later'])} later", flush=True)
     rng = random.Random(args.seed)
@@ -121,16 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     start = time.monotonic()
     for i in range(1, args.nights + 1):
-        rows += resampled_night(i, out, by_key, rng, Path(args.baseline).resolve(), select)
+        rows += resampled_night(i, out, by_key, rng, Path(args.baseline).resolve(), select, by_round)
         if i % 10 == 0:
             print(f"{i} nights resampled ({time.monotonic() - start:.0f}s)", flush=True)
     (out / "replay-rows.json").write_text(json.dumps(rows, indent=1))
-    print(f"\n{args.nights} nights resampled from {args.pool_sessions} pool sessions x {args.pool_launches} "
-          f"launches of each configuration (seed {args.seed}); s per verdict: judging only, no launch")
+    drawn_from = (f"{args.rounds} rounds of one launch of each configuration" if by_round else
+                  f"{args.pool_sessions} pool sessions x {args.pool_launches} launches of each configuration")
+    print(f"\n{args.nights} nights resampled from {drawn_from} (seed {args.seed}); s per verdict: judging only, "
+          f"no launch")
     ok = print_table(rows, aa_max=0.05, planted_min=0.9)
     print("\nthe pool's own ratios (tokens/s over the same model's n2 ib, over all its launches; set the "
           "plants against them before reading the table):")
-    for line in pool_ratios(by_key):
+    for line in pool_ratios(by_key_view if by_round else by_key):
         print(f"  {line}")
     return 0 if ok else 1
 
