@@ -92,6 +92,7 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool) -> dict[str, list[dict]
     configurations' are the ones it sees). A slow phase of the machine then lands on one round of
     every configuration, not on one configuration. Returns each configuration's launches in round
     order (index 0: its first launch)."""
+    from pytest_fabric.measuring.measurement import launch_number
     from pytest_fabric.measuring.store import _resume_identity, resume_path
 
     records: dict[str, dict] = {}
@@ -117,7 +118,7 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool) -> dict[str, list[dict]
             raise SystemExit(f"round {r} did not reuse the earlier rounds' launches {missing[:3]}: see round{r}.log")
         records = {key: record for key, record in saved_records.items() if "result" in record}
     by_key: dict[str, list[dict]] = {}
-    for key in sorted(records, key=lambda k: (k.partition("@")[0], int(k.partition("@")[2] or 0))):
+    for key in sorted(records, key=lambda k: (k.partition("@")[0], launch_number(k))):
         by_key.setdefault(key.partition("@")[0], []).append(records[key])
     short = {base: len(launches) for base, launches in by_key.items() if len(launches) != rounds}
     if short:

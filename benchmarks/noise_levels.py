@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_fabric.measuring.measurement import launch_value  # noqa: E402
+from pytest_fabric.measuring.measurement import launch_number, launch_value  # noqa: E402
 from pytest_fabric.deciding.stats import configuration_value, pooled_noise, steady_window  # noqa: E402
 from pytest_fabric.workload.result import TrainResult  # noqa: E402
 
@@ -41,8 +41,7 @@ def launches_of(path: Path) -> dict[str, dict[int, dict]]:
         r = record.get("result")
         if not r or record["case"]["model"] == "collectives":
             continue
-        config, _, index = key.partition("#")
-        index = int(index.partition("@")[2] or 0)
+        config, index = key.partition("#")[0], launch_number(key)
         est = launch_value(TrainResult.from_dict(r, key))
         steady = [math.log(t) for t in steady_window(r["step_s"])]
         out.setdefault(config, {})[index] = {

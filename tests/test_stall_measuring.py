@@ -11,13 +11,12 @@ whose first launch did not stall (eth, unless the machine is busy) measures its 
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import pytest
 from helpers import emulated_unavailable, needs, session_directory
 
-from pytest_fabric.measuring.measure import result_estimate
+from pytest_fabric.measuring.measure import launch_number, result_estimate
 from pytest_fabric.deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_DEADLINE_SHARE, STALL_MARGIN, STALL_MAX_FACTOR,
                                           STALL_TARGET_SE, Window, launch_estimate, measure_window, measuring_done)
 from pytest_fabric.workload import faults
@@ -119,9 +118,9 @@ def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monk
              for (fabric, later), r in by_key.items()}
     for fabric, other in (("ib", "eth"), ("eth", "ib")):
         first, second = by_key[(fabric, False)], by_key[(fabric, True)]
-        # The machine's wobble: what the other configuration's launches stored before this one show
-        # (ib runs first: none; eth: ib's two, whose median is the least any other shows).
-        machine = 0.0 if fabric == "ib" else statistics.median([stall[(other, False)], stall[(other, True)]])
+        # The machine's wobble: what the other configuration's earlier-numbered launches show (ib runs
+        # first: none; eth's second launch: ib's first, the least any other shows).
+        machine = 0.0 if fabric == "ib" else stall[(other, False)]
         stalled = stall[(fabric, False)] - machine >= STALL_MARGIN
         assert "measured_longer" not in first
         # The rule, on each configuration's own first launch (eth's may stall too on a busy machine).
@@ -135,3 +134,45 @@ def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monk
     expected = measure_window(2.0, 1, [result_estimate(TrainResult.from_dict(ib0["result"], "ib"))], 300.0)
     assert window == {"first": [2.0 * FIRST_LAUNCH_FACTOR, 0.0], "second": [pytest.approx(expected.seconds), 0.0]}
     assert 2.0 < expected.seconds <= 2.0 * STALL_MAX_FACTOR
+
+
+COMPARED = """
+from pytest_fabric.core.case import Case
+
+
+def test_gate(fabric_compare):
+    fabric_compare.within(Case("qwen2-tiny", 2, "ib2"), Case("qwen2-tiny", 2, "ib"), rel=0.9)
+"""
+
+
+@pytest.mark.slow
+def test_both_sides_of_a_comparison_measure_the_window_of_the_side_that_stalls(pytester, monkeypatch):
+    """ib stalls (planted), ib2 is a copy of ib that does not: in the second round ib measures
+    longer, and so does ib2, as a launch of its own keyed with the window, measured whole and saying
+    why, so that the gate compares means over equally long windows."""
+    needs(UNAVAILABLE)
+    tmp = pytester.path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv(faults.ENV, "stall:fabric=ib,p=0.3,factor=2")
+    pytester.makepyfile(test_generated=COMPARED)
+    result = pytester.runpytest_subprocess("--models", "qwen2-tiny", "--nodes", "2", "--fabrics", "ib,ib2",
+                                           "-o", "fabric_define=ib2: ib", "--steps", "16", "--warmup-steps", "1",
+                                           "--measure-seconds", "2", "--repeats", "2", "--max-repeats", "2",
+                                           "--inconclusive", "warn", "--family-wise", "none", timeout=600)
+    records = json.loads((session_directory(result.stdout.str()) / "measurements.json").read_text())
+    keys = {(r["case"]["fabric"], launch_number(key), "~" in key): key for key, r in records.items()}
+    assert sorted(keys) == [("ib", 0, False), ("ib", 1, False), ("ib2", 0, False), ("ib2", 1, True)], sorted(records)
+    measure_s = {k: json.loads((Path(records[key]["result"]["run_dir"]) / "config.json").read_text())["measure_s"]
+                 for k, key in keys.items()}
+    stretched = measure_s[("ib", 1, False)]
+    assert stretched > 2.0  # the planted stalls: of 16 steps at p=0.3, none stalls 3 times in 1000
+    assert measure_s[("ib2", 1, True)] == pytest.approx(stretched, abs=0.05)
+    assert keys[("ib2", 1, True)].endswith(f"@1~{round(stretched, 1):g}s")
+    assert "partner" in records[keys[("ib2", 1, True)]]["measured_longer"]
+    assert "measured_longer" not in records[keys[("ib2", 0, False)]]  # its first launch: its own window
+
+
+def test_a_store_key_names_its_launch_number_matched_window_or_not():
+    assert [launch_number(k) for k in ("m-n2-ib#ab12", "m-n2-ib#ab12@3", "m-n2-ib#ab12@3~60.4s", "m-n2-ib#ab12@x")] == [
+        0, 3, 3, 0]

@@ -29,7 +29,7 @@ from typing import Any
 from ..core.atomic import write_text
 from ..core.case import BANDWIDTH, Case
 from ..physics.hostbound import configuration_mfu, mfu_peak, peak_memory_gib
-from ..measuring.measurement import (BandwidthMeasurement, LaunchRecord, Measurement,
+from ..measuring.measurement import (BandwidthMeasurement, LaunchRecord, Measurement, launch_number,
                                      configuration_tokens_per_s)
 from .night_model import (CaseResult, LinkResult, ResultsError, SavedRun, case_of_test,  # noqa: F401 (public names)
                           parse_case_id, verdict_case)
@@ -63,11 +63,6 @@ FORMAT_VERSION = 1
 # --------------------------------------------------------------------------------------------
 # From a session's store
 # --------------------------------------------------------------------------------------------
-
-
-def _launch_index(key: str) -> int:
-    _, at, index = key.rpartition("@")
-    return int(index) if at and index.isdigit() else 0
 
 
 def launch_records(records: Mapping[str, Any], where: str = "session store") -> dict[str, LaunchRecord]:
@@ -148,7 +143,7 @@ def _runs_from_store(records: Mapping[str, Any], fabrics: Sequence[str] | None,
                 int(m.largest(ops[0]).bytes) if ops else 0,
                 mbit_to_gbit(mbit) if mbit and record.cluster == "emulated" else None)
         else:
-            training.append((_launch_index(key), key, record))
+            training.append((launch_number(key), key, record))
     every_fabric = list(fabrics) if fabrics else sorted({rec.case.fabric for _, _, rec in training})
     launches: dict[str, list[Measurement]] = {}
     for _, key, record in sorted(training, key=lambda t: (t[0], t[1])):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from filelock import FileLock, Timeout
 
@@ -32,9 +32,10 @@ from ..cluster import Cluster, LaunchRequest
 from ..cluster.base import OnThisMachine
 from ..core.fabrics import Fabric, get_fabric
 from ..core.models import get_model
-from .measurement import (BandwidthMeasurement, LaunchRecord, Measurement, MeasurementError,  # noqa: F401 (public names)
+from .measurement import (BandwidthMeasurement, LaunchRecord, Measurement, MeasurementError, launch_number,  # noqa: F401 (public names)
                           configuration_tokens_per_s, counted, launch_value, result_estimate, step_loss)
-from ..deciding.stats import FIRST_LAUNCH_FACTOR, STALL_MAX_FACTOR, STALL_TARGET_SE, LaunchEstimate, measure_window
+from ..deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_MAX_FACTOR, STALL_TARGET_SE, LaunchEstimate, Window,
+                              measure_window)
 from ..core.storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
@@ -153,16 +154,44 @@ class Measurer:
                            sort_keys=True)
         return f"{case.model}-n{case.nodes}-{fabric}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
 
-    def measure(self, case: Case, launch: int = 0) -> Measurement:
-        """Launch number ``launch`` (0, 1, ...) of ``case``: each is an independent launch, cached."""
+    def measure(self, case: Case, launch: int = 0, partners: Sequence[Case] = ()) -> Measurement:
+        """Launch number ``launch`` (0, 1, ...) of ``case``: each is an independent launch, cached.
+
+        ``partners``: the configurations the same round compares ``case`` with. Where one of them
+        measures a longer window this round (its steps stalled), ``case`` measures that window too,
+        as a launch of its own (key ``...@N~Ws``): a launch's mean depends on how long it ran (here
+        a 60 s launch's steps averaged 5-15% slower than its own first 6 s), so the two sides of a
+        comparison must measure alike, and a launch measured shorter for another comparison serves
+        that one only."""
         key = self.key(case) + (f"@{launch}" if launch else "")
-        return Measurement.from_record(case, self._cached(case, key, lambda: self._launch(case, launch)), launch)
+        at_least = self.matched_window(case, launch, partners)
+        if at_least:
+            key += f"~{at_least:g}s"
+        return Measurement.from_record(
+            case, self._cached(case, key, lambda: self._launch(case, launch, at_least)), launch)
+
+    def window(self, case: Case, launch: int) -> Window:
+        """The window launch number ``launch`` of ``case`` measures on its own (``measure_window``)."""
+        s = self.settings
+        earlier, machine_stall = self._earlier(case, launch)
+        return measure_window(s.measure_s, launch, earlier, s.launch_timeout_s, machine_stall)
+
+    def matched_window(self, case: Case, launch: int, partners: Sequence[Case]) -> float:
+        """The longer window a partner measures this round, where it is longer than ``case``'s own
+        (rounded to 0.1 s, as it is keyed); 0.0 where ``case``'s own window is as long."""
+        if not partners or not launch or not self.settings.measure_s:
+            return 0.0
+        own = self.window(case, launch).seconds
+        longest = max(self.window(p, launch).seconds for p in partners)
+        return round(longest, 1) if round(longest, 1) > own else 0.0
 
     def _earlier(self, case: Case, launch: int) -> tuple[list[LaunchEstimate], float]:
         """The values of ``case``'s configuration's earlier launches this session (how far each sat
         above its fast steps, how well its mean was known), and how far the machine puts a mean above
         its fast steps: the least any other configuration shows (its launches' median; 0 with none:
-        a configuration that stalls itself never hides another's), for ``stats.measure_window``."""
+        a configuration that stalls itself never hides another's), for ``stats.measure_window``.
+        Only launches numbered below ``launch`` count, so that a round's windows (``measure``, which
+        matches a comparison's sides) are the same whichever of its launches has already run."""
         if not launch:
             return [], 0.0
         key, mine, others = self.key(case), {}, {}
@@ -172,10 +201,11 @@ class Measurer:
             value = self._values[stored_key]
             if value is None:  # failed, unreadable, or not a training launch: says nothing of stalls
                 continue
-            base, _, index = stored_key.partition("@")
+            base, number = stored_key.partition("@")[0], launch_number(stored_key)
+            if number >= launch:  # this round's launches: its windows are planned before any of them lands
+                continue
             if base == key:
-                if int(index or 0) < launch:
-                    mine[int(index or 0)] = value
+                mine[number] = value
             else:
                 others.setdefault(base, []).append(value.stall)
         machine = min((statistics.median(stalls) for stalls in others.values()), default=0.0)
@@ -195,14 +225,17 @@ class Measurer:
             raise MeasurementError(record.error)
         return record
 
-    def _launch(self, case: Case, launch: int = 0) -> LaunchRecord:
+    def _launch(self, case: Case, launch: int = 0, at_least: float = 0.0) -> LaunchRecord:
         s = self.settings
         batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
             return LaunchRecord.failure(case, problem)
-        # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py).
-        earlier, machine_stall = self._earlier(case, launch)
-        window = measure_window(s.measure_s, launch, earlier, s.launch_timeout_s, machine_stall)
+        # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py);
+        # so does one compared in this round with a configuration that measures longer (``measure``).
+        window = self.window(case, launch)
+        if at_least > window.seconds:
+            window = Window(at_least, True, f"its comparison partner measures all of {at_least:g} s this round "
+                                            f"(its steps stall): measuring as long, so that both sides measure alike")
         if window.why and self.progress is not None:
             self.progress(f"{case.id}: {window.why}")
         run_dir = self._run_dir(case)

@@ -26,7 +26,15 @@ from ..workload.result import CollectiveRow, CollectivesResult, TrainResult
 from ..workload.signals import probe_judged, slow_phase, typical_probe
 
 __all__ = ["BandwidthMeasurement", "LaunchRecord", "Measurement", "MeasurementError", "configuration_tokens_per_s",
-           "counted", "launch_value", "result_estimate", "step_loss"]
+           "counted", "launch_number", "launch_value", "result_estimate", "step_loss"]
+
+
+def launch_number(key: str) -> int:
+    """The launch number a store key names: ``...#hash`` 0, ``...#hash@3`` 3, and ``...#hash@3~60s``
+    (launch 3 measured over a window matched to its comparison partner's, ``Measurer.measure``) 3."""
+    _, at, index = key.rpartition("@")
+    number = index.partition("~")[0]
+    return int(number) if at and number.isdigit() else 0
 
 
 class MeasurementError(Exception):

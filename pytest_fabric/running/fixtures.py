@@ -36,8 +36,10 @@ class MeasureFixture:
         self._session = session
         self._item = item
 
-    def __call__(self, case: Case, launch: int = 0) -> Measurement:
-        return self._record(lambda: self._session.measurer().measure(case, launch))
+    def __call__(self, case: Case, launch: int = 0, partners: Sequence[Case] = ()) -> Measurement:
+        """Launch number ``launch`` of ``case``; ``partners``: the configurations a round compares it
+        with, whose longer window (steps that stall) it then measures too (``Measurer.measure``)."""
+        return self._record(lambda: self._session.measurer().measure(case, launch, partners))
 
     def _record(self, measure):
         try:
@@ -111,7 +113,8 @@ class CompareFixture:
         while True:
             index = len(runs[0])
             for j in round_order(index, len(cases)):
-                runs[j].append(self._measure(cases[j], launch=index))
+                partners = [c for k, c in enumerate(cases) if k != j]
+                runs[j].append(self._measure(cases[j], launch=index, partners=partners))
             spent = index + 1 >= o.max_repeats
             if not spent and index + 1 < o.repeats:
                 continue
