@@ -84,13 +84,27 @@ def pool(out: Path, sessions: int, launches: int, resume: bool) -> dict[str, dic
     return by_key
 
 
+def rotated(argv: list[str], r: int) -> list[str]:
+    """``argv`` with its --models and --fabrics lists rotated by round ``r``: the suite launches in
+    their order, so each configuration takes every place in a round in turn (the first round of
+    2026-11-26's pool kept one order, and the configuration launched first in each session came
+    out 5% slower than its plant)."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg in ("--models", "--fabrics"):
+            items = out[i + 1].split(",")
+            k = (r - 1) % len(items)
+            out[i + 1] = ",".join(items[k:] + items[:k])
+    return out
+
+
 def pool_in_rounds(out: Path, rounds: int, resume: bool) -> dict[str, list[dict]]:
     """Run (or reuse) ``rounds`` pool sessions that each add one launch of every configuration, as
     the gates' rounds do: session r finds launches 0..r-2 of every configuration in its resume file
     (the store's own resume, written here from session r-1's saved night) and measures launch r-1 of
     each, in the suite's order, under the plugin's policy (its earlier launches and the other
-    configurations' are the ones it sees). A slow phase of the machine then lands on one round of
-    every configuration, not on one configuration. Returns each configuration's launches in round
+    configurations' are the ones it sees), in an order rotated by round (``rotated``). A slow phase
+    of the machine then lands on one round of every configuration, not on one configuration. Returns each configuration's launches in round
     order (index 0: its first launch)."""
     from pytest_fabric.measuring.measurement import launch_number
     from pytest_fabric.measuring.store import _resume_identity, resume_path
@@ -110,7 +124,8 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool) -> dict[str, list[dict]
                     else:
                         os.environ["PYTEST_FABRIC_FAULT"] = saved
                 resume_path(save).write_text(json.dumps({"identity": identity, "records": records}))
-            wall = night(f"round{r}", out, [*POOL, *FABRICS, "--throughput-launches", str(r)], PLANTS)
+            wall = night(f"round{r}", out, [*rotated(POOL, r), *rotated(FABRICS, r), "--throughput-launches", str(r)],
+                         PLANTS)
             print(f"round {r}: {wall:.0f}s", flush=True)
         saved_records = json.loads(save.read_text())["records"]
         missing = [key for key in records if key not in saved_records]

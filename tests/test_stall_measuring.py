@@ -100,19 +100,24 @@ def test_two_launches(fabric_measure, fabric):
 """
 
 
-@pytest.mark.slow
-def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monkeypatch):
+def _stalling_ib_session(pytester, monkeypatch, source: str, *args: str):
+    """A pytest session of ``source`` on the emulated cluster, ib's steps stalling (p=0.3, x2: of 16
+    steps none stalls 3 times in 1000): its result and its store's records."""
     needs(UNAVAILABLE)
     tmp = pytester.path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setenv(faults.ENV, "stall:fabric=ib,p=0.3,factor=2")
-    pytester.makepyfile(test_generated=SOURCE)
-    result = pytester.runpytest_subprocess("--models", "qwen2-tiny", "--nodes", "2", "--fabrics", "ib,eth",
-                                           "--steps", "16", "--warmup-steps", "1", "--measure-seconds", "2",
-                                           timeout=600)
+    pytester.makepyfile(test_generated=source)
+    result = pytester.runpytest_subprocess("--models", "qwen2-tiny", "--nodes", "2", "--steps", "16",
+                                           "--warmup-steps", "1", "--measure-seconds", "2", *args, timeout=600)
+    return result, json.loads((session_directory(result.stdout.str()) / "measurements.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_stalling_configuration_measures_its_next_launch_longer(pytester, monkeypatch):
+    result, records = _stalling_ib_session(pytester, monkeypatch, SOURCE, "--fabrics", "ib,eth")
     result.assert_outcomes(passed=2)
-    records = json.loads((session_directory(result.stdout.str()) / "measurements.json").read_text())
     by_key = {(r["case"]["fabric"], "@1" in key): r for key, r in records.items()}
     stall = {(fabric, later): result_estimate(TrainResult.from_dict(r["result"], fabric)).stall
              for (fabric, later), r in by_key.items()}
@@ -150,17 +155,9 @@ def test_both_sides_of_a_comparison_measure_the_window_of_the_side_that_stalls(p
     """ib stalls (planted), ib2 is a copy of ib that does not: in the second round ib measures
     longer, and so does ib2, as a launch of its own keyed with the window, measured whole and saying
     why, so that the gate compares means over equally long windows."""
-    needs(UNAVAILABLE)
-    tmp = pytester.path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setenv(faults.ENV, "stall:fabric=ib,p=0.3,factor=2")
-    pytester.makepyfile(test_generated=COMPARED)
-    result = pytester.runpytest_subprocess("--models", "qwen2-tiny", "--nodes", "2", "--fabrics", "ib,ib2",
-                                           "-o", "fabric_define=ib2: ib", "--steps", "16", "--warmup-steps", "1",
-                                           "--measure-seconds", "2", "--repeats", "2", "--max-repeats", "2",
-                                           "--inconclusive", "warn", "--family-wise", "none", timeout=600)
-    records = json.loads((session_directory(result.stdout.str()) / "measurements.json").read_text())
+    _, records = _stalling_ib_session(pytester, monkeypatch, COMPARED, "--fabrics", "ib,ib2", "-o",
+                                      "fabric_define=ib2: ib", "--repeats", "2", "--max-repeats", "2",
+                                      "--inconclusive", "warn", "--family-wise", "none")
     keys = {(r["case"]["fabric"], launch_number(key), "~" in key): key for key, r in records.items()}
     assert sorted(keys) == [("ib", 0, False), ("ib", 1, False), ("ib2", 0, False), ("ib2", 1, True)], sorted(records)
     measure_s = {k: json.loads((Path(records[key]["result"]["run_dir"]) / "config.json").read_text())["measure_s"]
