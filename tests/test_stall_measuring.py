@@ -14,9 +14,13 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import emulated_unavailable, needs, session_directory
+from helpers import FakeCluster, emulated_unavailable, needs, session_directory
 
-from pytest_fabric.measuring.measure import launch_number, result_estimate
+from pytest_fabric import Case, LaunchSettings
+from pytest_fabric.measuring.store import ResultStore
+from pytest_fabric.workload.config import TrainConfig
+
+from pytest_fabric.measuring.measure import Measurer, launch_number, result_estimate
 from pytest_fabric.deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_DEADLINE_SHARE, STALL_MARGIN, STALL_MAX_FACTOR,
                                           STALL_TARGET_SE, Window, launch_estimate, measure_window, measuring_done)
 from pytest_fabric.workload import faults
@@ -173,3 +177,50 @@ def test_both_sides_of_a_comparison_measure_the_window_of_the_side_that_stalls(p
 def test_a_store_key_names_its_launch_number_matched_window_or_not():
     assert [launch_number(k) for k in ("m-n2-ib#ab12", "m-n2-ib#ab12@3", "m-n2-ib#ab12@3~60.4s", "m-n2-ib#ab12@x")] == [
         0, 3, 3, 0]
+
+
+class _StallingCluster(FakeCluster):
+    """ib's steps stall (3 of 12 take x2); so does every launch measured longer than 5 s, as on a
+    machine that slows under sustained load. Records each launch's window."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.windows: list[tuple[str, float]] = []
+
+    def launch(self, request, on_tick=None):
+        outcome = super().launch(request, on_tick)
+        config = TrainConfig.load(request.program[request.program.index("--config") + 1])
+        self.windows.append((request.fabric.name, config.measure_s))
+        result = json.loads(Path(config.result_path).read_text())
+        stalls = request.fabric.name == "ib" or config.measure_s > 5.0
+        result["step_s"] = [0.5 * (2.0 if stalls and i % 4 == 3 else 1.0) for i in range(12)]
+        for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed", "cpu_busy"):
+            if result["signals"].get(name):
+                result["signals"][name] = [result["signals"][name][0]] * 12
+        Path(config.result_path).write_text(json.dumps(result))
+        return outcome
+
+
+def test_a_round_measures_both_sides_over_the_window_of_the_side_that_stalls(tmp_path):
+    """Without launching: ib stalls, so from its second launch on it measures longer, and so does eth
+    in the rounds that compare them (a launch of its own, keyed with the window). eth's own plan
+    ignores those matched launches (a long window's steps sit above its fast steps on this stand-in,
+    as on a machine that slows under load), and a launch compared with nothing keeps its own window."""
+    cluster = _StallingCluster()
+    m = Measurer(cluster, LaunchSettings(steps=12, warmup_steps=1, batch_size=2, seq_len=16, measure_s=2.0),
+                 ResultStore(tmp_path / "store"), tmp_path / "launches")
+    ib, eth = Case("qwen2-tiny", 2, "ib"), Case("qwen2-tiny", 2, "eth")
+    for launch in range(3):
+        for case, partner in ((ib, eth), (eth, ib)) if launch % 2 == 0 else ((eth, ib), (ib, eth)):
+            m.measure(case, launch, partners=[partner])
+    m.measure(eth, 3)
+    stretched = m.window(ib, 1).seconds
+    assert stretched > 2.0
+    assert cluster.windows == [("ib", 4.0), ("eth", 4.0),  # first launches: twice the window
+                               ("eth", stretched), ("ib", stretched), ("ib", stretched), ("eth", stretched),
+                               ("eth", 2.0)]
+    keys = sorted(m.store.all())
+    assert [k.partition("#")[0] + "@" + k.partition("@")[2] for k in keys] == [
+        "qwen2-tiny-n2-eth@", f"qwen2-tiny-n2-eth@1~{stretched:g}s", f"qwen2-tiny-n2-eth@2~{stretched:g}s",
+        "qwen2-tiny-n2-eth@3", "qwen2-tiny-n2-ib@", "qwen2-tiny-n2-ib@1", "qwen2-tiny-n2-ib@2"]
+    assert m.matched_window(eth, 3, [ib]) == stretched and m.matched_window(ib, 3, [eth]) == 0.0

@@ -202,7 +202,10 @@ class Measurer:
             if value is None:  # failed, unreadable, or not a training launch: says nothing of stalls
                 continue
             base, number = stored_key.partition("@")[0], launch_number(stored_key)
-            if number >= launch:  # this round's launches: its windows are planned before any of them lands
+            # This round's launches: its windows are planned before any of them lands. A launch
+            # measured over its partner's longer window (``~``) is not a window of its own: a long
+            # window's mean sits further above its fast steps on a machine that slows under load.
+            if number >= launch or "~" in stored_key:
                 continue
             if base == key:
                 mine[number] = value
