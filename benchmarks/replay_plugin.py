@@ -8,6 +8,11 @@ real launches drawn from earlier sessions (each under its store key, ``<case>#<s
 so the measurer finds every launch it asks for cached and every gate runs its own code on them: the
 prior, the F-check, the sequential looks, the family-wise rule, the verdict. A launch the store lacks
 is an error, never a launch: a replayed night measures nothing.
+
+The pool's launches ran the windows they ran: a stretched launch of a stalling configuration has no
+matched partner launch (``Measurer.measure``'s ``@N~Ws``) in it, so the replay asks for none and
+judges the stretched side against its reference's own window, the bias the gates no longer have (a
+stretched side reads slower: README, "In interleaved rounds").
 """
 
 from __future__ import annotations
@@ -34,3 +39,4 @@ def pytest_configure(config: pytest.Config) -> None:
         raise ReplayMissing(f"{case.id}: not in the replayed store {directory / 'measurements.json'}")
 
     Measurer._launch = refuse
+    Measurer.matched_window = lambda self, case, launch, partners: 0.0

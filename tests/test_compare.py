@@ -36,9 +36,11 @@ class FakeLaunches:
         self.means, self.noise, self.seed, self.paired, self.lost = means, noise, seed, paired, lost
         self.rng, self.disturbed, self.order, self.ids = random.Random(seed), set(disturbed), [], []
         self.made = {}  # case id -> its launches, in order
+        self.partners = []  # (fabric, launch, the fabrics the round compares it with)
 
-    def __call__(self, case, launch=0):
+    def __call__(self, case, launch=0, partners=()):
         self.order.append((case.fabric, launch))
+        self.partners.append((case.fabric, launch, tuple(p.fabric for p in partners)))
         self.ids.append((case.id, launch))
         rng = random.Random(f"{self.seed}-{launch}") if self.paired else self.rng
         mean = self.means.get(case.id, self.means.get(case.fabric))
@@ -90,6 +92,8 @@ def test_equal_fabrics_pass_and_launches_are_interleaved():
     assert 2 < rounds < 6
     # Each launch index once per side; the reference first in rounds 1, 3, ..., the candidate in 2, 4, ...
     assert launches.order == [(f, i) for i in range(rounds) for f in (("ib", "eth") if i % 2 == 0 else ("eth", "ib"))]
+    # Each launch names the configuration its round compares it with (its window is matched to it).
+    assert launches.partners == [(f, i, ({"ib": "eth", "eth": "ib"}[f],)) for f, i in launches.order]
     (line,), (predicted,) = said(item), item.stash[NOTES_KEY]
     assert line.startswith("pass: eth/ib = ") and f"over {rounds}+{rounds} launches" in line and ">= 0.950" in line
     # The noise the interval used, with its source and degrees of freedom, on a pass too.
@@ -472,7 +476,7 @@ class ModelLaunches:
                       for f, g in rates_gbit.items()}
         self.noise, self.rng = noise, random.Random(seed)
 
-    def __call__(self, case, launch=0):
+    def __call__(self, case, launch=0, partners=()):
         step = self.steps[case.fabric] * (1 + self.rng.gauss(0, self.noise))
         tokens = case.nodes * self.spec.batch_size * self.spec.seq_len
         return train_measurement(case.model, case.nodes, case.fabric, tokens / step, launch=launch,
