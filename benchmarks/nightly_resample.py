@@ -114,15 +114,8 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool) -> dict[str, list[dict]
         save = out / f"round{r}.json"
         if not (resume and (out / f"round{r}.xml").exists()):
             if records:
-                saved = os.environ.get("PYTEST_FABRIC_FAULT")
-                os.environ["PYTEST_FABRIC_FAULT"] = PLANTS  # the identity the session will check
-                try:
-                    identity = _resume_identity()
-                finally:
-                    if saved is None:
-                        os.environ.pop("PYTEST_FABRIC_FAULT")
-                    else:
-                        os.environ["PYTEST_FABRIC_FAULT"] = saved
+                # The identity the session will check: its faults are the plants (night() sets them).
+                identity = {**_resume_identity(), "faults": PLANTS}
                 resume_path(save).write_text(json.dumps({"identity": identity, "records": records}))
             wall = night(f"round{r}", out, [*rotated(POOL, r), *rotated(FABRICS, r), "--throughput-launches", str(r)],
                          PLANTS)
@@ -193,8 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     by_round = pool_in_rounds(out, args.rounds, args.resume) if args.rounds else None
     by_key = {} if by_round else pool(out, args.pool_sessions, args.pool_launches, args.resume)
+    # The pool as first and later launches of each configuration, for its ratios.
+    drawn_pool = ({base: {"first": launches[:1], "later": launches[1:]} for base, launches in by_round.items()}
+                  if by_round else by_key)
     if by_round:
-        by_key_view = {base: {"first": launches[:1], "later": launches[1:]} for base, launches in by_round.items()}
         print(f"pool in {args.rounds} rounds: {len(by_round)} configurations, one launch of each per round", flush=True)
     for base, drawn in sorted(by_key.items()):
         print(f"pool {base}: {len(drawn['first'])} first launches, {len(drawn['later'])} later", flush=True)
@@ -214,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = print_table(rows, aa_max=0.05, planted_min=0.9)
     print("\nthe pool's own ratios (tokens/s over the same model's n2 ib, over all its launches; set the "
           "plants against them before reading the table):")
-    for line in pool_ratios(by_key_view if by_round else by_key):
+    for line in pool_ratios(drawn_pool):
         print(f"  {line}")
     return 0 if ok else 1
 
