@@ -33,14 +33,16 @@ measured at 06:00, and their gates' resampled rates were no error rates. Check t
 (its configurations' values over ib's, printed at the end) against the plants before reading the
 table: where they are off, the pool is, not the gate.
 
---rounds R measures the pool as the gates measure a night: R sessions, each adding one launch of
-every configuration (session r reuses launches 0..r-2 through the store's resume file and measures
-launch r-1 of each), so that a slow phase lands on one round of every configuration. A night then
-takes every configuration's first launch and the later rounds in one drawn order, the same for
-every configuration: the launches the gates pair (reference and candidate, a regression's n1 and
-n2) were measured minutes apart, as in a real night. R-1 later rounds give (R-1)!/(R-6)! orders of
-the five later launches a side may take, far fewer distinct nights than 200: read the table's
-intervals as the nights', not the machine's.
+--rounds R measures the pool as the gates measure a night, round by round: R sessions of the
+nightly gates' own pytest command (against --baseline), session r with --repeats r --max-repeats r
+and rounds 0..r-2 in its resume file, so each adds round r-1 of every comparison under the gates'
+own policy: windows planned from the earlier rounds, a stalled side's partner measuring the same
+window (the ``~Ws`` launches), the first side alternating by round, the suite's order rotated by
+round. A night then takes the first round and the later rounds in one drawn order, the same for
+every configuration, matched launches with their round: the launches the gates pair (reference and
+candidate, a regression's n1 and n2) were measured minutes apart, over the same window, as in a
+real night. R-1 later rounds give (R-1)!/(R-6)! orders of the five later launches a side may take,
+far fewer distinct nights than 200: read the table's intervals as the nights', not the machine's.
 Needs root for the pool sessions. Run alone.
 """
 
@@ -48,11 +50,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from nightly_gates import FABRICS, NIGHTLY, PLANTS, REPO, SELECT, gates_of, night, print_table
@@ -98,15 +103,15 @@ def rotated(argv: list[str], r: int) -> list[str]:
     return out
 
 
-def pool_in_rounds(out: Path, rounds: int, resume: bool) -> dict[str, list[dict]]:
-    """Run (or reuse) ``rounds`` pool sessions that each add one launch of every configuration, as
-    the gates' rounds do: session r finds launches 0..r-2 of every configuration in its resume file
-    (the store's own resume, written here from session r-1's saved night) and measures launch r-1 of
-    each, in the suite's order, under the plugin's policy (its earlier launches and the other
-    configurations' are the ones it sees), in an order rotated by round (``rotated``). A slow phase
-    of the machine then lands on one round of every configuration, not on one configuration. Returns each configuration's launches in round
-    order (index 0: its first launch)."""
-    from pytest_fabric.measuring.measurement import launch_number
+def pool_in_rounds(out: Path, rounds: int, resume: bool, baseline: Path) -> dict[str, dict]:
+    """Run (or reuse) ``rounds`` sessions of the nightly gates' own pytest command that each add one
+    round: session r runs every gate with ``--repeats r --max-repeats r`` and finds rounds 0..r-2 in
+    its resume file (the store's own resume, written here from session r-1's saved night), so it
+    measures round r-1 of every comparison exactly as a night's round r-1 is measured: its windows
+    planned from the earlier rounds, a stalled side's partner measuring the stalled window too
+    (``~Ws`` launches), which side launches first alternating by round. The suite's order is
+    rotated by round (``rotated``), so a slow phase of the machine lands on one round of every
+    configuration, not on one configuration. Returns the store's records of every round by key."""
     from pytest_fabric.measuring.store import _resume_identity, resume_path
 
     records: dict[str, dict] = {}
@@ -117,25 +122,50 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool) -> dict[str, list[dict]
                 # The identity the session will check: its faults are the plants (night() sets them).
                 identity = {**_resume_identity(), "faults": PLANTS}
                 resume_path(save).write_text(json.dumps({"identity": identity, "records": records}))
-            wall = night(f"round{r}", out, [*rotated(POOL, r), *rotated(FABRICS, r), "--throughput-launches", str(r)],
-                         PLANTS)
+            argv = [*rotated(NIGHTLY, r), "-k", ALL_GATES, *rotated(FABRICS, r), "--repeats", str(r),
+                    "--max-repeats", str(r), f"--fabric-baseline={baseline}"]
+            wall = night(f"round{r}", out, argv, PLANTS)
             print(f"round {r}: {wall:.0f}s", flush=True)
         saved_records = json.loads(save.read_text())["records"]
         missing = [key for key in records if key not in saved_records]
         if missing:
             raise SystemExit(f"round {r} did not reuse the earlier rounds' launches {missing[:3]}: see round{r}.log")
         records = {key: record for key, record in saved_records.items() if "result" in record}
-    by_key: dict[str, list[dict]] = {}
-    for key in sorted(records, key=lambda k: (k.partition("@")[0], launch_number(k))):
-        by_key.setdefault(key.partition("@")[0], []).append(records[key])
-    short = {base: len(launches) for base, launches in by_key.items() if len(launches) != rounds}
+    short = {base: len(own) for base, own in own_launches(records).items() if len(own) != rounds}
     if short:
         raise SystemExit(f"configurations without a launch in every round (a failed launch): {short}")
+    return records
+
+
+def own_launches(records: dict[str, dict]) -> dict[str, list[dict]]:
+    """Each configuration's own launches (not those measured over a partner's window) in round order."""
+    from pytest_fabric.measuring.measurement import launch_number
+
+    by_key: dict[str, list[dict]] = {}
+    for key in sorted((k for k in records if "~" not in k), key=lambda k: (k.partition("@")[0], launch_number(k))):
+        by_key.setdefault(key.partition("@")[0], []).append(records[key])
     return by_key
 
 
+def night_store(records: dict[str, dict], order: Sequence[int]) -> dict[str, dict]:
+    """The store of a night that takes the pool's rounds in ``order`` (``order[j]``: the pool round
+    its round j was measured in): every launch of a round, matched ones (``~Ws``) included, under
+    the round's new number; rounds not drawn are left out."""
+    from pytest_fabric.measuring.measurement import launch_number
+
+    position = {r: j for j, r in enumerate(order)}
+    store = {}
+    for key, record in records.items():
+        number = launch_number(key)
+        if number not in position:
+            continue
+        j, matched = position[number], key.partition("~")[2]
+        store[key.partition("@")[0] + (f"@{j}" if j else "") + (f"~{matched}" if matched else "")] = record
+    return store
+
+
 def resampled_night(i: int, out: Path, by_key: dict[str, dict[str, list[dict]]], rng: random.Random,
-                    baseline: Path, select: str, by_round: dict[str, list[dict]] | None = None) -> list[dict]:
+                    baseline: Path, select: str, by_round: dict[str, dict] | None = None) -> list[dict]:
     """One night drawn from the pool, judged by the plugin; its gates' rows. From a pool in rounds
     (``by_round``): every configuration's first launch, then the later rounds in one order drawn for
     the night and shared by every configuration, so that a night's launches that the gates pair
@@ -144,11 +174,8 @@ def resampled_night(i: int, out: Path, by_key: dict[str, dict[str, list[dict]]],
     directory.mkdir(parents=True, exist_ok=True)
     store = {}
     if by_round is not None:
-        rounds = len(next(iter(by_round.values())))
-        order = [0, *rng.sample(range(1, rounds), rounds - 1)]
-        for base, launches in by_round.items():
-            for j, r in enumerate(order):
-                store[base + (f"@{j}" if j else "")] = launches[r]
+        rounds = len(next(iter(own_launches(by_round).values())))
+        store = night_store(by_round, [0, *rng.sample(range(1, rounds), rounds - 1)])
     for base, drawn in by_key.items():
         later = rng.sample(drawn["later"], len(drawn["later"]))
         for j, record in enumerate([rng.choice(drawn["first"]), *later]):
@@ -184,11 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    by_round = pool_in_rounds(out, args.rounds, args.resume) if args.rounds else None
+    by_round = pool_in_rounds(out, args.rounds, args.resume, Path(args.baseline).resolve()) if args.rounds else None
     by_key = {} if by_round else pool(out, args.pool_sessions, args.pool_launches, args.resume)
     # The pool as first and later launches of each configuration, for its ratios.
-    drawn_pool = ({base: {"first": launches[:1], "later": launches[1:]} for base, launches in by_round.items()}
-                  if by_round else by_key)
+    drawn_pool = ({base: {"first": launches[:1], "later": launches[1:]} for base, launches in
+                   own_launches(by_round).items()} if by_round else by_key)
     if by_round:
         print(f"pool in {args.rounds} rounds: {len(by_round)} configurations, one launch of each per round", flush=True)
     for base, drawn in sorted(by_key.items()):
@@ -211,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
           "plants against them before reading the table):")
     for line in pool_ratios(drawn_pool):
         print(f"  {line}")
+    if by_round:
+        for line in matched_ratios(by_round):
+            print(f"  {line}")
     return 0 if ok else 1
 
 
@@ -230,6 +260,33 @@ def pool_ratios(by_key: dict[str, dict[str, list[dict]]]) -> list[str]:
         if model.endswith("-n2") and fabric != "ib" and reference:
             lines.append(f"{name}: {value / reference:.3f}")
     return lines
+
+
+def matched_ratios(records: dict[str, dict]) -> list[str]:
+    """Each stretched configuration over its model's n2 ib measured over the same window in the same
+    round (the reference's ``~Ws`` launches): the ratio its parity gate judges once stretched."""
+    from pytest_fabric.measuring.measurement import LaunchRecord, Measurement, launch_number
+
+    def value(record: dict) -> float:
+        r = LaunchRecord.from_dict(record)
+        return Measurement.from_record(r.case, r).tokens_per_s
+
+    lines = []
+    for key, record in sorted(records.items()):
+        base, number = key.partition("~")[0].partition("@")[0], launch_number(key)
+        if "~" not in key or not base.split("#")[0].endswith("-n2-ib"):
+            continue
+        model = base.split("#")[0].removesuffix("-n2-ib")
+        for other, stretched in records.items():
+            if (other.startswith(f"{model}-n2-") and "~" not in other and launch_number(other) == number
+                    and stretched.get("measured_longer")):
+                lines.append((other.split("#")[0], value(stretched) / value(record)))
+    by_name: dict[str, list[float]] = {}
+    for name, ratio in lines:
+        by_name.setdefault(name, []).append(ratio)
+    return [f"{name} over {name.rpartition('-')[0]}-ib's matched launches: {math.exp(statistics.fmean(map(math.log, rs))):.3f} "
+            f"({len(rs)} rounds: {', '.join(f'{x:.3f}' for x in rs)})" for name, rs in sorted(by_name.items())]
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,15 +9,19 @@ so the measurer finds every launch it asks for cached and every gate runs its ow
 prior, the F-check, the sequential looks, the family-wise rule, the verdict. A launch the store lacks
 is an error, never a launch: a replayed night measures nothing.
 
-The pool's launches ran the windows they ran: a stretched launch of a stalling configuration has no
-matched partner launch (``Measurer.measure``'s ``@N~Ws``) in it, so the replay asks for none and
-judges the stretched side against its reference's own window, the bias the gates no longer have (a
-stretched side reads slower: README, "In interleaved rounds").
+The pool's launches ran the windows they ran. Where a round of the pool measured a configuration
+over its partner's longer window too (``Measurer.measure``'s ``@N~Ws``, a pool measured by the
+gates' own sessions: ``nightly_resample.py --rounds``), the replay serves that matched launch to
+the comparison whose partner's launch of the same round was stretched (``stored_match``), and the
+plain one to every other comparison, as the night that measured them did. A pool without matched
+launches gets none: its stretched side is judged against its reference's own window, the bias the
+gates no longer have (a stretched side reads slower: README, "In interleaved rounds").
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -39,4 +43,22 @@ def pytest_configure(config: pytest.Config) -> None:
         raise ReplayMissing(f"{case.id}: not in the replayed store {directory / 'measurements.json'}")
 
     Measurer._launch = refuse
-    Measurer.matched_window = lambda self, case, launch, partners: 0.0
+    Measurer.matched_window = lambda self, case, launch, partners: stored_match(
+        self.store.all(), self.key(case), [self.key(p) for p in partners], launch)
+
+
+def stored_match(store: Mapping[str, dict], key: str, partner_keys: Sequence[str], launch: int) -> float:
+    """The matched window (seconds) at which the replayed store holds launch ``launch`` of the
+    configuration keyed ``key`` for a comparison with ``partner_keys``; 0.0 for its plain launch.
+
+    The store was filled with whole rounds of one measured night (or pool session): in that round
+    the configuration measured its partner's window (``key@launch~Ws``) exactly where a partner's own
+    launch of the round was stretched for its stalls (a plain record with ``measured_longer``; only
+    a stall stretches a later launch, ``steps.measure_window``), and its plain launch served every
+    other comparison."""
+    if not launch:
+        return 0.0
+    prefix = f"{key}@{launch}~"
+    windows = [float(k[len(prefix):].removesuffix("s")) for k in store if k.startswith(prefix)]
+    stretched = any((store.get(f"{p}@{launch}") or {}).get("measured_longer") for p in partner_keys)
+    return max(windows) if windows and stretched else 0.0

@@ -1,0 +1,57 @@
+"""The resampling benchmark's replayed nights (benchmarks/nightly_resample.py, replay_plugin.py):
+a night drawn from a pool measured in rounds keeps every round whole, matched launches included,
+and the replay serves a matched launch to the comparison it was measured for and to no other."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+nightly_resample = pytest.importorskip("nightly_resample")
+replay_plugin = pytest.importorskip("replay_plugin")
+
+IB, IB2, IB5 = "m-n2-ib#a", "m-n2-ib2#b", "m-n2-ib5#c"
+STRETCHED = {"measured_longer": "its steps stalled", "tag": "ib5"}
+
+
+def _pool(rounds: int) -> dict[str, dict]:
+    """Three configurations, ``rounds`` rounds; ib5 stretched from round 1 on and ib measured over
+    its window too in rounds 2 and up (round 1 was planned before any stall was seen)."""
+    records = {}
+    for r in range(rounds):
+        at = f"@{r}" if r else ""
+        records[IB + at] = {"tag": f"ib{r}"}
+        records[IB2 + at] = {"tag": f"ib2-{r}"}
+        records[IB5 + at] = {**STRETCHED, "tag": f"ib5-{r}"} if r else {"tag": "ib5-0"}
+        if r >= 2:
+            records[f"{IB}@{r}~60.3s"] = {"tag": f"ib{r}~"}
+    return records
+
+
+def test_a_night_takes_whole_rounds_in_its_order_matched_launches_with_them():
+    store = nightly_resample.night_store(_pool(5), [0, 3, 1, 4])
+    assert store[IB]["tag"] == "ib0" and store[IB + "@1"]["tag"] == "ib3"
+    assert store[IB + "@1~60.3s"]["tag"] == "ib3~"  # the matched launch moves with its round
+    assert store[IB5 + "@1"]["tag"] == "ib5-3" and store[IB2 + "@2"]["tag"] == "ib2-1"
+    assert store[IB + "@3~60.3s"]["tag"] == "ib4~"
+    assert IB + "@2~60.3s" not in store  # round 1 of the pool had no matched launch
+    assert not any(launch.endswith("@4") for launch in store)  # round 2 was not drawn
+    assert len(store) == 4 * 3 + 2
+
+
+def test_the_replay_serves_a_matched_launch_only_to_the_comparison_with_the_stretched_side():
+    store = nightly_resample.night_store(_pool(4), [0, 2, 3, 1])
+    assert replay_plugin.stored_match(store, IB, [IB5], 1) == 60.3
+    assert replay_plugin.stored_match(store, IB, [IB2], 1) == 0.0  # the A/A gate gets ib's own launch
+    assert replay_plugin.stored_match(store, IB5, [IB], 1) == 0.0  # the stretched side is its own launch
+    assert replay_plugin.stored_match(store, IB, [IB5], 3) == 0.0  # pool round 1: nothing matched
+    assert replay_plugin.stored_match(store, IB, [IB5], 0) == 0.0
+
+
+def test_own_launches_leave_out_matched_ones_and_keep_round_order():
+    by_key = nightly_resample.own_launches(_pool(12))
+    assert [r["tag"] for r in by_key[IB]] == [f"ib{r}" for r in range(12)]
+    assert set(by_key) == {IB, IB2, IB5}
