@@ -131,19 +131,26 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool, baseline: Path) -> dict
         if missing:
             raise SystemExit(f"round {r} did not reuse the earlier rounds' launches {missing[:3]}: see round{r}.log")
         records = {key: record for key, record in saved_records.items() if "result" in record}
-    short = {base: len(own) for base, own in own_launches(records).items() if len(own) != rounds}
+    short = {base: len(launches) for base, launches in round_launches(records).items() if len(launches) != rounds}
     if short:
         raise SystemExit(f"configurations without a launch in every round (a failed launch): {short}")
     return records
 
 
-def own_launches(records: dict[str, dict]) -> dict[str, list[dict]]:
-    """Each configuration's own launches (not those measured over a partner's window) in round order."""
+def round_launches(records: dict[str, dict]) -> dict[str, list[dict]]:
+    """Each configuration's launch of each round, in round order: its own-window launch, or where it
+    measured only over its partners' window that round (every comparison it is in was matched), that
+    launch (one of them, where several)."""
     from pytest_fabric.measuring.measurement import launch_number
 
+    chosen: dict[tuple[str, int], tuple[bool, str]] = {}
+    for key in records:
+        slot, rank = (key.partition("@")[0], launch_number(key)), ("~" not in key, key)
+        if slot not in chosen or rank > chosen[slot]:
+            chosen[slot] = rank
     by_key: dict[str, list[dict]] = {}
-    for key in sorted((k for k in records if "~" not in k), key=lambda k: (k.partition("@")[0], launch_number(k))):
-        by_key.setdefault(key.partition("@")[0], []).append(records[key])
+    for (base, _), (_, key) in sorted(chosen.items()):
+        by_key.setdefault(base, []).append(records[key])
     return by_key
 
 
@@ -174,7 +181,7 @@ def resampled_night(i: int, out: Path, by_key: dict[str, dict[str, list[dict]]],
     directory.mkdir(parents=True, exist_ok=True)
     store = {}
     if by_round is not None:
-        rounds = len(next(iter(own_launches(by_round).values())))
+        rounds = len(next(iter(round_launches(by_round).values())))
         store = night_store(by_round, [0, *rng.sample(range(1, rounds), rounds - 1)])
     for base, drawn in by_key.items():
         later = rng.sample(drawn["later"], len(drawn["later"]))
@@ -215,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     by_key = {} if by_round else pool(out, args.pool_sessions, args.pool_launches, args.resume)
     # The pool as first and later launches of each configuration, for its ratios.
     drawn_pool = ({base: {"first": launches[:1], "later": launches[1:]} for base, launches in
-                   own_launches(by_round).items()} if by_round else by_key)
+                   round_launches(by_round).items()} if by_round else by_key)
     if by_round:
-        print(f"pool in {args.rounds} rounds: {len(by_round)} configurations, one launch of each per round", flush=True)
+        print(f"pool in {args.rounds} rounds: {len(round_launches(by_round))} configurations, one launch of each "
+              f"per round ({len(by_round)} launches, matched ones included)", flush=True)
     for base, drawn in sorted(by_key.items()):
         print(f"pool {base}: {len(drawn['first'])} first launches, {len(drawn['later'])} later", flush=True)
     rng = random.Random(args.seed)
@@ -239,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     for line in pool_ratios(drawn_pool):
         print(f"  {line}")
     if by_round:
-        for line in matched_ratios(by_round):
+        print("\nthe pool's later rounds as the gates pair them (each round's ratio; its spread is the noise "
+              "the gates judge against):")
+        for line in round_noise(by_round):
             print(f"  {line}")
     return 0 if ok else 1
 
@@ -262,30 +272,52 @@ def pool_ratios(by_key: dict[str, dict[str, list[dict]]]) -> list[str]:
     return lines
 
 
-def matched_ratios(records: dict[str, dict]) -> list[str]:
-    """Each stretched configuration over its model's n2 ib measured over the same window in the same
-    round (the reference's ``~Ws`` launches): the ratio its parity gate judges once stretched."""
-    from pytest_fabric.measuring.measurement import LaunchRecord, Measurement, launch_number
+def _value(record: dict) -> float:
+    from pytest_fabric.measuring.measurement import LaunchRecord, Measurement
 
-    def value(record: dict) -> float:
-        r = LaunchRecord.from_dict(record)
-        return Measurement.from_record(r.case, r).tokens_per_s
+    launch = LaunchRecord.from_dict(record)
+    return Measurement.from_record(launch.case, launch).tokens_per_s
 
-    lines = []
-    for key, record in sorted(records.items()):
-        base, number = key.partition("~")[0].partition("@")[0], launch_number(key)
-        if "~" not in key or not base.split("#")[0].endswith("-n2-ib"):
+
+def round_pairs(records: dict[str, dict]) -> dict[tuple[str, str], list[tuple[float, bool]]]:
+    """The pool's later rounds as its gates pair them: every n2 configuration with its model's n2 ib
+    (the parity pairs) and with its model's one-node launch (the regression pairs), per round the
+    ratio of their tokens/s, taken over the reference's matched launch (``~Ws``) where the
+    candidate's launch was stretched that round and one was measured (then True)."""
+    from pytest_fabric.measuring.measurement import launch_number
+
+    name = {key.partition("@")[0]: key.partition("#")[0] for key in records}
+    pairs: dict[tuple[str, str], list[tuple[float, bool]]] = {}
+    for key, record in sorted(records.items(), key=lambda kv: launch_number(kv[0])):
+        base, number = key.partition("@")[0], launch_number(key)
+        model, _, fabric = name[base].rpartition("-n2-")
+        if "~" in key or not number or not model:
             continue
-        model = base.split("#")[0].removesuffix("-n2-ib")
-        for other, stretched in records.items():
-            if (other.startswith(f"{model}-n2-") and "~" not in other and launch_number(other) == number
-                    and stretched.get("measured_longer")):
-                lines.append((other.split("#")[0], value(stretched) / value(record)))
-    by_name: dict[str, list[float]] = {}
-    for name, ratio in lines:
-        by_name.setdefault(name, []).append(ratio)
-    return [f"{name} over {name.rpartition('-')[0]}-ib's matched launches: {math.exp(statistics.fmean(map(math.log, rs))):.3f} "
-            f"({len(rs)} rounds: {', '.join(f'{x:.3f}' for x in rs)})" for name, rs in sorted(by_name.items())]
+        for reference in (f"{model}-n2-ib", f"{model}-n1-any"):
+            if reference == name[base]:
+                continue
+            ref_base = next((b for b, n in name.items() if n == reference), None)
+            matched = [k for k in records if k.startswith(f"{ref_base}@{number}~")]
+            if ref_base is None or f"{ref_base}@{number}" not in records:
+                continue
+            use = matched[0] if matched and record.get("measured_longer") else f"{ref_base}@{number}"
+            pairs.setdefault((name[base], reference), []).append((_value(record) / _value(records[use]), use != f"{ref_base}@{number}"))
+    return pairs
+
+
+def round_noise(records: dict[str, dict]) -> list[str]:
+    """Per pair of ``round_pairs``: the ratio over the later rounds (geometric mean), and how much it
+    varies from round to round (the standard deviation of its log): the noise the gates judge
+    against, blocked as they block it. Against a 5% threshold, rounds that vary 9% cannot decide in
+    6 launches a side (half-width ~1.8 x 9% / sqrt(6) > 5%)."""
+    lines = []
+    for (candidate, reference), rounds in sorted(round_pairs(records).items()):
+        logs = [math.log(ratio) for ratio, _ in rounds]
+        matched = sum(m for _, m in rounds)
+        spread = f", varies {statistics.stdev(logs):.1%} between rounds" if len(logs) > 1 else ""
+        lines.append(f"{candidate} over {reference}: {math.exp(statistics.fmean(logs)):.3f} over {len(logs)} later "
+                     f"rounds{spread}" + (f" ({matched} over the reference's matched launches)" if matched else ""))
+    return lines
 
 
 if __name__ == "__main__":

@@ -133,9 +133,10 @@ def test_the_measured_steps_and_their_bounds_reach_the_rank_program(tmp_path):
         m.measure(Case("qwen2-tiny", 2, "eth"), launch)
     first, second = (TrainConfig.load(r.program[-1]) for r in cluster.requests)
     assert (second.steps, second.measure_s, second.step_precision, second.max_steps) == (5, 2.5, 0.02, 40)
-    # A configuration's first launch measures the whole of twice the window (stats.measure_window).
+    # A configuration's first launch measures the whole of twice the window (stats.measure_window),
+    # with twice the steps allowed, so that the window ends it.
     assert (first.steps, first.measure_s, first.step_precision, first.max_steps) == (5, 2.5 * FIRST_LAUNCH_FACTOR,
-                                                                                     0.0, 40)
+                                                                                     0.0, 40 * FIRST_LAUNCH_FACTOR)
 
 
 def test_a_result_of_the_first_version_is_still_read(tmp_path):
@@ -279,3 +280,38 @@ def test_a_slow_phase_is_judged_against_the_same_configurations_fastest_launch(t
     assert not launch(slow, 0.00024).down_weighted
     # Steps that idled (a communication-bound launch): their probes are not judged at all.
     assert not launch(fast, 0.00030, busy=0.3).down_weighted
+
+
+def test_a_slow_phase_is_judged_against_the_launches_the_store_holds_from_other_processes(tmp_path):
+    """A session that resumed a killed one, or another xdist worker, shares the store: its launch is
+    judged against every stored launch of its configuration (matched-window ones too, the same job),
+    not only against the ones this process measured; other configurations' and idle launches' probes
+    set no reference."""
+    from pytest_fabric.measuring.measure import Measurement
+
+    case, other = Case("qwen2-tiny", 2, "ib"), Case("qwen2-tiny", 1, "ib")
+
+    def record(c: Case, probe: float, busy: float = 0.95) -> tuple[dict, TrainResult]:
+        stored = train_record(c, 1000.0, steps=6)
+        result = TrainResult.from_dict(stored["result"])
+        result.signals = StepSignals(probe_s=[probe] * 6, cpu_busy=[busy] * 6)
+        return stored, result
+
+    store = ResultStore(tmp_path / "store")
+    for key_case, key_suffix, probe, busy in [(other, "", 0.00005, 0.95), (case, "@2", 0.00005, 0.3),
+                                              (case, "@1~60s", 0.00014, 0.95)]:
+        stored, result = record(key_case, probe, busy)
+        key = measurer(tmp_path, FakeCluster()).key(key_case) + key_suffix
+        store.get_or_compute(key, lambda: {**stored, "result": result.to_dict()})
+
+    later = measurer(tmp_path, FakeCluster())  # a new process on the same store
+    stored, result = record(case, 0.00024)
+    later._judge_speed(case, result)
+    assert result.signals.probe_reference_s == 0.00014
+    phase = Measurement.from_record(case, {**stored, "result": result.to_dict()})
+    assert "machine slow 71%" in phase.down_weighted
+    # With none of its configuration stored, a launch is its own reference.
+    alone = measurer(tmp_path / "elsewhere", FakeCluster())
+    stored, result = record(case, 0.00024)
+    alone._judge_speed(case, result)
+    assert result.signals.probe_reference_s == 0.00024

@@ -11,6 +11,7 @@ whose first launch did not stall (eth, unless the machine is busy) measures its 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -186,11 +187,13 @@ class _StallingCluster(FakeCluster):
     def __init__(self) -> None:
         super().__init__()
         self.windows: list[tuple[str, float]] = []
+        self.caps: list[tuple[float, int]] = []  # each launch's (window, step cap)
 
     def launch(self, request, on_tick=None):
         outcome = super().launch(request, on_tick)
         config = TrainConfig.load(request.program[request.program.index("--config") + 1])
         self.windows.append((request.fabric.name, config.measure_s))
+        self.caps.append((config.measure_s, config.max_steps))
         result = json.loads(Path(config.result_path).read_text())
         stalls = request.fabric.name == "ib" or config.measure_s > 5.0
         result["step_s"] = [0.5 * (2.0 if stalls and i % 4 == 3 else 1.0) for i in range(12)]
@@ -224,3 +227,9 @@ def test_a_round_measures_both_sides_over_the_window_of_the_side_that_stalls(tmp
         "qwen2-tiny-n2-eth@", f"qwen2-tiny-n2-eth@1~{stretched:g}s", f"qwen2-tiny-n2-eth@2~{stretched:g}s",
         "qwen2-tiny-n2-eth@3", "qwen2-tiny-n2-ib@", "qwen2-tiny-n2-ib@1", "qwen2-tiny-n2-ib@2"]
     assert m.matched_window(eth, 3, [ib]) == stretched and m.matched_window(ib, 3, [eth]) == 0.0
+    # A window, not the step cap, ends a launch: a window n times the usual one may take n times its
+    # steps (a matched side with short steps would otherwise stop before its partner's window ends).
+    settings = m.settings
+    assert cluster.caps == [(w, max(settings.max_steps, math.ceil(settings.max_steps * w / settings.measure_s - 1e-9)))
+                            for _, w in cluster.windows]
+    assert cluster.caps[0] == (4.0, 2 * settings.max_steps) and cluster.caps[-1] == (2.0, settings.max_steps)

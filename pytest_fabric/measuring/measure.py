@@ -125,6 +125,14 @@ def _stored_value(stored: Any) -> LaunchEstimate | None:
     return launch_value(record.result)
 
 
+def _fastest_probe(probes: Sequence[float], cpu_busy: Sequence[float | None]) -> float:
+    """A launch's fastest judged CPU probe (``probe_judged``); 0.0 with fewer than 3 judged: a
+    launch whose steps idled says nothing of the machine's speed."""
+    busy = list(cpu_busy) if cpu_busy else [None] * len(probes)
+    judged = [p for p, b in zip(probes, busy) if probe_judged(p, b)]
+    return min(judged) if len(judged) >= 3 else 0.0
+
+
 class Measurer:
     def __init__(self, cluster: Cluster, settings: LaunchSettings, store: ResultStore, workdir: Path,
                  progress: Progress | None = None, progress_every_s: float = 3.0) -> None:
@@ -142,6 +150,8 @@ class Measurer:
         self._probe_reference: dict[str, float] = {}
         # Launch values of stored records by store key, for the windows (a stored launch never changes).
         self._values: dict[str, LaunchEstimate | None] = {}
+        # The fastest judged CPU probe of stored records by store key (0.0: none judged).
+        self._probes: dict[str, float] = {}
 
     def key(self, case: Case) -> str:
         """Cache key: the case plus every setting that changes the measurement."""
@@ -250,11 +260,21 @@ class Measurer:
             progress_path=str(run_dir / "progress.jsonl"),
             collective_timeout_s=s.launch_timeout_s,
             **{**s.workload_knobs(), "measure_s": window.seconds,
-               "step_precision": 0.0 if window.whole else s.step_precision},
+               "step_precision": 0.0 if window.whole else s.step_precision, "max_steps": self._step_cap(window.seconds)},
             fabric=self._fabric_record(case),
         )
         record = self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
         return replace(record, measured_longer=window.why) if window.why else record
+
+    def _step_cap(self, seconds: float) -> int:
+        """The most steps a launch measuring ``seconds`` may take: the settings' cap bounds the usual
+        window (--measure-seconds) of very short steps, and a window stretched to N times it may take
+        N times the steps, so that the window, not the cap, ends it: a side matched to its partner's
+        60 s must measure 60 s even where its steps are short (a 70 ms step hit 200 steps after 14 s)."""
+        s = self.settings
+        if not s.measure_s:
+            return s.max_steps
+        return max(s.max_steps, math.ceil(s.max_steps * seconds / s.measure_s - 1e-9))
 
     def _memory_refusal(self, case: Case, batch: int, seq: int) -> str:
         """One line naming what to change when the shape cannot fit the GPU (memory.refusal); "" on
@@ -357,14 +377,27 @@ class Measurer:
         busy cores probe slower than one; a node idling on the network slower still), so only
         launches of the same job are comparable; the first launch of a configuration is its own
         reference."""
-        sig = result.signals
-        busy = sig.cpu_busy or [None] * len(sig.probe_s)
-        probes = [p for p, b in zip(sig.probe_s, busy) if probe_judged(p, b)]
-        if len(probes) < 3:
+        fastest = _fastest_probe(result.signals.probe_s, result.signals.cpu_busy)
+        if not fastest:
             return
         key = self.key(case)
-        self._probe_reference[key] = min(self._probe_reference.get(key, math.inf), min(probes))
-        sig.probe_reference_s = self._probe_reference[key]
+        self._probe_reference[key] = min(self._probe_reference.get(key, math.inf), self._stored_probe(key), fastest)
+        result.signals.probe_reference_s = self._probe_reference[key]
+
+    def _stored_probe(self, key: str) -> float:
+        """The fastest judged probe of the store's launches of configuration ``key`` (its own-window
+        and matched launches alike: the same job): launches this process did not measure count too,
+        those of a killed session this one resumed and those of another xdist worker, so a launch is
+        judged against every launch of its configuration tonight, not only this process's."""
+        fastest = math.inf
+        for stored_key, stored in self.store.all().items():
+            if stored_key.partition("@")[0] != key:
+                continue
+            if stored_key not in self._probes:
+                signals = ((stored or {}).get("result") or {}).get("signals") or {}
+                self._probes[stored_key] = _fastest_probe(signals.get("probe_s") or [], signals.get("cpu_busy") or [])
+            fastest = min(fastest, self._probes[stored_key] or math.inf)
+        return fastest
 
     @contextmanager
     def _machine_slot(self, case: Case) -> Iterator[None]:

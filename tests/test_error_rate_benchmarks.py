@@ -1,6 +1,8 @@
-"""The resampling benchmark's replayed nights (benchmarks/nightly_resample.py, replay_plugin.py):
-a night drawn from a pool measured in rounds keeps every round whole, matched launches included,
-and the replay serves a matched launch to the comparison it was measured for and to no other."""
+"""The benchmarks that state the gates' error rates. The resampling benchmark's replayed nights
+(benchmarks/nightly_resample.py, replay_plugin.py): a night drawn from a pool measured in rounds keeps
+every round whole, matched launches included, and the replay serves a matched launch to the
+comparison it was measured for and to no other. The power table (benchmarks/gate_power.py) runs
+the plugin's own gate on simulated nights."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 nightly_resample = pytest.importorskip("nightly_resample")
 replay_plugin = pytest.importorskip("replay_plugin")
+gate_power = pytest.importorskip("gate_power")
 
 IB, IB2, IB5 = "m-n2-ib#a", "m-n2-ib2#b", "m-n2-ib5#c"
 STRETCHED = {"measured_longer": "its steps stalled", "tag": "ib5"}
@@ -51,7 +54,33 @@ def test_the_replay_serves_a_matched_launch_only_to_the_comparison_with_the_stre
     assert replay_plugin.stored_match(store, IB, [IB5], 0) == 0.0
 
 
-def test_own_launches_leave_out_matched_ones_and_keep_round_order():
-    by_key = nightly_resample.own_launches(_pool(12))
-    assert [r["tag"] for r in by_key[IB]] == [f"ib{r}" for r in range(12)]
+def test_each_round_has_one_launch_of_each_configuration_its_own_where_it_measured_one():
+    pool = _pool(12)
+    pool[f"{IB2}@5~60.3s"] = {"tag": "ib2-5~"}  # ib2 measured only over a partner's window in round 5
+    del pool[f"{IB2}@5"]
+    by_key = nightly_resample.round_launches(pool)
+    assert [r["tag"] for r in by_key[IB]] == [f"ib{r}" for r in range(12)]  # round 10 after round 9
+    assert [r["tag"] for r in by_key[IB2]][4:7] == ["ib2-4", "ib2-5~", "ib2-6"]
     assert set(by_key) == {IB, IB2, IB5}
+
+
+def test_the_power_table_decides_a_quiet_machine_and_refuses_to_guess_on_a_noisy_one(capsys):
+    assert gate_power.main(["--nights", "40", "--noise", "0.01,0.08", "--seed", "3"]) == 0
+    rows = {}
+    for line in capsys.readouterr().out.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 10 and cells[0].endswith("%") and cells[4].isdigit():
+            rows[(cells[0], cells[1], cells[2])] = tuple(int(c) for c in cells[4:7])
+    assert len(rows) == 2 * 2 * len(gate_power.SCENARIOS)
+    quiet_aa, quiet_slow = rows[("1%", "learned", "A/A")], rows[("1%", "learned", "x1.10")]
+    assert quiet_aa[2] == 0 and quiet_aa[0] >= 36  # passes, never fails
+    assert quiet_slow[2] >= 36 and quiet_slow[0] == 0
+    # At 8% noise a 5% gate cannot tell: mostly inconclusive, still no A/A failure.
+    noisy_aa = rows[("8%", "learned", "A/A")]
+    assert noisy_aa[1] > noisy_aa[0] and noisy_aa[2] <= 2
+
+
+def test_the_power_table_refuses_bad_input_with_a_usage_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        gate_power.main(["--noise", "two percent"])
+    assert exc.value.code == 2 and "--noise" in capsys.readouterr().err
