@@ -282,26 +282,30 @@ def _value(record: dict) -> float:
 def round_pairs(records: dict[str, dict]) -> dict[tuple[str, str], list[tuple[float, bool]]]:
     """The pool's later rounds as its gates pair them: every n2 configuration with its model's n2 ib
     (the parity pairs) and with its model's one-node launch (the regression pairs), per round the
-    ratio of their tokens/s, taken over the reference's matched launch (``~Ws``) where the
-    candidate's launch was stretched that round and one was measured (then True)."""
+    ratio of their tokens/s over the launches the replay serves that comparison (``stored_match``:
+    a side measured over its partner's longer window where the partner was stretched that round;
+    then True)."""
     from pytest_fabric.measuring.measurement import launch_number
+    from replay_plugin import stored_match
 
-    name = {key.partition("@")[0]: key.partition("#")[0] for key in records}
+    bases = {key.partition("@")[0].partition("~")[0]: key.partition("#")[0] for key in records}
+    by_name = {name: base for base, name in bases.items()}
+    rounds = sorted({launch_number(key) for key in records} - {0})
     pairs: dict[tuple[str, str], list[tuple[float, bool]]] = {}
-    for key, record in sorted(records.items(), key=lambda kv: launch_number(kv[0])):
-        base, number = key.partition("@")[0], launch_number(key)
-        model, _, fabric = name[base].rpartition("-n2-")
-        if "~" in key or not number or not model:
-            continue
-        for reference in (f"{model}-n2-ib", f"{model}-n1-any"):
-            if reference == name[base]:
+    for base, name in sorted(bases.items()):
+        model, _, fabric = name.rpartition("-n2-")
+        for reference in (f"{model}-n2-ib", f"{model}-n1-any") if model else ():
+            ref_base = by_name.get(reference)
+            if ref_base is None or reference == name:
                 continue
-            ref_base = next((b for b, n in name.items() if n == reference), None)
-            matched = [k for k in records if k.startswith(f"{ref_base}@{number}~")]
-            if ref_base is None or f"{ref_base}@{number}" not in records:
-                continue
-            use = matched[0] if matched and record.get("measured_longer") else f"{ref_base}@{number}"
-            pairs.setdefault((name[base], reference), []).append((_value(record) / _value(records[use]), use != f"{ref_base}@{number}"))
+            for k in rounds:
+                sides = []
+                for mine, partner in ((base, ref_base), (ref_base, base)):
+                    window = stored_match(records, mine, [partner], k)
+                    sides.append(f"{mine}@{k}" + (f"~{window:g}s" if window else ""))
+                if all(side in records for side in sides):
+                    ratio = _value(records[sides[0]]) / _value(records[sides[1]])
+                    pairs.setdefault((name, reference), []).append((ratio, any("~" in side for side in sides)))
     return pairs
 
 
@@ -316,7 +320,7 @@ def round_noise(records: dict[str, dict]) -> list[str]:
         matched = sum(m for _, m in rounds)
         spread = f", varies {statistics.stdev(logs):.1%} between rounds" if len(logs) > 1 else ""
         lines.append(f"{candidate} over {reference}: {math.exp(statistics.fmean(logs)):.3f} over {len(logs)} later "
-                     f"rounds{spread}" + (f" ({matched} over the reference's matched launches)" if matched else ""))
+                     f"rounds{spread}" + (f" ({matched} of them over one side's matched launch)" if matched else ""))
     return lines
 
 
