@@ -264,13 +264,17 @@ def test_a_slow_phase_is_judged_against_the_same_configurations_fastest_launch(t
     from pytest_fabric.measuring.measure import Measurement
 
     m = measurer(tmp_path, FakeCluster())
+    launches = iter(range(100))
 
     def launch(case: Case, probe: float, busy: float = 0.95) -> Measurement:
         record = train_record(case, 1000.0, steps=6)
         result = TrainResult.from_dict(record["result"])
         result.signals = StepSignals(probe_s=[probe] * 6, cpu_busy=[busy] * 6)
         m._judge_speed(case, result)
-        return Measurement.from_record(case, {**record, "result": result.to_dict()})
+        record = {**record, "result": result.to_dict()}
+        # Stored as a measured launch is (``Measurer._cached``): the next launches are judged against it.
+        m.store.get_or_compute(f"{m.key(case)}@{next(launches)}", lambda: record)
+        return Measurement.from_record(case, record)
 
     fast, slow = Case("qwen2-tiny", 2, "ib"), Case("qwen2-tiny", 1, "ib")
     assert not launch(fast, 0.00014).down_weighted

@@ -40,7 +40,7 @@ from ..core.storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from ..workload import faults
-from ..workload.signals import probe_judged
+from ..workload.signals import fastest_probe
 from ..workload.config import CollectivesConfig, TrainConfig
 from ..workload.result import CollectivesResult, TrainResult
 
@@ -125,14 +125,6 @@ def _stored_value(stored: Any) -> LaunchEstimate | None:
     return launch_value(record.result)
 
 
-def _fastest_probe(probes: Sequence[float], cpu_busy: Sequence[float | None]) -> float:
-    """A launch's fastest judged CPU probe (``probe_judged``); 0.0 with fewer than 3 judged: a
-    launch whose steps idled says nothing of the machine's speed."""
-    busy = list(cpu_busy) if cpu_busy else [None] * len(probes)
-    judged = [p for p, b in zip(probes, busy) if probe_judged(p, b)]
-    return min(judged) if len(judged) >= 3 else 0.0
-
-
 class Measurer:
     def __init__(self, cluster: Cluster, settings: LaunchSettings, store: ResultStore, workdir: Path,
                  progress: Progress | None = None, progress_every_s: float = 3.0) -> None:
@@ -146,8 +138,6 @@ class Measurer:
         # Pre-flight facts of the nodes, by fabric: read once per session (locally or by a probe
         # through the launcher), then the inventory the transport proof compares NCCL's NICs with.
         self._nodes: dict[str, list[preflight.NodeFacts]] = {}
-        # Per configuration (its cache key), the fastest busy-step CPU probe seen this session.
-        self._probe_reference: dict[str, float] = {}
         # Launch values of stored records by store key, for the windows (a stored launch never changes).
         self._values: dict[str, LaunchEstimate | None] = {}
         # The fastest judged CPU probe of stored records by store key (0.0: none judged).
@@ -377,12 +367,10 @@ class Measurer:
         busy cores probe slower than one; a node idling on the network slower still), so only
         launches of the same job are comparable; the first launch of a configuration is its own
         reference."""
-        fastest = _fastest_probe(result.signals.probe_s, result.signals.cpu_busy)
+        fastest = fastest_probe(result.signals.probe_s, result.signals.cpu_busy)
         if not fastest:
             return
-        key = self.key(case)
-        self._probe_reference[key] = min(self._probe_reference.get(key, math.inf), self._stored_probe(key), fastest)
-        result.signals.probe_reference_s = self._probe_reference[key]
+        result.signals.probe_reference_s = min(self._stored_probe(self.key(case)), fastest)
 
     def _stored_probe(self, key: str) -> float:
         """The fastest judged probe of the store's launches of configuration ``key`` (its own-window
@@ -395,7 +383,7 @@ class Measurer:
                 continue
             if stored_key not in self._probes:
                 signals = ((stored or {}).get("result") or {}).get("signals") or {}
-                self._probes[stored_key] = _fastest_probe(signals.get("probe_s") or [], signals.get("cpu_busy") or [])
+                self._probes[stored_key] = fastest_probe(signals.get("probe_s") or [], signals.get("cpu_busy") or [])
             fastest = min(fastest, self._probes[stored_key] or math.inf)
         return fastest
 

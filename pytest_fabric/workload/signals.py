@@ -112,12 +112,19 @@ def slow_phase(probes: Sequence[float], reference_s: float, cpu_busy: Sequence[f
     ran, as a fraction (0.18: 18% slower), when beyond ``PHASE_SLOWDOWN``; 0.0 when not, or when
     fewer than 3 steps were busy enough for their probe to say anything (``probe_judged``: a
     communication-bound launch idles every step, and its probes read that)."""
-    busy = list(cpu_busy) if cpu_busy else [None] * len(probes)
-    measured = [p for p, b in zip(probes, busy) if probe_judged(p, b)]
-    if len(measured) < 3 or reference_s <= 0:
+    fastest = fastest_probe(probes, cpu_busy)
+    if not fastest or reference_s <= 0:
         return 0.0
-    slower = min(measured) / reference_s - 1.0
+    slower = fastest / reference_s - 1.0
     return slower if slower > PHASE_SLOWDOWN else 0.0
+
+
+def fastest_probe(probes: Sequence[float], cpu_busy: Sequence[float | None] = ()) -> float:
+    """A launch's fastest judged CPU probe (``probe_judged``); 0.0 with fewer than 3 judged: a
+    launch whose steps idled says nothing of the machine's speed."""
+    busy = list(cpu_busy) if cpu_busy else [None] * len(probes)
+    judged = [p for p, b in zip(probes, busy) if probe_judged(p, b)]
+    return min(judged) if len(judged) >= 3 else 0.0
 
 
 def throttle_names(mask: int) -> list[str]:
