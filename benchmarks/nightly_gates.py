@@ -60,10 +60,9 @@ from junitparser import Error, Failure, JUnitXml, Skipped
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The planted fabrics first: each planted gate's rounds run back to back with its reference's launches
-# (ib for parity, the one-node launch for scaling efficiency), and each A/A gate reuses them, as any
-# second comparison against the same reference in one session does (one reference run serves every
-# comparison), so its rounds are not back to back.
+# The planted fabrics first, the A/A gates last: a later gate's rounds launch their reference again
+# next to their own candidate (a round's launches run back to back: ``Measurer.in_round``), as any
+# later comparison against the same reference in one session does.
 FABRICS = ["--fabrics", "ib7,ib6,ib5,ib4,ib3,ib,ib2", "-o",
            "fabric_define=ib2: ib\nib3: ib\nib4: ib\nib5: ib\nib6: ib\nib7: ib"]
 PLANT_PARITY = "slow:fabric=ib3,factor=1.10"

@@ -58,9 +58,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from nightly_gates import FABRICS, NIGHTLY, PLANTS, REPO, SELECT, gates_of, night, print_table
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from nightly_gates import FABRICS, NIGHTLY, PLANTS, REPO, SELECT, gates_of, night, print_table  # noqa: E402
+
+from pytest_fabric.measuring.measurement import LaunchKey  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 # Every configuration a nightly gate judges: qwen2-tiny n2 ib and its parity candidates; llama-wide
@@ -84,8 +89,9 @@ def pool(out: Path, sessions: int, launches: int, resume: bool) -> dict[str, dic
         for key, record in records.items():
             if "result" not in record:
                 continue
-            base, _, index = key.partition("@")
-            by_key.setdefault(base, {"first": [], "later": []})["later" if index else "first"].append(record)
+            parsed = LaunchKey.parse(key)
+            by_key.setdefault(parsed.base, {"first": [], "later": []})["later" if parsed.number else "first"].append(
+                record)
     return by_key
 
 
@@ -140,34 +146,31 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool, baseline: Path) -> dict
 def round_launches(records: dict[str, dict]) -> dict[str, list[dict]]:
     """Each configuration's launch of each round, in round order: its own-window launch, or where it
     measured only over its partners' window that round (every comparison it is in was matched), that
-    launch (one of them, where several)."""
-    from pytest_fabric.measuring.measurement import launch_number
-
-    chosen: dict[tuple[str, int], tuple[bool, str]] = {}
+    launch (one of them, where several). Its launch of the round's own, not one measured again for a
+    later comparison of the round (``+partners``), where it has one."""
+    chosen: dict[tuple[str, int], tuple[bool, bool, str]] = {}
     for key in records:
-        slot, rank = (key.partition("@")[0], launch_number(key)), ("~" not in key, key)
+        parsed = LaunchKey.parse(key)
+        slot, rank = (parsed.base, parsed.number), (not parsed.window, not parsed.block, key)
         if slot not in chosen or rank > chosen[slot]:
             chosen[slot] = rank
     by_key: dict[str, list[dict]] = {}
-    for (base, _), (_, key) in sorted(chosen.items()):
+    for (base, _), (*_, key) in sorted(chosen.items()):
         by_key.setdefault(base, []).append(records[key])
     return by_key
 
 
 def night_store(records: dict[str, dict], order: Sequence[int]) -> dict[str, dict]:
     """The store of a night that takes the pool's rounds in ``order`` (``order[j]``: the pool round
-    its round j was measured in): every launch of a round, matched ones (``~Ws``) included, under
-    the round's new number; rounds not drawn are left out."""
-    from pytest_fabric.measuring.measurement import launch_number
-
+    its round j was measured in): every launch of a round, matched ones (``~Ws``) and ones measured
+    again for a later comparison (``+partners``) included, under the round's new number; rounds not
+    drawn are left out."""
     position = {r: j for j, r in enumerate(order)}
     store = {}
     for key, record in records.items():
-        number = launch_number(key)
-        if number not in position:
-            continue
-        j, matched = position[number], key.partition("~")[2]
-        store[key.partition("@")[0] + (f"@{j}" if j else "") + (f"~{matched}" if matched else "")] = record
+        parsed = LaunchKey.parse(key)
+        if parsed.number in position:
+            store[str(replace(parsed, number=position[parsed.number]))] = record
     return store
 
 
@@ -284,13 +287,12 @@ def round_pairs(records: dict[str, dict]) -> dict[tuple[str, str], list[tuple[fl
     (the parity pairs) and with its model's one-node launch (the regression pairs), per round the
     ratio of their tokens/s over the launches the replay serves that comparison (``stored_match``:
     a side measured over its partner's longer window where the partner was stretched that round;
-    then True)."""
-    from pytest_fabric.measuring.measurement import launch_number
+    then True). A side measured again for that comparison (``+partners``) is the one the round used."""
     from replay_plugin import stored_match
 
-    bases = {key.partition("@")[0].partition("~")[0]: key.partition("#")[0] for key in records}
+    bases = {LaunchKey.parse(key).base: key.partition("#")[0] for key in records}
     by_name = {name: base for base, name in bases.items()}
-    rounds = sorted({launch_number(key) for key in records} - {0})
+    rounds = sorted({LaunchKey.parse(key).number for key in records} - {0})
     pairs: dict[tuple[str, str], list[tuple[float, bool]]] = {}
     for base, name in sorted(bases.items()):
         model, _, fabric = name.rpartition("-n2-")
@@ -301,8 +303,9 @@ def round_pairs(records: dict[str, dict]) -> dict[tuple[str, str], list[tuple[fl
             for k in rounds:
                 sides = []
                 for mine, partner in ((base, ref_base), (ref_base, base)):
-                    window = stored_match(records, mine, [partner], k)
-                    sides.append(f"{mine}@{k}" + (f"~{window:g}s" if window else ""))
+                    side = LaunchKey(mine, k, stored_match(records, mine, [partner], k))
+                    again = str(replace(side, block=bases[partner]))
+                    sides.append(again if again in records else str(side))
                 if all(side in records for side in sides):
                     ratio = _value(records[sides[0]]) / _value(records[sides[1]])
                     pairs.setdefault((name, reference), []).append((ratio, any("~" in side for side in sides)))

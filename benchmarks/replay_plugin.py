@@ -45,6 +45,10 @@ def pytest_configure(config: pytest.Config) -> None:
     Measurer._launch = refuse
     Measurer.matched_window = lambda self, case, launch, partners: stored_match(
         self.store.all(), self.key(case), [self.key(p) for p in partners], launch)
+    # A round's launches as the night measured them: a launch measured again for its round
+    # (``...+partners``) where the store has one, the round's own launch otherwise; the pool's
+    # launch times (rounds of different sessions) decide nothing here.
+    Measurer.in_round = lambda self, key, partner_keys: True
 
 
 def stored_match(store: Mapping[str, dict], key: str, partner_keys: Sequence[str], launch: int) -> float:
@@ -56,9 +60,17 @@ def stored_match(store: Mapping[str, dict], key: str, partner_keys: Sequence[str
     launch of the round was stretched for its stalls (a plain record with ``measured_longer``; only
     a stall stretches a later launch, ``steps.measure_window``), and its plain launch served every
     other comparison."""
+    from pytest_fabric.measuring.measurement import LaunchKey
+
     if not launch:
         return 0.0
-    prefix = f"{key}@{launch}~"
-    windows = [float(k[len(prefix):].removesuffix("s")) for k in store if k.startswith(prefix)]
-    stretched = any((store.get(f"{p}@{launch}") or {}).get("measured_longer") for p in partner_keys)
+    windows, stretched = [], False
+    for stored_key, record in store.items():
+        parsed = LaunchKey.parse(stored_key)
+        if parsed.number != launch:
+            continue
+        if parsed.base == key and parsed.window:
+            windows.append(parsed.window)
+        elif parsed.base in partner_keys and not parsed.window:
+            stretched = stretched or bool((record or {}).get("measured_longer"))
     return max(windows) if windows and stretched else 0.0

@@ -84,3 +84,25 @@ def test_the_power_table_refuses_bad_input_with_a_usage_line(capsys):
     with pytest.raises(SystemExit) as exc:
         gate_power.main(["--noise", "two percent"])
     assert exc.value.code == 2 and "--noise" in capsys.readouterr().err
+
+
+def test_a_launch_measured_again_for_a_later_gate_moves_with_its_round_and_pairs_with_that_gate():
+    """A round's reference launched again next to a later gate's candidate (``+partners``): a
+    replayed night keeps it in its round, the round's own launch stays the configuration's launch
+    of the round, and the pool's round ratios pair the later gate's candidate with it."""
+    from helpers import training_record
+
+    ib, ib2 = "qwen2-tiny-n2-ib#a", "qwen2-tiny-n2-ib2#b"
+    pool = {}
+    for r in range(4):
+        at = f"@{r}" if r else ""
+        pool[ib + at] = training_record("qwen2-tiny", 2, "ib", 1000.0 + r)
+        pool[ib + at + "+qwen2-tiny-n2-ib2"] = training_record("qwen2-tiny", 2, "ib", 900.0 + r)
+        pool[ib2 + at] = training_record("qwen2-tiny", 2, "ib2", 990.0)
+    store = nightly_resample.night_store(pool, [0, 3, 1])
+    assert store[ib + "@1+qwen2-tiny-n2-ib2"] is pool[ib + "@3+qwen2-tiny-n2-ib2"]
+    assert len(store) == 3 * 3
+    assert [r is pool[ib + (f"@{k}" if k else "")] for k, r in enumerate(nightly_resample.round_launches(pool)[ib])] == [
+        True] * 4
+    ratios = [ratio for ratio, _ in nightly_resample.round_pairs(pool)[("qwen2-tiny-n2-ib2", "qwen2-tiny-n2-ib")]]
+    assert ratios == pytest.approx([990.0 / (900.0 + k) for k in (1, 2, 3)], rel=1e-6)

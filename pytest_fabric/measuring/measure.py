@@ -32,8 +32,8 @@ from ..cluster import Cluster, LaunchRequest
 from ..cluster.base import OnThisMachine
 from ..core.fabrics import Fabric, get_fabric
 from ..core.models import get_model
-from .measurement import (BandwidthMeasurement, LaunchRecord, Measurement, MeasurementError, launch_number,  # noqa: F401 (public names)
-                          configuration_tokens_per_s, counted, launch_value, result_estimate, step_loss)
+from .measurement import (BandwidthMeasurement, LaunchKey, LaunchRecord, Measurement, MeasurementError,  # noqa: F401 (public names)
+                          block_name, launch_number, configuration_tokens_per_s, counted, launch_value, result_estimate, step_loss)
 from ..deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_MAX_FACTOR, STALL_TARGET_SE, LaunchEstimate, Window,
                               measure_window)
 from ..core.storage import is_storage_error, storage_problem
@@ -113,6 +113,32 @@ Settings = LaunchSettings
 
 Progress = Callable[[str], None]
 
+# The least gap between two launches that still counts as back to back (``Measurer.in_round``): what
+# starting the next launch takes (the harness between launches, another xdist worker's launch
+# holding the machine); beyond it, the longer of the two launches (one launch between them).
+ROUND_GAP_S = 5.0
+
+
+def _timed(launch: Callable[[], LaunchRecord], clock: Callable[[], float]) -> dict[str, Any]:
+    """``launch()``'s record, with when it ran on this harness's ``clock``."""
+    started = clock()
+    record = launch()
+    return replace(record, started=round(started, 3), ended=round(clock(), 3)).to_dict()
+
+
+def _span(stored: Any) -> tuple[float, float] | None:
+    """When a stored launch ran, (started, ended); None where the record does not say."""
+    try:
+        started, ended = float(stored["started"]), float(stored["ended"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (started, ended) if ended >= started > 0 else None
+
+
+def _gap(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """Seconds between two time spans (0.0 where they overlap)."""
+    return max(0.0, max(a[0], b[0]) - min(a[1], b[1]))
+
 
 def _stored_value(stored: Any) -> LaunchEstimate | None:
     """The launch value of a stored record; None for a failed, unreadable or non-training one."""
@@ -135,6 +161,7 @@ class Measurer:
         self.progress = progress
         self.progress_every_s = progress_every_s
         self.launched: list[Case] = []  # what this process actually launched
+        self.clock: Callable[[], float] = time.time  # when launches run (seconds since the epoch)
         # Pre-flight facts of the nodes, by fabric: read once per session (locally or by a probe
         # through the launcher), then the inventory the transport proof compares NCCL's NICs with.
         self._nodes: dict[str, list[preflight.NodeFacts]] = {}
@@ -162,13 +189,47 @@ class Measurer:
         as a launch of its own (key ``...@N~Ws``): a launch's mean depends on how long it ran (here
         a 60 s launch's steps averaged 5-15% slower than its own first 6 s), so the two sides of a
         comparison must measure alike, and a launch measured shorter for another comparison serves
-        that one only."""
-        key = self.key(case) + (f"@{launch}" if launch else "")
-        at_least = self.matched_window(case, launch, partners)
-        if at_least:
-            key += f"~{at_least:g}s"
+        that one only.
+
+        A round's launches run back to back (``in_round``): a stored launch serves this round only
+        where it ran next to the round's other launches. One measured for an earlier comparison
+        (the reference every gate shares, minutes of other gates ago) is launched again for this
+        round (key ``...+partners``), so that a drift of the machine between two gates never reads as
+        a difference between the fabrics."""
+        key = LaunchKey(self.key(case), launch, self.matched_window(case, launch, partners))
+        if partners:
+            again = replace(key, block=block_name(partners))  # once launched again, it serves its round
+            if self.store.get(str(again)) is not None or not self.in_round(
+                    key, [self._round_key(p, case, launch, partners) for p in partners]):
+                key = again
         return Measurement.from_record(
-            case, self._cached(case, key, lambda: self._launch(case, launch, at_least)), launch)
+            case, self._cached(case, str(key), lambda: self._launch(case, launch, key.window)), launch)
+
+    def _round_key(self, partner: Case, case: Case, launch: int, partners: Sequence[Case]) -> LaunchKey | None:
+        """The stored launch ``partner`` measured for this round: the one it measured again for
+        this round's cases where it did (``measure``), else its launch of that number; None where
+        it has not launched yet this round."""
+        others = [case, *(p for p in partners if p != partner)]
+        key = LaunchKey(self.key(partner), launch, self.matched_window(partner, launch, others))
+        for candidate in (replace(key, block=block_name(others)), key):
+            if self.store.get(str(candidate)) is not None:
+                return candidate
+        return None
+
+    def in_round(self, key: LaunchKey, partner_keys: Sequence[LaunchKey | None]) -> bool:
+        """Whether the stored launch ``key`` (if any) ran back to back with its round's other
+        launches: at most the longer of the two launches (at least ``ROUND_GAP_S``) between it and
+        each partner's stored launch of the round, or, where none has launched yet, between it and
+        now (they launch next). A key not stored launches now, in the round; a record without
+        times (kept before they were) is taken as it was."""
+        stored = self.store.get(str(key))
+        span = _span(stored)
+        if span is None:
+            return True
+        spans = [s for k in partner_keys if k is not None and (s := _span(self.store.get(str(k)))) is not None]
+        now = self.clock()
+        return all(_gap(span, other) <= max(ROUND_GAP_S, span[1] - span[0], other[1] - other[0])
+                   for other in (spans or [(now, now)]))
 
     def window(self, case: Case, launch: int) -> Window:
         """The window launch number ``launch`` of ``case`` measures on its own (``measure_window``)."""
@@ -201,11 +262,12 @@ class Measurer:
             value = self._values[stored_key]
             if value is None:  # failed, unreadable, or not a training launch: says nothing of stalls
                 continue
-            base, number = stored_key.partition("@")[0], launch_number(stored_key)
+            parsed = LaunchKey.parse(stored_key)
+            base, number = parsed.base, parsed.number
             # This round's launches: its windows are planned before any of them lands. A launch
             # measured over its partner's longer window (``~``) is not a window of its own: a long
             # window's mean sits further above its fast steps on a machine that slows under load.
-            if number >= launch or "~" in stored_key:
+            if number >= launch or parsed.window:
                 continue
             if base == key:
                 mine[number] = value
@@ -218,7 +280,7 @@ class Measurer:
         """The store's record of ``key``, launched if absent; MeasurementError for a failed launch, and
         for a disk that cannot take the launch's files (one line saying what to do, storage.py)."""
         try:
-            stored, _ = self.store.get_or_compute(key, lambda: launch().to_dict())
+            stored, _ = self.store.get_or_compute(key, lambda: _timed(launch, self.clock))
         except OSError as exc:
             if not is_storage_error(exc):
                 raise
@@ -379,7 +441,7 @@ class Measurer:
         judged against every launch of its configuration tonight, not only this process's."""
         fastest = math.inf
         for stored_key, stored in self.store.all().items():
-            if stored_key.partition("@")[0] != key:
+            if LaunchKey.parse(stored_key).base != key:
                 continue
             if stored_key not in self._probes:
                 signals = ((stored or {}).get("result") or {}).get("signals") or {}

@@ -15,6 +15,7 @@ readers of a night (``nights``, ``junit``, ``gates``, ``terminal``) need none of
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,16 +26,51 @@ from ..core.units import MIB
 from ..workload.result import CollectiveRow, CollectivesResult, TrainResult
 from ..workload.signals import probe_judged, slow_phase, typical_probe
 
-__all__ = ["BandwidthMeasurement", "LaunchRecord", "Measurement", "MeasurementError", "configuration_tokens_per_s",
-           "counted", "launch_number", "launch_value", "result_estimate", "step_loss"]
+__all__ = ["BandwidthMeasurement", "LaunchKey", "LaunchRecord", "Measurement", "MeasurementError", "configuration_tokens_per_s",
+           "block_name", "counted", "launch_number", "launch_value", "result_estimate", "step_loss"]
+
+
+_KEY_TAIL = re.compile(r"^(?P<hash>[^@~+]+)(?:@(?P<number>\d+))?(?:~(?P<window>\d+(?:\.\d+)?)s)?(?:\+(?P<block>.+))?$")
+
+
+@dataclass(frozen=True)
+class LaunchKey:
+    """A store key, ``<case>#<set-up>[@N][~Ws][+partners]``, read in one place (``parse``) and written
+    in one (``str``): the configuration (``base``: the case and every setting that changes it), the
+    launch number (0 is the first), the window it measured where it matched a comparison partner's
+    longer one (``window``, seconds; 0.0: its own), and, for a launch measured again for a round
+    whose other launches ran later than its first one (``Measurer.measure``: a round's launches run
+    back to back), the partners of that round (``block``, their case ids, "," between)."""
+
+    base: str
+    number: int = 0
+    window: float = 0.0
+    block: str = ""
+
+    @classmethod
+    def parse(cls, key: str) -> LaunchKey:
+        head, hashed, tail = key.rpartition("#")
+        match = _KEY_TAIL.match(tail) if hashed else None
+        if match is None:
+            return cls(key.partition("@")[0])
+        return cls(f"{head}#{match['hash']}", int(match["number"] or 0), float(match["window"] or 0.0),
+                   match["block"] or "")
+
+    def __str__(self) -> str:
+        return (self.base + (f"@{self.number}" if self.number else "") + (f"~{self.window:g}s" if self.window else "")
+                + (f"+{self.block}" if self.block else ""))
+
+
+def block_name(partners: Sequence[Case]) -> str:
+    """The ``block`` part of a key: the case ids of a round's other launches, sorted."""
+    return ",".join(sorted(p.id for p in partners))
 
 
 def launch_number(key: str) -> int:
-    """The launch number a store key names: ``...#hash`` 0, ``...#hash@3`` 3, and ``...#hash@3~60s``
-    (launch 3 measured over a window matched to its comparison partner's, ``Measurer.measure``) 3."""
-    _, at, index = key.rpartition("@")
-    number = index.partition("~")[0]
-    return int(number) if at and number.isdigit() else 0
+    """The launch number a store key names: ``...#hash`` 0, ``...#hash@3`` 3, ``...#hash@3~60s``
+    (launch 3 measured over a window matched to its comparison partner's, ``Measurer.measure``) 3,
+    and ``...#hash@3+partner`` (launch 3 measured again for a later round's partner) 3."""
+    return LaunchKey.parse(key).number
 
 
 class MeasurementError(Exception):
@@ -59,6 +95,10 @@ class LaunchRecord:
     # Why the launch measured longer than --measure-seconds (its configuration's steps stalled in an
     # earlier launch: ``stats.measure_window``); "" when it did not.
     measured_longer: str = ""
+    # When the launch ran on this harness's clock (seconds since the epoch; 0.0: a record from before
+    # they were kept): whether a stored launch ran back to back with its round's others (``Measurer``).
+    started: float = 0.0
+    ended: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -74,11 +114,12 @@ class LaunchRecord:
         return cls(case, error=error)
 
     def to_dict(self) -> dict[str, Any]:
+        when = {"started": self.started, "ended": self.ended} if self.ended else {}
         if self.error is not None:
-            return {"case": asdict(self.case), "error": self.error}
+            return {"case": asdict(self.case), "error": self.error, **when}
         assert self.result is not None, "a launch record holds a result or an error"
         longer = {"measured_longer": self.measured_longer} if self.measured_longer else {}
-        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict(), **longer}
+        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict(), **longer, **when}
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> LaunchRecord:
@@ -87,11 +128,12 @@ class LaunchRecord:
         if isinstance(record, LaunchRecord):
             return record
         case = Case(**record["case"])
+        when = {"started": float(record.get("started") or 0.0), "ended": float(record.get("ended") or 0.0)}
         if "error" in record:
-            return cls(case, error=str(record["error"]) if record["error"] else "")
+            return cls(case, error=str(record["error"]) if record["error"] else "", **when)
         kind = CollectivesResult if case.model == BANDWIDTH else TrainResult
         return cls(case, str(record.get("cluster", "")), kind.from_dict(record["result"], f"result of {case.id}"),
-                   measured_longer=str(record.get("measured_longer") or ""))
+                   measured_longer=str(record.get("measured_longer") or ""), **when)
 
 
 @dataclass

@@ -70,8 +70,10 @@ class CompareFixture:
 
     ``--repeats`` launches per side first, then one pair more while the interval of the ratio
     straddles the threshold, up to ``--max-repeats`` per side (a launch disturbed as a whole counts
-    with a small weight, so a large effect decides even then, and a small one buys more launches); launches are cached per index, so a reference measured for one comparison serves
-    the next one too. The interval is ``stats.contrast_interval`` of the launches' values (each a
+    with a small weight, so a large effect decides even then, and a small one buys more launches).
+    Launches are cached per index: a reference measured for one comparison serves another whose
+    round ran next to it, and is launched again for a round that runs later (``Measurer.measure``:
+    a round's launches run back to back). The interval is ``stats.contrast_interval`` of the launches' values (each a
     robust value of its steps, with its own precision), with the session's launch-noise prior.
     """
 
