@@ -106,7 +106,7 @@ class TestConfigurations:
         first, second = records["qwen2-tiny-n2-ib#synthetic"], records["qwen2-tiny-n2-ib#synthetic@1"]
         for record, step in ((first, 0.2), (second, 0.8)):
             record["result"]["step_s"] = [step] * 6
-            record["result"]["signals"] = {name: [] for name in record["result"]["signals"]}  # none recorded
+            record["result"]["signals"] = {name: [] if isinstance(v, list) else v for name, v in record["result"]["signals"].items()}  # none recorded
         configs, notes = configurations(records)
         assert notes == []
         ib = next(c for c in configs if c.label == "qwen2-tiny n2x1 ib")
@@ -121,7 +121,7 @@ class TestConfigurations:
         for key in ("qwen2-tiny-n2-eth#synthetic", "qwen2-tiny-n2-eth#synthetic@1"):
             r = records[key]["result"]
             r["step_s"] = [0.1, 0.1, 0.5, 0.5, 0.5, 0.5, 0.1, 0.1]
-            r["signals"] = {name: [] for name in r["signals"]}
+            r["signals"] = {name: [] if isinstance(v, list) else v for name, v in r["signals"].items()}
             r["signals"]["disturbed"] = ["", "", "cpu steal 40 ms", "cpu steal 40 ms", "cpu steal 41 ms",
                                          "cpu slowed 35%", "", ""]
             assert statistics.median(r["step_s"]) == pytest.approx(0.3)

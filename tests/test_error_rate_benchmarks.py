@@ -106,3 +106,29 @@ def test_a_launch_measured_again_for_a_later_gate_moves_with_its_round_and_pairs
         True] * 4
     ratios = [ratio for ratio, _ in nightly_resample.round_pairs(pool)[("qwen2-tiny-n2-ib2", "qwen2-tiny-n2-ib")]]
     assert ratios == pytest.approx([990.0 / (900.0 + k) for k in (1, 2, 3)], rel=1e-6)
+
+
+def test_a_saved_night_is_rejudged_by_the_current_phase_rule_in_launch_order():
+    """A night saved under the fastest-probe rule: a 61-step launch at the usual speed caught one
+    fast reading, and the short launch after it was flagged slow; re-judged, that launch is clean
+    and one run wholly at the fast level is flagged."""
+    from helpers import training_record
+
+    rejudge_phases = pytest.importorskip("rejudge_phases")
+
+    def launch(probes, started, reference):
+        record = training_record("qwen2-tiny", 2, "ib", 1000.0)
+        record["result"]["step_s"] = [0.5] * len(probes)
+        record["result"]["signals"] = {"probe_s": probes, "cpu_busy": [0.95] * len(probes),
+                                       "probe_reference_s": reference}
+        return {**record, "started": started, "ended": started + 10}
+
+    usual = [0.00025, 0.00026, 0.00024, 0.00025]
+    records = {"qwen2-tiny-n2-ib#a@2": launch(usual, 300.0, 0.00016),  # saved in store order, launched last
+               "qwen2-tiny-n2-ib#a": launch(usual, 100.0, 0.00024),
+               "qwen2-tiny-n2-ib#a@1": launch(usual * 15 + [0.00016], 200.0, 0.00016),
+               "qwen2-tiny-n2-ib#a@3": launch([0.00017] * 4, 400.0, 0.00016)}
+    rows = {key: (before, after) for key, before, after in rejudge_phases.rejudge(records)}
+    assert list(rows) == ["qwen2-tiny-n2-ib#a", "qwen2-tiny-n2-ib#a@1", "qwen2-tiny-n2-ib#a@2", "qwen2-tiny-n2-ib#a@3"]
+    assert "machine slow" in rows["qwen2-tiny-n2-ib#a@2"][0] and not rows["qwen2-tiny-n2-ib#a@2"][1]
+    assert not rows["qwen2-tiny-n2-ib#a@3"][0] and "machine fast" in rows["qwen2-tiny-n2-ib#a@3"][1]

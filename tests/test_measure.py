@@ -256,7 +256,7 @@ def test_a_free_machine_launches_at_once_without_a_message(tmp_path):
     assert len(cluster.started_at) == 1 and not any("waiting" in s for s in said)
 
 
-def test_a_slow_phase_is_judged_against_the_same_configurations_fastest_launch(tmp_path):
+def test_a_slow_phase_is_judged_against_the_same_configurations_usual_launch(tmp_path):
     """Each configuration's launches set its reference: a later launch of the same configuration
     whose busy steps all probe 70% slow ran in a slow phase; another configuration (another load on
     the cores) is never judged against it; idle steps' probes say nothing."""
@@ -286,6 +286,35 @@ def test_a_slow_phase_is_judged_against_the_same_configurations_fastest_launch(t
     assert not launch(fast, 0.00030, busy=0.3).down_weighted
 
 
+def test_a_launch_is_judged_by_its_typical_probe_against_its_configurations_usual_one_either_way(tmp_path):
+    """A vCPU whose speed flips between two levels (2026-11-26: probes of 0.16-0.18 ms and of
+    0.23-0.27 ms): a long launch at the usual level catches a rare fast probe, and it neither counts
+    as fast nor makes the short launches after it slow; a launch that ran wholly at the other level,
+    faster or slower than the configuration usually runs, is not its usual launch."""
+    from pytest_fabric.measuring.measure import Measurement
+
+    m = measurer(tmp_path, FakeCluster())
+    launches = iter(range(100))
+    case = Case("qwen2-tiny", 2, "ib")
+
+    def launch(probes: list[float]) -> Measurement:
+        record = train_record(case, 1000.0, steps=len(probes))
+        result = TrainResult.from_dict(record["result"])
+        result.signals = StepSignals(probe_s=probes, cpu_busy=[0.95] * len(probes))
+        m._judge_speed(case, result)
+        record = {**record, "result": result.to_dict()}
+        m.store.get_or_compute(f"{m.key(case)}@{next(launches)}", lambda: record)
+        return Measurement.from_record(case, record)
+
+    usual = [0.00025, 0.00026, 0.00024, 0.00025, 0.00026, 0.00025]
+    assert not launch(usual).down_weighted
+    assert not launch(usual * 10 + [0.00016]).down_weighted  # 61 probes, one of them at the fast level
+    assert not launch(usual).down_weighted  # before: 56% slower than that one probe, "machine slow"
+    fast = launch([0.00017] * 6)
+    assert "machine fast 47%" in fast.down_weighted and fast.weight < 0.2
+    assert "machine slow" in launch([0.00033] * 6).down_weighted
+
+
 def test_a_slow_phase_is_judged_against_the_launches_the_store_holds_from_other_processes(tmp_path):
     """A session that resumed a killed one, or another xdist worker, shares the store: its launch is
     judged against every stored launch of its configuration (matched-window ones too, the same job),
@@ -311,11 +340,11 @@ def test_a_slow_phase_is_judged_against_the_launches_the_store_holds_from_other_
     later = measurer(tmp_path, FakeCluster())  # a new process on the same store
     stored, result = record(case, 0.00024)
     later._judge_speed(case, result)
-    assert result.signals.probe_reference_s == 0.00014
+    assert result.signals.probe_usual_s == 0.00014
     phase = Measurement.from_record(case, {**stored, "result": result.to_dict()})
     assert "machine slow 71%" in phase.down_weighted
     # With none of its configuration stored, a launch is its own reference.
     alone = measurer(tmp_path / "elsewhere", FakeCluster())
     stored, result = record(case, 0.00024)
     alone._judge_speed(case, result)
-    assert result.signals.probe_reference_s == 0.00024
+    assert result.signals.probe_usual_s == 0.00024

@@ -287,6 +287,9 @@ class TestLaunchEstimate:
         est = launch_estimate([1.0] * 10, slow_phase=0.4)
         assert "machine slow 40%" in est.disturbed
         assert est.extra_var == pytest.approx(math.log(1.4) ** 2)
+        fast = launch_estimate([1.0] * 10, slow_phase=-0.3)  # its probes took 30% less: 43% faster
+        assert "machine fast 43%" in fast.disturbed
+        assert fast.extra_var == pytest.approx(math.log(0.7) ** 2)
 
     def test_tokens_per_s(self):
         assert launch_estimate([0.5] * 8).tokens_per_s(1000) == pytest.approx(2000.0)

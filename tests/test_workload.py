@@ -444,6 +444,17 @@ def test_a_slow_phase_is_judged_against_the_sessions_fastest_probe():
     assert signals.slow_phase([0.00024, 0.00025], 0.00014) == 0.0
 
 
+def test_a_phase_is_the_launchs_typical_probe_against_its_configurations_usual_one_either_way():
+    usual = 0.00025
+    assert signals.slow_phase([0.00030, 0.00031, 0.00016], 0.0, usual_s=usual) == pytest.approx(0.00030 / usual - 1)
+    assert signals.slow_phase([0.00017, 0.00018, 0.00016], 0.0, usual_s=usual) == pytest.approx(0.00017 / usual - 1)
+    # One rare reading at the other level is not a phase: the typical probe is the lower median.
+    assert signals.slow_phase([0.00016, 0.00025, 0.00026, 0.00024], 0.00016, usual_s=usual) == 0.0
+    assert signals.slow_phase([0.00027, 0.00028, 0.00026], 0.0, usual_s=usual) == 0.0  # within PHASE_SLOWDOWN
+    assert signals.slow_phase([0.00030, 0.00031], 0.0, usual_s=usual) == 0.0  # fewer than 3 say nothing
+    assert signals.slow_phase([0.00030] * 3, 0.0, [0.3] * 3, usual_s=usual) == 0.0  # idle steps say nothing
+
+
 def test_the_probe_is_judged_only_on_steps_that_kept_their_cores_busy():
     # A communication-bound launch: its ranks ran 30% of each step, waiting on the network; after
     # such waits a vCPU here probes ~1.7x slow. Neither a step nor the launch is judged on it.

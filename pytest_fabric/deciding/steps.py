@@ -343,8 +343,9 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
     the job pays) and its own precision (``mean_standard_error``, in logs).
 
     A launch with fewer than ``MIN_CLEAN_STEPS`` clean steps, more than half of its steps
-    disturbed, or run in a slow phase of the machine (``slow_phase`` > 0: its fastest CPU probe that
-    much slower than its configuration's fastest launch's, as ``workload.signals.slow_phase`` judged) is marked ``disturbed``:
+    disturbed, or run in another phase of the machine (``slow_phase`` off 0: its CPU probe that much
+    slower, or faster where negative, than its configuration's usual launch's, as
+    ``workload.signals.slow_phase`` judged) is marked ``disturbed``:
     its value falls back to all steady steps when too few are clean, and the gates weigh it down
     (``DISTURBED_SIGMA``) instead of dropping it. The 25% quantile (``fast_step_s``) is kept as a
     diagnostic: the mean far above it says some steps stall.
@@ -352,7 +353,7 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
     ``loss``: per step, the share of its time the disturbance took (0..1; ``measure.result_estimate``
     reads it from the signals). A launch disturbed as a whole carries as ``disturbance`` how far
     that may have moved its value: the log ratio of all steady steps' mean to the clean steps' mean
-    where enough are clean, else -log(1 - mean loss of the disturbed steps), and log(1 + slow_phase).
+    where enough are clean, else -log(1 - mean loss of the disturbed steps), and |log(1 + slow_phase)|.
     """
     if not step_s:
         raise ValueError("a launch with no step times has no value")
@@ -368,8 +369,11 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
         if len(clean) < MIN_CLEAN_STEPS:
             clean = [float(t) for t in step_s[start:]]
     if slow_phase > 0:
-        why.append(f"machine slow {slow_phase:.0%} for the whole launch (its fastest CPU probe against the "
-                   f"fastest of its configuration's launches)")
+        why.append(f"machine slow {slow_phase:.0%} for the whole launch (its CPU probe against its "
+                   f"configuration's launches)")
+    elif slow_phase < 0:
+        why.append(f"machine fast {1 / (1 + slow_phase) - 1:.0%} for the whole launch (its CPU probe against its "
+                   f"configuration's launches)")
     mean = statistics.fmean(clean)
     log_se = mean_standard_error(clean) / mean
     fast = _quantile(sorted(clean), FAST_QUANTILE)
@@ -383,6 +387,6 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
         elif loss:
             lost = [min(max(float(x), 0.0), 0.95) for x, d in zip(list(loss)[start:], flags) if d]
             magnitude = -math.log(1 - statistics.fmean(lost)) if lost else 0.0
-        magnitude = max(magnitude, math.log1p(slow_phase))
+        magnitude = max(magnitude, abs(math.log1p(slow_phase)))
     return LaunchEstimate(mean, log_se, len(step_s), len(clean), start, dict(reasons), "; ".join(why), fast,
                           magnitude)

@@ -40,7 +40,7 @@ from ..core.storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from ..workload import faults
-from ..workload.signals import fastest_probe
+from ..workload.signals import launch_probe
 from ..workload.config import CollectivesConfig, TrainConfig
 from ..workload.result import CollectivesResult, TrainResult
 
@@ -167,7 +167,7 @@ class Measurer:
         self._nodes: dict[str, list[preflight.NodeFacts]] = {}
         # Launch values of stored records by store key, for the windows (a stored launch never changes).
         self._values: dict[str, LaunchEstimate | None] = {}
-        # The fastest judged CPU probe of stored records by store key (0.0: none judged).
+        # The typical judged CPU probe of stored records by store key (0.0: fewer than 3 judged).
         self._probes: dict[str, float] = {}
 
     def key(self, case: Case) -> str:
@@ -422,32 +422,32 @@ class Measurer:
         return LaunchRecord(case, self.cluster.name, result)
 
     def _judge_speed(self, case: Case, result: TrainResult) -> None:
-        """Record with the result the full-speed CPU probe of its configuration: the fastest busy-step
-        probe any launch of the same configuration showed this session, this one included, so that a
-        launch run in a slow phase of the machine is known as such for good (``stats.launch_estimate``,
-        ``signals.slow_phase``). Per configuration: the job's own load sets the vCPU's speed (two
-        busy cores probe slower than one; a node idling on the network slower still), so only
-        launches of the same job are comparable; the first launch of a configuration is its own
-        reference."""
-        fastest = fastest_probe(result.signals.probe_s, result.signals.cpu_busy)
-        if not fastest:
-            return
-        result.signals.probe_reference_s = min(self._stored_probe(self.key(case)), fastest)
+        """Record with the result its configuration's usual CPU probe: the lower median of the typical
+        busy-step probes of every launch of the same configuration this session, this one included,
+        so that a launch run in another phase of the machine is known as such for good
+        (``stats.launch_estimate``, ``signals.slow_phase``). Per configuration: the job's own load
+        sets the vCPU's speed (two busy cores probe slower than one; a node idling on the network
+        slower still), so only launches of the same job are comparable; the first launch of a
+        configuration is its own reference."""
+        speed = launch_probe(result.signals.probe_s, result.signals.cpu_busy)
+        if speed:
+            result.signals.probe_usual_s = statistics.median_low([*self._stored_speeds(self.key(case)), speed])
 
-    def _stored_probe(self, key: str) -> float:
-        """The fastest judged probe of the store's launches of configuration ``key`` (its own-window
-        and matched launches alike: the same job): launches this process did not measure count too,
-        those of a killed session this one resumed and those of another xdist worker, so a launch is
-        judged against every launch of its configuration tonight, not only this process's."""
-        fastest = math.inf
+    def _stored_speeds(self, key: str) -> list[float]:
+        """The typical judged probe of each of the store's launches of configuration ``key`` (its
+        own-window, matched and again-launched ones alike: the same job): launches this process did
+        not measure count too, those of a killed session this one resumed and those of another
+        xdist worker, so a launch is judged against every launch of its configuration tonight."""
+        speeds = []
         for stored_key, stored in self.store.all().items():
             if LaunchKey.parse(stored_key).base != key:
                 continue
             if stored_key not in self._probes:
                 signals = ((stored or {}).get("result") or {}).get("signals") or {}
-                self._probes[stored_key] = fastest_probe(signals.get("probe_s") or [], signals.get("cpu_busy") or [])
-            fastest = min(fastest, self._probes[stored_key] or math.inf)
-        return fastest
+                self._probes[stored_key] = launch_probe(signals.get("probe_s") or [], signals.get("cpu_busy") or [])
+            if self._probes[stored_key]:
+                speeds.append(self._probes[stored_key])
+        return speeds
 
     @contextmanager
     def _machine_slot(self, case: Case) -> Iterator[None]:

@@ -221,11 +221,12 @@ class Measurement:
 
 def launch_value(result: TrainResult) -> LaunchEstimate:
     """A training result's launch value (``stats.launch_estimate``): its steps, their disturbance
-    flags, and the slow phase its CPU probes show against its configuration's fastest launch. The one place a
-    launch's value is taken from a result (measurements, calibration, the benchmarks)."""
+    flags, and the phase of the machine its CPU probes show against its configuration's usual
+    launch. The one place a launch's value is taken from a result (measurements, calibration, the
+    benchmarks)."""
     sig = result.signals
     return launch_estimate(result.step_s, sig.disturbed or None,
-                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s, sig.cpu_busy),
+                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s, sig.cpu_busy, sig.probe_usual_s),
                            loss=step_loss(result))
 
 

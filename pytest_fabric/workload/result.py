@@ -91,6 +91,11 @@ class StepSignals:
     # The fastest busy-step CPU probe of this configuration's launches in the session when the launch
     # ran (0: unknown): a launch whose fastest probe is well above it ran in a slow phase of the machine.
     probe_reference_s: float = 0.0
+    # The usual CPU probe of this configuration's launches in the session when the launch ran (the
+    # lower median of their typical busy-step probes, this one's included; 0: an older result,
+    # judged by ``probe_reference_s``): a launch whose typical probe is well off it, either way, ran
+    # in another phase of the machine (``signals.slow_phase``).
+    probe_usual_s: float = 0.0
     # Wall clock (Unix seconds) at the end of each measured step on global rank 0; [] in older results.
     step_end_unix: list[float] = field(default_factory=list)
     # The GPU's busy share after each step (NVML utilization, the least busy GPU); [] where unknown.

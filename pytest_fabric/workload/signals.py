@@ -39,6 +39,8 @@ Standard library only: the harness imports the rule and the names without torch.
 
 from __future__ import annotations
 
+import math
+
 import os
 import time
 from collections.abc import Sequence
@@ -78,10 +80,9 @@ FIELDS = ("step_s", "own_run_s", "cores_busy_s", "cores_steal_s", "cores", "prob
 # communication-bound launch, whose ranks wait on the network every step, probes slow on most
 # steps; that is the job's own pattern, paid by every launch of it, not a disturbance.
 PROBE_SLOWDOWN = 0.30
-# A whole launch ran in a slow phase of the machine when even its fastest probe is this much slower
-# than the fastest of its configuration's launches this session (the machine's full speed under the
-# same job): a speed level that lasts minutes slows every step of a launch alike, so no step stands
-# out from its own launch.
+# A whole launch ran in another phase of the machine when its typical probe is this much slower than
+# its configuration's usual one this session (or as much faster: ``slow_phase``): a speed level that
+# lasts minutes moves every step of a launch alike, so no step stands out from its own launch.
 PHASE_SLOWDOWN = 0.15
 
 _PROBE_LOOPS = 4000
@@ -107,11 +108,26 @@ def cpu_probe() -> float:
     return best
 
 
-def slow_phase(probes: Sequence[float], reference_s: float, cpu_busy: Sequence[float | None] = ()) -> float:
-    """How much slower than ``reference_s`` (the session's full speed) a launch's fastest CPU probe
-    ran, as a fraction (0.18: 18% slower), when beyond ``PHASE_SLOWDOWN``; 0.0 when not, or when
-    fewer than 3 steps were busy enough for their probe to say anything (``probe_judged``: a
-    communication-bound launch idles every step, and its probes read that)."""
+def slow_phase(probes: Sequence[float], reference_s: float, cpu_busy: Sequence[float | None] = (),
+               usual_s: float = 0.0) -> float:
+    """How far from its configuration's usual speed a whole launch ran, as a fraction of its probe
+    time: 0.18 ran 18% slow; -0.3 ran fast (its probes took 30% less); 0.0 within ``PHASE_SLOWDOWN``
+    either way, or when fewer than 3 steps were busy enough for their probe to say anything
+    (``probe_judged``: a communication-bound launch idles every step, and its probes read that).
+
+    ``usual_s`` (results since 2026-11-26): the lower median of the typical probes of the
+    configuration's launches when this one ran, against this launch's typical probe
+    (``launch_probe``). Typical against usual, both ways: on a vCPU whose speed flips between two
+    levels for minutes (probes of 0.16-0.18 ms and of 0.23-0.27 ms, here), the fastest probe of a
+    launch is a rare reading whose odds grow with the launch's length (a 60 s launch caught 0.16
+    ms where its typical was 0.26), and a launch that ran at the other level than its
+    configuration usually does, faster or slower, is not the configuration's usual launch.
+    Without it (older results): the launch's fastest probe against ``reference_s``, the fastest of
+    its configuration's launches then, slower only."""
+    if usual_s > 0:
+        speed = launch_probe(probes, cpu_busy)
+        off = speed / usual_s - 1.0 if speed else 0.0
+        return off if abs(math.log1p(off)) > math.log1p(PHASE_SLOWDOWN) else 0.0
     fastest = fastest_probe(probes, cpu_busy)
     if not fastest or reference_s <= 0:
         return 0.0
@@ -119,11 +135,22 @@ def slow_phase(probes: Sequence[float], reference_s: float, cpu_busy: Sequence[f
     return slower if slower > PHASE_SLOWDOWN else 0.0
 
 
-def fastest_probe(probes: Sequence[float], cpu_busy: Sequence[float | None] = ()) -> float:
-    """A launch's fastest judged CPU probe (``probe_judged``); 0.0 with fewer than 3 judged: a
-    launch whose steps idled says nothing of the machine's speed."""
+def _judged(probes: Sequence[float], cpu_busy: Sequence[float | None]) -> list[float]:
     busy = list(cpu_busy) if cpu_busy else [None] * len(probes)
-    judged = [p for p, b in zip(probes, busy) if probe_judged(p, b)]
+    return [p for p, b in zip(probes, busy) if probe_judged(p, b)]
+
+
+def launch_probe(probes: Sequence[float], cpu_busy: Sequence[float | None] = ()) -> float:
+    """A launch's CPU speed: the lower median of its judged probes (``probe_judged``); 0.0 with
+    fewer than 3 judged: a launch whose steps idled says nothing of the machine's speed."""
+    judged = sorted(_judged(probes, cpu_busy))
+    return judged[(len(judged) - 1) // 2] if len(judged) >= 3 else 0.0
+
+
+def fastest_probe(probes: Sequence[float], cpu_busy: Sequence[float | None] = ()) -> float:
+    """A launch's fastest judged CPU probe (``probe_judged``); 0.0 with fewer than 3 judged: the
+    rule of results kept before ``usual_s`` (``slow_phase``)."""
+    judged = _judged(probes, cpu_busy)
     return min(judged) if len(judged) >= 3 else 0.0
 
 
