@@ -21,42 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pytest_fabric.measuring.measurement import LaunchKey, LaunchRecord, Measurement  # noqa: E402
-from pytest_fabric.workload.signals import launch_probe  # noqa: E402
-
-
-def rejudge(records: dict[str, dict]) -> list[tuple[str, str, str]]:
-    """Per training launch, in launch order: (store key, why the saved judgement down-weights it,
-    why the current rule does); "" where it counts fully."""
-    order = sorted(enumerate(records.items()), key=lambda item: (float(item[1][1].get("started") or 0.0), item[0]))
-    speeds: dict[str, list[float]] = {}
-    rows = []
-    for _, (key, stored) in order:
-        try:
-            record = LaunchRecord.from_dict(stored)
-        except (KeyError, TypeError, ValueError):
-            continue
-        if record.failed or record.bandwidth:
-            continue
-        before = Measurement.from_record(record.case, record).down_weighted
-        signals = record.result.signals
-        speed = launch_probe(signals.probe_s, signals.cpu_busy)
-        if speed:
-            seen = speeds.setdefault(LaunchKey.parse(key).base, [])
-            seen.append(speed)
-            signals.probe_usual_s = statistics.median_low(seen)
-        rows.append((key, before, Measurement.from_record(record.case, record).down_weighted))
-    return rows
+from pytest_fabric.workload.signals import launch_probe, usual_probe  # noqa: E402
 
 
 def rejudged(records: dict[str, dict]) -> dict[str, dict]:
-    """The records with each training launch's usual probe set as the current rule sets it."""
+    """A copy of the records with each training launch's usual probe set as ``Measurer._judge_speed``
+    sets it: from its configuration's launches so far, in launch order (their ``started`` times; the
+    store's order where a record has none)."""
     out = json.loads(json.dumps(records))
     speeds: dict[str, list[float]] = {}
     order = sorted(enumerate(out.items()), key=lambda item: (float(item[1][1].get("started") or 0.0), item[0]))
@@ -68,8 +45,26 @@ def rejudged(records: dict[str, dict]) -> dict[str, dict]:
         if speed:
             seen = speeds.setdefault(LaunchKey.parse(key).base, [])
             seen.append(speed)
-            signals["probe_usual_s"] = statistics.median_low(seen)
+            signals["probe_usual_s"] = usual_probe(seen)
     return out
+
+
+def rejudge(records: dict[str, dict]) -> list[tuple[str, str, str]]:
+    """Per training launch, in launch order: (store key, why the saved judgement down-weights it,
+    why the current rule does); "" where it counts fully."""
+    again = rejudged(records)
+    order = sorted(enumerate(records), key=lambda item: (float(records[item[1]].get("started") or 0.0), item[0]))
+    rows = []
+    for _, key in order:
+        try:
+            saved, now = LaunchRecord.from_dict(records[key]), LaunchRecord.from_dict(again[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if saved.failed or saved.bandwidth:
+            continue
+        rows.append((key, Measurement.from_record(saved.case, saved).down_weighted,
+                     Measurement.from_record(now.case, now).down_weighted))
+    return rows
 
 
 def replay(records: dict[str, dict], out: Path, baseline: Path, select: str) -> list[dict]:

@@ -40,7 +40,7 @@ from ..core.storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
 from ..workload import faults
-from ..workload.signals import launch_probe
+from ..workload.signals import launch_probe, usual_probe
 from ..workload.config import CollectivesConfig, TrainConfig
 from ..workload.result import CollectivesResult, TrainResult
 
@@ -199,8 +199,10 @@ class Measurer:
         key = LaunchKey(self.key(case), launch, self.matched_window(case, launch, partners))
         if partners:
             again = replace(key, block=block_name(partners))  # once launched again, it serves its round
-            if self.store.get(str(again)) is not None or not self.in_round(
-                    key, [self._round_key(p, case, launch, partners) for p in partners]):
+            # Only a stored launch can have run apart from its round: the partners' keys (their
+            # windows, from the store) are looked up for those alone.
+            if self.store.get(str(again)) is not None or (self.store.get(str(key)) is not None and not self.in_round(
+                    key, [self._round_key(p, case, launch, partners) for p in partners])):
                 key = again
         return Measurement.from_record(
             case, self._cached(case, str(key), lambda: self._launch(case, launch, key.window)), launch)
@@ -431,7 +433,7 @@ class Measurer:
         configuration is its own reference."""
         speed = launch_probe(result.signals.probe_s, result.signals.cpu_busy)
         if speed:
-            result.signals.probe_usual_s = statistics.median_low([*self._stored_speeds(self.key(case)), speed])
+            result.signals.probe_usual_s = usual_probe([*self._stored_speeds(self.key(case)), speed])
 
     def _stored_speeds(self, key: str) -> list[float]:
         """The typical judged probe of each of the store's launches of configuration ``key`` (its

@@ -40,8 +40,8 @@ Standard library only: the harness imports the rule and the names without torch.
 from __future__ import annotations
 
 import math
-
 import os
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -141,10 +141,16 @@ def _judged(probes: Sequence[float], cpu_busy: Sequence[float | None]) -> list[f
 
 
 def launch_probe(probes: Sequence[float], cpu_busy: Sequence[float | None] = ()) -> float:
-    """A launch's CPU speed: the lower median of its judged probes (``probe_judged``); 0.0 with
-    fewer than 3 judged: a launch whose steps idled says nothing of the machine's speed."""
-    judged = sorted(_judged(probes, cpu_busy))
-    return judged[(len(judged) - 1) // 2] if len(judged) >= 3 else 0.0
+    """A launch's CPU speed: its ``typical_probe``; 0.0 with fewer than 3 judged probes (a launch
+    whose steps idled says nothing of the machine's speed). Unknown busy shares count as busy."""
+    busy = list(cpu_busy) if cpu_busy else [None] * len(probes)
+    return typical_probe(probes, busy) if len(_judged(probes, busy)) >= 3 else 0.0
+
+
+def usual_probe(speeds: Sequence[float]) -> float:
+    """A configuration's usual CPU probe: the lower median of its launches' ``launch_probe``s (the
+    ``usual_s`` of ``slow_phase``)."""
+    return statistics.median_low(speeds)
 
 
 def fastest_probe(probes: Sequence[float], cpu_busy: Sequence[float | None] = ()) -> float:
