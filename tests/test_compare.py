@@ -37,6 +37,7 @@ class FakeLaunches:
         self.rng, self.disturbed, self.order, self.ids = random.Random(seed), set(disturbed), [], []
         self.made = {}  # case id -> its launches, in order
         self.partners = []  # (fabric, launch, the fabrics the round compares it with)
+        self.rounds = []  # interleaved rounds: (fabrics in turn order, launch)
 
     def __call__(self, case, launch=0, partners=()):
         self.order.append((case.fabric, launch))
@@ -51,6 +52,11 @@ class FakeLaunches:
         self.made.setdefault(case.id, []).append(m)
         return m
 
+    def round(self, cases, launch):
+        """A round whose launches take turns (``MeasureFixture.round``): one entry per round."""
+        self.rounds.append(([c.fabric for c in cases], launch))
+        return [self(case, launch) for case in cases]
+
 
 class StandInSession(SimpleNamespace):
     # The real session's answers, on the stand-in's options and cluster: the launch-noise prior
@@ -61,6 +67,7 @@ class StandInSession(SimpleNamespace):
     floor_line = FabricSession.floor_line
     predicted = FabricSession.predicted
     family = FabricSession.family
+    interleaved = FabricSession.interleaved
     gates = 0
 
 
@@ -72,7 +79,7 @@ def said(item) -> list[str]:
 def options(**kw):
     defaults = dict(repeats=3, max_repeats=6, inconclusive="xfail", launch_noise=None, baseline=None,
                     regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=LaunchSettings(),
-                    floor_tolerance=0.10, family_wise="bonferroni")
+                    floor_tolerance=0.10, family_wise="bonferroni", interleave="off")
     return SimpleNamespace(**{**defaults, **kw})
 
 
@@ -99,6 +106,17 @@ def test_equal_fabrics_pass_and_launches_are_interleaved():
     # The noise the interval used, with its source and degrees of freedom, on a pass too.
     assert re.search(r"launch noise \d\.\d% on \d+ df \(prior 2\.0%: declared default, 4 df; tonight \d+ df\)", line)
     assert predicted.startswith("predicted: unavailable (")
+    assert launches.rounds == []  # --interleave off: one launch after the other
+
+
+def test_interleaved_rounds_launch_together_in_alternating_turn_order():
+    """--interleave on: each round is one ``round`` call, its first turn alternating as the launch
+    order does, and the gate judges the same launches."""
+    fixture, launches, item = compare({"ib": 1000.0, "eth": 1000.0}, interleave="on")
+    result = fixture.within(CAND, REF, rel=0.05)
+    rounds = len(launches.rounds)
+    assert result.verdict is Verdict.PASS and result.interval.launches == (rounds, rounds) and rounds >= 2
+    assert launches.rounds == [(["ib", "eth"] if i % 2 == 0 else ["eth", "ib"], i) for i in range(rounds)]
     # The decided comparison itself goes to the report's machine lines.
     assert item.stash[OUTCOMES_KEY] == [result]
     assert (result.a_name, result.b_name, result.threshold) == ("eth", "ib", 0.95)

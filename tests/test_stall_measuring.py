@@ -22,6 +22,7 @@ from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.workload.config import TrainConfig
 
 from pytest_fabric.measuring.measure import Measurer, launch_number, result_estimate
+from pytest_fabric.measuring.measurement import LaunchKey
 from pytest_fabric.deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_DEADLINE_SHARE, STALL_MARGIN, STALL_MAX_FACTOR,
                                           STALL_TARGET_SE, Window, launch_estimate, measure_window, measuring_done)
 from pytest_fabric.workload import faults
@@ -156,13 +157,15 @@ def test_gate(fabric_compare):
 
 
 @pytest.mark.slow
-def test_both_sides_of_a_comparison_measure_the_window_of_the_side_that_stalls(pytester, monkeypatch):
+@pytest.mark.parametrize("interleave", ["off", "on"])
+def test_both_sides_of_a_comparison_measure_the_window_of_the_side_that_stalls(pytester, monkeypatch, interleave):
     """ib stalls (planted), ib2 is a copy of ib that does not: in the second round ib measures
     longer, and so does ib2, as a launch of its own keyed with the window, measured whole and saying
-    why, so that the gate compares means over equally long windows."""
+    why, so that the gate compares means over equally long windows: one launch after the other, or
+    taking turns (``&``: the round's launches interleaved)."""
     _, records = _stalling_ib_session(pytester, monkeypatch, COMPARED, "--fabrics", "ib,ib2", "-o",
                                       "fabric_define=ib2: ib", "--repeats", "2", "--max-repeats", "2",
-                                      "--inconclusive", "warn", "--family-wise", "none")
+                                      "--inconclusive", "warn", "--family-wise", "none", "--interleave", interleave)
     keys = {(r["case"]["fabric"], launch_number(key), "~" in key): key for key, r in records.items()}
     assert sorted(keys) == [("ib", 0, False), ("ib", 1, False), ("ib2", 0, False), ("ib2", 1, True)], sorted(records)
     measure_s = {k: json.loads((Path(records[key]["result"]["run_dir"]) / "config.json").read_text())["measure_s"]
@@ -170,7 +173,9 @@ def test_both_sides_of_a_comparison_measure_the_window_of_the_side_that_stalls(p
     stretched = measure_s[("ib", 1, False)]
     assert stretched > 2.0  # the planted stalls: of 16 steps at p=0.3, none stalls 3 times in 1000
     assert measure_s[("ib2", 1, True)] == pytest.approx(stretched, abs=0.05)
-    assert keys[("ib2", 1, True)].endswith(f"@1~{round(stretched, 1):g}s")
+    matched = LaunchKey.parse(keys[("ib2", 1, True)])
+    assert (matched.number, matched.window) == (1, round(stretched, 1))
+    assert all(LaunchKey.parse(k).interleaved == (interleave == "on") for k in records)
     assert "partner" in records[keys[("ib2", 1, True)]]["measured_longer"]
     assert "measured_longer" not in records[keys[("ib2", 0, False)]]  # its first launch: its own window
 

@@ -14,11 +14,14 @@ import json
 import math
 import platform
 import re
+import shutil
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -43,6 +46,7 @@ from ..workload import faults
 from ..workload.signals import launch_probe, usual_probe
 from ..workload.config import CollectivesConfig, TrainConfig
 from ..workload.result import CollectivesResult, TrainResult
+from ..workload.turnstile import CHUNK_S, TurnConfig, mark_done
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,17 @@ def _timed(launch: Callable[[], LaunchRecord], clock: Callable[[], float]) -> di
     return replace(record, started=round(started, 3), ended=round(clock(), 3)).to_dict()
 
 
+def _cancellable(tick: Callable[[float], None] | None, cancel: threading.Event) -> Callable[[float], None]:
+    """``tick``, raising KeyboardInterrupt once ``cancel`` is set: the supervisor's loop unwinds as on
+    Ctrl-C (its ``finally`` kills the ranks), in a thread that no signal reaches."""
+    def cancellable(elapsed: float) -> None:
+        if cancel.is_set():
+            raise KeyboardInterrupt("the launch's interleaved round was interrupted")
+        if tick is not None:
+            tick(elapsed)
+    return cancellable
+
+
 def _span(stored: Any) -> tuple[float, float] | None:
     """When a stored launch ran, (started, ended); None where the record does not say."""
     try:
@@ -206,6 +221,59 @@ class Measurer:
                 key = again
         return Measurement.from_record(
             case, self._cached(case, str(key), lambda: self._launch(case, launch, key.window)), launch)
+
+    def measure_round(self, cases: Sequence[Case], launch: int) -> list[Measurement]:
+        """Launch number ``launch`` of every case of a round, interleaved (``workload/turnstile.py``):
+        the launches start together, warm up, and then their measured steps take turns, a chunk of
+        about ``turnstile.CHUNK_S`` seconds each, in the order given (``cases[0]`` first), so that
+        a drift of the machine hits every side alike instead of the side that ran in its slow
+        minute. Every side measures the round's longest window whole (no stop on precision: sides
+        that stopped apart would not be paired to the end). Keyed ``...@N[~Ws]&partners``: such a
+        launch serves its round alone. Where some of the round is stored already (a resumed
+        session), the rest launches interleaved with each other, or on its own where one is left."""
+        windows = [self.window(case, launch) for case in cases]
+        seconds = max(w.seconds for w in windows)
+        keys = [LaunchKey(self.key(case), launch, round(seconds, 1) if round(seconds, 1) > w.seconds else 0.0,
+                          block_name([c for c in cases if c is not case]), interleaved=True)
+                for case, w in zip(cases, windows)]
+        missing = [i for i, key in enumerate(keys) if self.store.get(str(key)) is None]
+        if len(missing) > 1:
+            with self._machine_slot(cases[missing[0]]):
+                records = self._launch_together([cases[i] for i in missing], launch, seconds)
+            for i, record in zip(missing, records):
+                self.store.get_or_compute(str(keys[i]), lambda record=record: record)
+        return [Measurement.from_record(case, self._cached(
+                    case, str(key), lambda case=case: self._launch(case, launch, seconds, whole=True)), launch)
+                for case, key in zip(cases, keys)]
+
+    def _launch_together(self, cases: Sequence[Case], launch: int, seconds: float) -> list[dict[str, Any]]:
+        """Launch ``cases`` at once, taking turns (``measure_round``): their stored records, in order.
+        A side that ends, however it ends, is marked done in the turnstile, so that no other side
+        waits for it; an interrupt of the session stops every side's ranks."""
+        s = self.settings
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        directory = Path(tempfile.mkdtemp(prefix="turns-", dir=self.workdir))
+        worlds = tuple(case.nodes * s.gpus_per_node for case in cases)
+        cancel = threading.Event()
+
+        def side(i: int) -> dict[str, Any]:
+            turns = TurnConfig(str(directory), i, worlds, CHUNK_S)
+            try:
+                return _timed(lambda: self._launch(cases[i], launch, seconds, whole=True, turns=turns, cancel=cancel),
+                              self.clock)
+            finally:
+                mark_done(directory, i, worlds[i])
+
+        try:
+            with ThreadPoolExecutor(len(cases), thread_name_prefix="round") as pool:
+                futures = [pool.submit(side, i) for i in range(len(cases))]
+                try:
+                    return [f.result() for f in futures]
+                except BaseException:
+                    cancel.set()  # every side's supervisor unwinds at its next tick: ranks killed, links gone
+                    raise
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     def _round_key(self, partner: Case, case: Case, launch: int, partners: Sequence[Case]) -> LaunchKey | None:
         """The stored launch ``partner`` measured for this round: the one it measured again for
@@ -292,7 +360,8 @@ class Measurer:
             raise MeasurementError(record.error)
         return record
 
-    def _launch(self, case: Case, launch: int = 0, at_least: float = 0.0) -> LaunchRecord:
+    def _launch(self, case: Case, launch: int = 0, at_least: float = 0.0, whole: bool = False,
+                turns: TurnConfig | None = None, cancel: threading.Event | None = None) -> LaunchRecord:
         s = self.settings
         batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
@@ -303,6 +372,8 @@ class Measurer:
         if at_least > window.seconds:
             window = Window(at_least, True, f"its comparison partner measures all of {at_least:g} s this round "
                                             f"(its steps stall): measuring as long, so that both sides measure alike")
+        elif whole and not window.whole:
+            window = replace(window, whole=True)  # interleaved: every side to the end of the window
         if window.why and self.progress is not None:
             self.progress(f"{case.id}: {window.why}")
         run_dir = self._run_dir(case)
@@ -316,8 +387,10 @@ class Measurer:
             **{**s.workload_knobs(), "measure_s": window.seconds,
                "step_precision": 0.0 if window.whole else s.step_precision, "max_steps": self._step_cap(window.seconds)},
             fabric=self._fabric_record(case),
+            turnstile=turns.to_dict() if turns is not None else None,
         )
-        record = self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
+        record = self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path),
+                           slot=turns is None, cancel=cancel)
         return replace(record, measured_longer=window.why) if window.why else record
 
     def _step_cap(self, seconds: float) -> int:
@@ -369,8 +442,11 @@ class Measurer:
         fabric = self.settings.fabric(case.fabric).for_launch(case.crosses_fabric)
         return {**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric), "crosses_fabric": case.crosses_fabric}
 
-    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None) -> LaunchRecord:
-        """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error."""
+    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None,
+             slot: bool = True, cancel: threading.Event | None = None) -> LaunchRecord:
+        """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error.
+        ``slot``: hold the machine's launch lock (an interleaved round holds it for all its sides);
+        ``cancel``: set, the launch stops at its supervisor's next tick (its round was interrupted)."""
         s = self.settings
         fabric = s.fabric(case.fabric)
         config.dump(run_dir / "config.json")
@@ -399,7 +475,9 @@ class Measurer:
         )
         self.launched.append(case)
         ticker = self._ticker(case, progress_file) if progress_file else None
-        with self._machine_slot(case):
+        if cancel is not None:
+            ticker = _cancellable(ticker, cancel)
+        with self._machine_slot(case) if slot else nullcontext():
             outcome = self.cluster.launch(request, on_tick=ticker)
         if not outcome.ok:
             return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}")

@@ -30,22 +30,26 @@ __all__ = ["BandwidthMeasurement", "LaunchKey", "LaunchRecord", "Measurement", "
            "block_name", "counted", "launch_number", "launch_value", "result_estimate", "step_loss"]
 
 
-_KEY_TAIL = re.compile(r"^(?P<hash>[^@~+]+)(?:@(?P<number>\d+))?(?:~(?P<window>\d+(?:\.\d+)?)s)?(?:\+(?P<block>.+))?$")
+_KEY_TAIL = re.compile(r"^(?P<hash>[^@~+&]+)(?:@(?P<number>\d+))?(?:~(?P<window>\d+(?:\.\d+)?)s)?"
+                       r"(?:(?P<join>[+&])(?P<block>.+))?$")
 
 
 @dataclass(frozen=True)
 class LaunchKey:
-    """A store key, ``<case>#<set-up>[@N][~Ws][+partners]``, read in one place (``parse``) and written
-    in one (``str``): the configuration (``base``: the case and every setting that changes it), the
-    launch number (0 is the first), the window it measured where it matched a comparison partner's
-    longer one (``window``, seconds; 0.0: its own), and, for a launch measured again for a round
-    whose other launches ran later than its first one (``Measurer.measure``: a round's launches run
-    back to back), the partners of that round (``block``, their case ids, "," between)."""
+    """A store key, ``<case>#<set-up>[@N][~Ws][+partners|&partners]``, read in one place (``parse``)
+    and written in one (``str``): the configuration (``base``: the case and every setting that
+    changes it), the launch number (0 is the first), the window it measured where it matched a
+    comparison partner's longer one (``window``, seconds; 0.0: its own), and, for a launch measured
+    again for a round whose other launches ran later than its first one (``Measurer.measure``: a
+    round's launches run back to back), the partners of that round (``block``, their case ids, ","
+    between). ``&`` instead of ``+``: the launch took turns with those partners, interleaved
+    (``Measurer.measure_round``)."""
 
     base: str
     number: int = 0
     window: float = 0.0
     block: str = ""
+    interleaved: bool = False
 
     @classmethod
     def parse(cls, key: str) -> LaunchKey:
@@ -54,11 +58,11 @@ class LaunchKey:
         if match is None:
             return cls(key.partition("@")[0])
         return cls(f"{head}#{match['hash']}", int(match["number"] or 0), float(match["window"] or 0.0),
-                   match["block"] or "")
+                   match["block"] or "", match["join"] == "&")
 
     def __str__(self) -> str:
         return (self.base + (f"@{self.number}" if self.number else "") + (f"~{self.window:g}s" if self.window else "")
-                + (f"+{self.block}" if self.block else ""))
+                + (f"{'&' if self.interleaved else '+'}{self.block}" if self.block else ""))
 
 
 def block_name(partners: Sequence[Case]) -> str:

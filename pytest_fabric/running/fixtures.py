@@ -41,9 +41,15 @@ class MeasureFixture:
         with, whose longer window (steps that stall) it then measures too (``Measurer.measure``)."""
         return self._record(lambda: self._session.measurer().measure(case, launch, partners))
 
+    def round(self, cases: Sequence[Case], launch: int) -> list[Measurement]:
+        """Launch number ``launch`` of every case of a round, taking turns (``Measurer.measure_round``),
+        ``cases[0]`` first."""
+        return self._record(lambda: self._session.measurer().measure_round(cases, launch))
+
     def _record(self, measure):
+        """``measure()``'s measurement (or list of them, a round's), each checked and recorded."""
         try:
-            m = measure()
+            got = measure()
         except MeasurementError as exc:
             message = f"measurement failed: {exc}"
             self._item.stash[ERRORED_KEY] = True
@@ -51,14 +57,15 @@ class MeasureFixture:
             message = None
         if message is not None:  # outside the except: the report shows the launch's failure once, unchained
             pytest.fail(message, pytrace=False)
-        self._item.stash.setdefault(MEASURED_KEY, []).append(m)
-        if m.result.transport_problem:
-            # The numbers are real, but not of the fabric that was asked for.
-            pytest.fail(f"wrong transport: {m.result.transport_problem}", pytrace=False)
-        impossible = self._session.impossible(m)
-        if impossible:
-            pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
-        return m
+        for m in got if isinstance(got, list) else [got]:
+            self._item.stash.setdefault(MEASURED_KEY, []).append(m)
+            if m.result.transport_problem:
+                # The numbers are real, but not of the fabric that was asked for.
+                pytest.fail(f"wrong transport: {m.result.transport_problem}", pytrace=False)
+            impossible = self._session.impossible(m)
+            if impossible:
+                pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
+        return got
 
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
         """Collective bandwidth over ``case``'s nodes and fabric (all_reduce, all_gather, reduce_scatter)."""
@@ -100,7 +107,7 @@ class CompareFixture:
     def _launch_until_decided(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate,
                               per_gpu: bool = False, fixed: tuple[float, float] = (0.0, 0.0),
                               combine: Callable[[Sequence[Measurement]], tuple[float, float, float]] | None = None,
-                              ) -> tuple[list[list[Measurement]], Look]:
+                              interleave: bool = True) -> tuple[list[list[Measurement]], Look]:
         """Launch every case once per round until ``--repeats`` rounds are in and a look decides, or
         the budget is spent.
 
@@ -109,14 +116,23 @@ class CompareFixture:
         machine that hits both cancels. Which case launches first alternates by round (``round_order``),
         so an order effect (the second launch of a round warmer, or colder) cancels too. Every launch
         counts: one disturbed as a whole with its small weight (``stats.contrast_interval``).
-        ``combine``: instead of the signed sum, each round's launches make one sample."""
+        ``combine``: instead of the signed sum, each round's launches make one sample.
+        ``interleave``: the round's launches may take turns (``FabricSession.interleaved``); False
+        where tonight's launches are judged against values measured one launch at a time (a
+        baseline), which they must then be measured like."""
         o = self._session.options
         runs: list[list[Measurement]] = [[] for _ in cases]
+        interleaved = interleave and len({c.id for c in cases}) > 1 and self._session.interleaved()
         while True:
             index = len(runs[0])
-            for j in round_order(index, len(cases)):
-                partners = [c for k, c in enumerate(cases) if k != j]
-                runs[j].append(self._measure(cases[j], launch=index, partners=partners))
+            order = round_order(index, len(cases))
+            if interleaved:  # the round's launches take turns, the first in round order first
+                for j, m in zip(order, self._measure.round([cases[j] for j in order], index)):
+                    runs[j].append(m)
+            else:
+                for j in order:
+                    partners = [c for k, c in enumerate(cases) if k != j]
+                    runs[j].append(self._measure(cases[j], launch=index, partners=partners))
             spent = index + 1 >= o.max_repeats
             if not spent and index + 1 < o.repeats:
                 continue
@@ -211,10 +227,12 @@ class CompareFixture:
             reference, one_reference, prior = fabric_time_reference(noise_n, self._session.noise([one]),
                                                                     nights, apart)
             gate = self._gate(threshold, direction, (case, one), prior=prior)
+            # One launch after the other, as the baseline's nights measured (a launch taking turns
+            # pays a wake-up per turn that the baseline's did not).
             (runs_one, tonight), result = self._launch_until_decided(
                 (one, case), (-1, +1), gate, per_gpu=True, fixed=(-reference[0], reference[1]),
                 combine=lambda r: fabric_time_sample(r[1].sample(per_gpu=True), r[0].sample(per_gpu=True),
-                                                     one_reference))
+                                                     one_reference), interleave=False)
             values = (math.exp(reference[0]) * result.interval.point, math.exp(reference[0]))
             what = "fabric time"
             unit = (f"n{case.nodes} tokens/s/GPU at the baseline's one-node speed (tonight's n{case.nodes} "
@@ -236,7 +254,7 @@ class CompareFixture:
                 gpus = math.log(gpus_n) - math.log(gpus_1)
                 fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
             (runs_one, tonight), result = self._launch_until_decided((one, case), (-1, +1), gate, per_gpu=True,
-                                                                     fixed=fixed)
+                                                                     fixed=fixed, interleave=False)
             values = efficiency(runs_one, tonight)
             what, unit = "scaling", f"scaling efficiency (n{case.nodes} over n1 tokens/s/GPU)"
             extra = raw_line(tonight, result.interval.confidence)

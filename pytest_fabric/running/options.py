@@ -27,6 +27,9 @@ from ..workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from ..measuring.nic_inventory import parse_inventory
 from ..core.units import GIB
 
+# --interleave: the default first (FabricSession.interleaved says what auto means).
+INTERLEAVE = ("auto", "on", "off")
+
 
 # name, help, default (as the ini string)
 _OPTIONS: list[tuple[str, str, str | None]] = [
@@ -58,6 +61,9 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
                             "`pytest-fabric baseline` learns each configuration's launch noise from the saved "
                             "night)", "1"),
     ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
+    ("interleave", "a comparison's launches of one round take turns, seconds each, instead of running one after "
+                   "the other: auto (on where every rank runs on this machine's CPUs: the emulated cluster), on "
+                   "(the emulated or local cluster), off (default auto)", "auto"),
     ("undecided-night", "exit status of a night that decides no gate (every gate inconclusive, or comparisons "
                         "skipped because the run fell back to local processes): fail (exit 1, one line says why) "
                         "or pass (default fail)", "fail"),
@@ -124,7 +130,7 @@ _LINELISTS = [
 _CHOICES = {"inconclusive": INCONCLUSIVE_POLICIES, "compile": ("auto", "on", "off"), "undecided-night": ("fail", "pass"),
             "ssh-host-key-checking": STRICT_HOST_KEY_CHECKING, "device": DEVICES,
             "fsdp": tuple(str(v) for v in FSDP_VERSIONS), "mixed-precision": MIXED_PRECISION,
-            "regression-on": REGRESSION_MEASURES, "family-wise": FAMILY_RULES}
+            "regression-on": REGRESSION_MEASURES, "family-wise": FAMILY_RULES, "interleave": INTERLEAVE}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -331,6 +337,7 @@ class FabricOptions:
     max_repeats: int = 6
     throughput_launches: int = 1
     inconclusive: str = "xfail"
+    interleave: str = INTERLEAVE[0]  # "auto", "on", "off": FabricSession.interleaved
     undecided_night: str = "fail"  # a night that decides no gate: "fail" exits 1, "pass" leaves the status
     # USD per GPU-hour by fabric (ini fabric_price, --fabric-price); empty: no cost figures.
     prices: dict[str, float] = field(default_factory=dict)
@@ -432,6 +439,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         max_repeats=max_repeats,
         throughput_launches=_int(config, "throughput-launches", 1),
         inconclusive=_choice(config, "inconclusive"),
+        interleave=_choice(config, "interleave"),
         undecided_night=_choice(config, "undecided-night"),
         prices=_prices(config, table),
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import getpass
+import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -24,6 +26,7 @@ import pytest
 from . import options as fabric_options
 from ..core.case import Case
 from ..cluster import Cluster, ClusterUnavailable, local_fallback
+from ..cluster.base import OnThisMachine
 from ..core.fabrics import Fabric
 from ..physics.floor import Floor, impossible_payloads, run_floor, transport_hint
 from ..deciding.gates import GateOutcome
@@ -70,6 +73,19 @@ class FabricSession:
                 self.cluster, self.note = local_fallback(exc)
             self._prepared = True
         return self.cluster
+
+    def interleaved(self) -> bool:
+        """Whether a comparison's rounds interleave their launches (``Measurer.measure_round``):
+        --interleave on, or auto where every rank runs on this machine's CPUs (the emulated cluster,
+        and local processes without GPUs), where the machine's own drift, not the fabric, is the
+        noise that launches one after the other cannot cancel. Off elsewhere: launches of a real
+        cluster's GPUs taking turns would share the GPUs' memory."""
+        mode = self.options.interleave
+        if mode != "auto":
+            return mode == "on"
+        cluster = self.prepared_cluster()
+        device = self.options.settings.device
+        return isinstance(cluster, OnThisMachine) and (device == "cpu" or (device == "auto" and not _gpus_here()))
 
     def noise(self, cases: Sequence[Case] = ()) -> NoisePrior:
         """Launch-to-launch noise a gate over ``cases`` assumes before tonight's launches:
@@ -181,6 +197,11 @@ ERRORED_KEY = pytest.StashKey[bool]()  # a measurement the test needed failed: i
 NO_FABRICS_KEY = pytest.StashKey[bool]()  # a comparison skipped because the fabrics share one link
 
 
+def _gpus_here() -> bool:
+    """Whether this machine shows an NVIDIA GPU (without importing torch into the harness)."""
+    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
+
+
 def session_directory(config: pytest.Config) -> Path:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "fabric_dir" in workerinput:
@@ -198,12 +219,15 @@ def progress_writer(config: pytest.Config):
     if terminal is None:
         return None
 
+    lock = threading.Lock()  # the launches of an interleaved round report from threads of their own
+
     def show(text: str) -> None:
-        if capture is not None:
-            with capture.global_and_fixture_disabled():
+        with lock:
+            if capture is not None:
+                with capture.global_and_fixture_disabled():
+                    terminal.write_line(f"[fabric] {text}")
+            else:
                 terminal.write_line(f"[fabric] {text}")
-        else:
-            terminal.write_line(f"[fabric] {text}")
 
     return show
 

@@ -51,6 +51,9 @@ class TrainConfig:
     step_precision: float = 0.01
     # Time a fixed CPU kernel after each step (CPU runs): the VM's speed is a signal (signals.py).
     cpu_probe: bool = True
+    # This launch's place in an interleaved round (workload/turnstile.py, ``TurnConfig.to_dict``):
+    # its measured steps take turns with the round's other launches. None: it measures on its own.
+    turnstile: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.fsdp not in FSDP_VERSIONS:
