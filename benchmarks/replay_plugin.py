@@ -49,6 +49,18 @@ def pytest_configure(config: pytest.Config) -> None:
     # (``...+partners``) where the store has one, the round's own launch otherwise; the pool's
     # launch times (rounds of different sessions) decide nothing here.
     Measurer.in_round = lambda self, key, partner_keys: True
+    # Rounds taken in turns (``Measurer.measure_round``, keys ``...&partners``) where the night took
+    # them so, one launch after the other where it did not: as the night measured them.
+    from pytest_fabric.running.session import FabricSession
+
+    FabricSession.interleaved = lambda self: took_turns(self.store.all())
+
+
+def took_turns(store: Mapping[str, dict]) -> bool:
+    """Whether the replayed store's rounds took turns (any key ``...&partners``)."""
+    from pytest_fabric.measuring.measurement import LaunchKey
+
+    return any(LaunchKey.parse(key).interleaved for key in store)
 
 
 def stored_match(store: Mapping[str, dict], key: str, partner_keys: Sequence[str], launch: int) -> float:

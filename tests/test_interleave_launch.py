@@ -9,13 +9,18 @@ is not left waiting for it, and finishes its window.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
+from cluster_env import leftover_processes
 from helpers import emulated_unavailable, namespaces, needs
 
 from pytest_fabric import Case, LaunchSettings
-from pytest_fabric.cluster.emulated import EmulatedCluster, owned_namespaces
+from pytest_fabric.cluster.emulated import EmulatedCluster, owned_namespaces, sweep_stale_namespaces
 from pytest_fabric.measuring.measure import Measurer
 from pytest_fabric.measuring.measurement import LaunchKey, MeasurementError
 from pytest_fabric.measuring.store import ResultStore
@@ -92,3 +97,51 @@ def test_a_crashed_side_fails_alone_and_the_other_finishes_without_waiting(tmp_p
     ib = m.store.all()[ib_key]["result"]
     assert ib["stopped"] == "time cap" and ib["interleaved"]["alone_steps"] > 0
     assert not owned_namespaces()
+
+
+COMPARED = """
+from pytest_fabric.core.case import Case
+
+
+def test_gate(fabric_compare):
+    fabric_compare.within(Case("qwen2-tiny", 2, "eth"), Case("qwen2-tiny", 2, "ib"), rel=0.5)
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_interleaved_round_stops_both_sides_and_leaves_nothing(pytester):
+    """The sides' supervisors run in threads, where no signal handler can be set: a SIGTERM (a CI job
+    cancelled) must still unwind them, killing every rank and removing every namespace."""
+    needs(UNAVAILABLE)
+    tmp = pytester.path / "tmp"
+    tmp.mkdir()
+    pytester.makepyfile(test_generated=COMPARED)
+    before = set(namespaces())
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_generated.py",
+                             "--nodes", "2", "--batch-size", "1", "--seq-len", "64", "--interleave", "on",
+                             "--measure-seconds", "30"],
+                            cwd=pytester.path, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # both sides measuring: each has a progress line past warm-up
+            logs = [p.read_text(errors="replace") for p in tmp.rglob("progress.jsonl")]
+            if len(logs) == 2 and all('"measure"' in text for text in logs):
+                break
+            assert proc.poll() is None, proc.stdout.read().decode()
+            time.sleep(0.5)
+        else:
+            pytest.fail("the round's launches never both reached their measured steps")
+        stopped = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        stopped_s = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            sweep_stale_namespaces()
+    output = out.decode(errors="replace")
+    assert proc.returncode != 0 and stopped_s < 20, output
+    assert leftover_processes(str(pytester.path)) == []
+    assert {n for n in set(namespaces()) - before if n.startswith(f"pf{proc.pid}-")} == set(), output

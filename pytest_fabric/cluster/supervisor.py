@@ -187,7 +187,7 @@ def supervise(
     log_dir.mkdir(parents=True, exist_ok=True)
     started: list[tuple[ProcSpec, subprocess.Popen, Path]] = []
     start = time.monotonic()
-    previous = _interrupt_on_sigterm()
+    previous = interrupt_on_sigterm()
     try:
         for spec in specs:
             log_path = log_dir / f"{spec.name}.log"
@@ -300,7 +300,7 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum} while ranks were running")
 
 
-def _interrupt_on_sigterm():
+def interrupt_on_sigterm():
     """While ranks run, SIGTERM (a CI job cancelled, `timeout`) unwinds like Ctrl-C, so the
     ``finally`` blocks kill the ranks and remove namespaces instead of the interpreter just dying."""
     if threading.current_thread() is not threading.main_thread():

@@ -15,6 +15,7 @@ import math
 import platform
 import re
 import shutil
+import signal
 import statistics
 import tempfile
 import threading
@@ -33,6 +34,7 @@ from . import preflight
 from ..core.case import BANDWIDTH, Case
 from ..cluster import Cluster, LaunchRequest
 from ..cluster.base import OnThisMachine
+from ..cluster.supervisor import interrupt_on_sigterm
 from ..core.fabrics import Fabric, get_fabric
 from ..core.models import get_model
 from .measurement import (BandwidthMeasurement, LaunchKey, LaunchRecord, Measurement, MeasurementError,  # noqa: F401 (public names)
@@ -264,6 +266,9 @@ class Measurer:
             finally:
                 mark_done(directory, i, worlds[i])
 
+        # The sides' supervisors run in threads, where no signal handler can be set: SIGTERM (a CI
+        # job cancelled) unwinds this thread as Ctrl-C does, and the sides with it.
+        previous = interrupt_on_sigterm()
         try:
             with ThreadPoolExecutor(len(cases), thread_name_prefix="round") as pool:
                 futures = [pool.submit(side, i) for i in range(len(cases))]
@@ -273,6 +278,8 @@ class Measurer:
                     cancel.set()  # every side's supervisor unwinds at its next tick: ranks killed, links gone
                     raise
         finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
             shutil.rmtree(directory, ignore_errors=True)
 
     def _round_key(self, partner: Case, case: Case, launch: int, partners: Sequence[Case]) -> LaunchKey | None:

@@ -28,7 +28,7 @@ from ..measuring.nic_inventory import parse_inventory
 from ..core.units import GIB
 
 # --interleave: the default first (FabricSession.interleaved says what auto means).
-INTERLEAVE = ("auto", "on", "off")
+INTERLEAVE = ("off", "auto", "on")
 
 
 # name, help, default (as the ini string)
@@ -62,8 +62,8 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
                             "night)", "1"),
     ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
     ("interleave", "a comparison's launches of one round take turns, seconds each, instead of running one after "
-                   "the other: auto (on where every rank runs on this machine's CPUs: the emulated cluster), on "
-                   "(the emulated or local cluster), off (default auto)", "auto"),
+                   "the other: off, auto (on where every rank runs on this machine's CPUs: the emulated cluster), "
+                   "on (the emulated or local cluster) (default off)", "off"),
     ("undecided-night", "exit status of a night that decides no gate (every gate inconclusive, or comparisons "
                         "skipped because the run fell back to local processes): fail (exit 1, one line says why) "
                         "or pass (default fail)", "fail"),
@@ -337,7 +337,7 @@ class FabricOptions:
     max_repeats: int = 6
     throughput_launches: int = 1
     inconclusive: str = "xfail"
-    interleave: str = INTERLEAVE[0]  # "auto", "on", "off": FabricSession.interleaved
+    interleave: str = INTERLEAVE[0]  # "off", "auto", "on": FabricSession.interleaved
     undecided_night: str = "fail"  # a night that decides no gate: "fail" exits 1, "pass" leaves the status
     # USD per GPU-hour by fabric (ini fabric_price, --fabric-price); empty: no cost figures.
     prices: dict[str, float] = field(default_factory=dict)

@@ -77,9 +77,9 @@ class FabricSession:
     def interleaved(self) -> bool:
         """Whether a comparison's rounds interleave their launches (``Measurer.measure_round``):
         --interleave on, or auto where every rank runs on this machine's CPUs (the emulated cluster,
-        and local processes without GPUs), where the machine's own drift, not the fabric, is the
-        noise that launches one after the other cannot cancel. Off elsewhere: launches of a real
-        cluster's GPUs taking turns would share the GPUs' memory."""
+        and local processes without GPUs), where a drift of the machine between launches one after
+        the other would not cancel. Never elsewhere: launches of a real cluster's GPUs taking turns
+        would share the GPUs' memory. Off by default (README: what turns cancel here, and cost)."""
         mode = self.options.interleave
         if mode != "auto":
             return mode == "on"
