@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import textwrap
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -457,3 +459,33 @@ class FakeCluster(Cluster):
                 signals=StepSignals(disturbed=[""] * config.steps), stopped="precision", fabric=config.fabric,
             ), config.result_path)
         return LaunchOutcome([ProcOutcome(f"node{i}", 0, log) for i in range(request.nodes)], elapsed_s=0.1)
+
+
+def interrupt_when(proc: subprocess.Popen, ready, sig: int, what: str, within_s: float,
+                   timeout_s: float) -> tuple[str, float]:
+    """Send ``sig`` to the pytest subprocess ``proc`` once ``ready()`` holds (polled every 0.5 s, for
+    at most ``within_s``; the test fails saying ``what`` never happened): its output, and the seconds
+    it took to stop. A run that does not stop is killed with its process group and its namespaces
+    swept, so that the failure stays the calling test's alone."""
+    import pytest
+
+    from pytest_fabric.cluster.emulated import sweep_stale_namespaces
+
+    try:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if ready():
+                break
+            assert proc.poll() is None, proc.stdout.read().decode()
+            time.sleep(0.5)
+        else:
+            pytest.fail(what)
+        sent = time.monotonic()
+        os.kill(proc.pid, sig)
+        out, _ = proc.communicate(timeout=timeout_s)
+        return out.decode(errors="replace"), time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            sweep_stale_namespaces()

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 from cluster_env import leftover_processes
-from helpers import FAST_LAUNCH, emulated_unavailable, namespaces, needs, owner_alive, session_directory
+from helpers import (FAST_LAUNCH, emulated_unavailable, interrupt_when, namespaces, needs, owner_alive,
+                     session_directory)
 from lxml import etree
 
 from pytest_fabric.cluster.emulated import sweep_stale_namespaces
@@ -244,27 +245,12 @@ def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pyte
                             # A shell's background job inherits SIGINT ignored, and Python then never
                             # turns it into KeyboardInterrupt: give the child what a terminal gives.
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        # Wait until the eth launch is inside its hang: its rank 1 has logged the injected fault.
-        deadline = time.monotonic() + 3 * DEADLINE_S
-        while time.monotonic() < deadline:
-            if any("injected fault: hang" in p.read_text(errors="replace") for p in tmp.rglob("node1.log")
-                   if "qwen2-tiny-n2-eth" in str(p)):
-                break
-            assert proc.poll() is None, proc.stdout.read().decode()
-            time.sleep(0.5)
-        else:
-            pytest.fail("the eth launch never reached its injected hang")
-        interrupted = time.monotonic()
-        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground pytest
-        out, _ = proc.communicate(timeout=30)
-        stopped_s = time.monotonic() - interrupted
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            sweep_stale_namespaces()  # its namespaces, so that the failure stays this test's alone
-    output = out.decode(errors="replace")
+    # Once the eth launch is inside its hang (its rank 1 has logged the injected fault), what Ctrl-C
+    # sends to the foreground pytest.
+    output, stopped_s = interrupt_when(
+        proc, lambda: any("injected fault: hang" in p.read_text(errors="replace") for p in tmp.rglob("node1.log")
+                          if "qwen2-tiny-n2-eth" in str(p)),
+        signal.SIGINT, "the eth launch never reached its injected hang", 3 * DEADLINE_S, 30)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
     assert "KeyboardInterrupt" in output
     assert stopped_s < 15, output

@@ -17,10 +17,10 @@ import time
 
 import pytest
 from cluster_env import leftover_processes
-from helpers import emulated_unavailable, namespaces, needs
+from helpers import emulated_unavailable, interrupt_when, namespaces, needs
 
 from pytest_fabric import Case, LaunchSettings
-from pytest_fabric.cluster.emulated import EmulatedCluster, owned_namespaces, sweep_stale_namespaces
+from pytest_fabric.cluster.emulated import EmulatedCluster, owned_namespaces
 from pytest_fabric.measuring.measure import Measurer
 from pytest_fabric.measuring.measurement import LaunchKey, MeasurementError
 from pytest_fabric.measuring.store import ResultStore
@@ -122,26 +122,13 @@ def test_sigterm_during_an_interleaved_round_stops_both_sides_and_leaves_nothing
                              "--measure-seconds", "30"],
                             cwd=pytester.path, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # both sides measuring: each has a progress line past warm-up
-            logs = [p.read_text(errors="replace") for p in tmp.rglob("progress.jsonl")]
-            if len(logs) == 2 and all('"measure"' in text for text in logs):
-                break
-            assert proc.poll() is None, proc.stdout.read().decode()
-            time.sleep(0.5)
-        else:
-            pytest.fail("the round's launches never both reached their measured steps")
-        stopped = time.monotonic()
-        os.kill(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        stopped_s = time.monotonic() - stopped
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            sweep_stale_namespaces()
-    output = out.decode(errors="replace")
+
+    def both_measuring() -> bool:  # each side has a progress line past its warm-up
+        logs = [p.read_text(errors="replace") for p in tmp.rglob("progress.jsonl")]
+        return len(logs) == 2 and all('"measure"' in text for text in logs)
+
+    output, stopped_s = interrupt_when(proc, both_measuring, signal.SIGTERM,
+                                       "the round's launches never both reached their measured steps", 120, 60)
     assert proc.returncode != 0 and stopped_s < 20, output
     assert leftover_processes(str(pytester.path)) == []
     assert {n for n in set(namespaces()) - before if n.startswith(f"pf{proc.pid}-")} == set(), output
