@@ -3,9 +3,12 @@
     node0 netns  198.18.0.1  sshd | munged, slurmctld, slurmd -N node0 | the harness
     node1 netns  198.18.0.2  sshd |                   slurmd -N node1
 
-Nodes are the emulated cluster's namespaces (``EmulatedNetwork``, unshaped). Every daemon runs from
-a fresh temporary directory with generated keys and configuration, and is stopped, with its
-namespace and directory, when the context manager exits. The harness side of a launch runs on
+Nodes are the emulated cluster's nodes (``EmulatedNetwork``, unshaped): each its own network, its
+own private ``/tmp`` and its own host name, sharing only the machine's other files, as real nodes
+share a filesystem. Every daemon runs on its node (``EmulatedNode.exec_argv``) from a fresh
+directory on that shared storage, with generated keys and configuration, and is stopped, with its
+node and directory, when the context manager exits; each node runs its own munged, as a real
+cluster's do, its socket in the node's own ``/tmp``. The harness side of a launch runs on
 node0, as it would on a real cluster's first node: ``launch_on_node0`` runs this file as a program
 there (under ``salloc`` for Slurm), which builds the cluster and the LaunchRequest, launches, and
 writes the outcome as JSON.
@@ -17,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,8 @@ def require(*tools: str) -> None:
 
 
 def netns_exec(node: EmulatedNode, argv: Sequence[str]) -> list[str]:
-    return ["ip", "netns", "exec", node.netns, *argv]
+    """``argv`` run on ``node``: its network, its private directories, its host name."""
+    return node.exec_argv(argv)
 
 
 def leftover_processes(marker: str) -> list[str]:
@@ -139,8 +142,9 @@ class Site:
 
 @contextmanager
 def _site_directory(kind: str) -> Iterator[Path]:
-    # Directly under /tmp and world-searchable: munged refuses a socket below a private directory.
-    directory = Path(tempfile.mkdtemp(prefix=f"pytest-fabric-{kind}-"))
+    # On the storage every node sees (the tests' temporary root, tests/conftest.py), world-searchable:
+    # munged refuses a key below a directory others may write.
+    directory = Path(tempfile.mkdtemp(prefix=f"pytest-fabric-{kind}-", dir=os.environ.get("PYTEST_DEBUG_TEMPROOT")))
     directory.chmod(0o755)
     try:
         yield directory
@@ -223,20 +227,29 @@ def slurm_site(nodes: int = 2) -> Iterator[Site]:
         key = directory / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        munge_socket = directory / "munge.sock"
-        # In a node namespace like every daemon here, so that a sweep of stale namespaces ends it too.
-        daemons.start("munged", netns_exec(net.nodes[0], [
-            "munged", "--foreground", f"--socket={munge_socket}", f"--key-file={key}",
-            f"--pid-file={directory / 'munged.pid'}", f"--log-file={directory / 'munged.log'}",
-            f"--seed-file={directory / 'munged.seed'}"]))
-        _wait_for("munged", munge_socket.exists, daemons)
+        # One munged per node with the cluster's key, its socket in the node's own /tmp: the same path
+        # names a different socket on each node, as /run/munge does on a real cluster.
+        munge_socket = "/tmp/munge/munge.sock"
+        for node in net.nodes:
+            daemons.start(f"munged-{node.name}", netns_exec(node, [
+                "sh", "-c", 'mkdir -p -m 0755 /tmp/munge && exec "$@"', "munged",
+                "munged", "--foreground", f"--socket={munge_socket}", f"--key-file={key}",
+                f"--pid-file={directory / f'munged-{node.name}.pid'}",
+                f"--log-file={directory / f'munged-{node.name}.log'}",
+                f"--seed-file={directory / f'munged-{node.name}.seed'}"]))
+
+        def munge_up() -> bool:
+            return all(subprocess.run(netns_exec(node, ["test", "-S", munge_socket])).returncode == 0
+                       for node in net.nodes)
+
+        _wait_for("munged", munge_up, daemons)
 
         cpus = os.cpu_count() or 1
         (directory / "state").mkdir()
         conf = directory / "slurm.conf"
         conf.write_text("\n".join([
             "ClusterName=pytestfabric",
-            f"SlurmctldHost={socket.gethostname().split('.')[0]}({net.nodes[0].address})",
+            f"SlurmctldHost={net.nodes[0].name}({net.nodes[0].address})",  # node0's own host name
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",

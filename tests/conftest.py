@@ -3,14 +3,28 @@
 The plugin loads through its ``pytest11`` entry point, so every ``pytester`` run gets it. Runs that
 launch real training go through ``runpytest_subprocess`` (a fresh interpreter, as a user's run);
 option and collection checks run in-process, where they launch nothing.
+
+The tests' temporary directories live on the emulated cluster's shared storage. Emulated nodes have
+private ``/tmp``, ``/var/tmp`` and ``/dev/shm``, as real nodes do (``cluster/emulated.py``): a run
+directory, a test site's configuration or a rank program under pytest's usual
+``/tmp/pytest-of-<user>`` would be seen by the harness and by no node. So ``tmp_path`` (and the
+pytester runs', which inherit the environment) are made under the checkout, which every emulated
+node sees: ``PYTEST_DEBUG_TEMPROOT`` is pytest's documented root for them; a value already set wins.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 from helpers import emulated_unavailable, junit_schema_path, namespaces, needs, owner_alive
 
 pytest_plugins = ["pytester"]
+
+SHARED_TMP = Path(__file__).resolve().parent.parent / ".pytest-tmp"
+SHARED_TMP.mkdir(exist_ok=True)
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(SHARED_TMP))
 
 
 @pytest.fixture(autouse=True)

@@ -5,21 +5,37 @@
 Each node's link is shaped in both directions with ``tc tbf`` to the fabric's rate (netem is not
 available here), so a node's NIC has that bandwidth full-duplex, as on a real fabric. Traffic
 between ranks of one node stays inside its namespace (loopback), like NVLink inside a real node.
-Everything lives inside namespaces created for one launch, so deleting them deletes every link;
-namespaces left by a harness that was killed outright are swept on the next start.
+
+A node shares with the others only what real nodes share. Each has its own mount and UTS
+namespaces, held by one small process per node (``EmulatedNode.holder``) that every process of the
+node joins with ``nsenter``: private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (fresh tmpfs), its own
+host name (``node<i>``) and an ``/etc/hosts`` naming every node. The rest of the machine's files
+are the cluster's shared filesystem (Lustre or NFS on a real cluster: the run directory must be
+there) and its software image; the software a node runs (this Python, the package) stays visible
+even where it lies under ``/tmp``, as it would be installed on every node.
+
+Everything lives inside namespaces created for one launch, so deleting them deletes every link and
+ends every node's processes; namespaces left by a harness that was killed outright are swept on
+the next start.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
+import site
 import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from itertools import count
+from pathlib import Path
 
-from .base import Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env, THREADS_PER_RANK, torchrun_argv
+from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env,
+                   THREADS_PER_RANK, torchrun_argv)
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 from ..core.units import mbit_to_bytes_per_s
 
@@ -30,11 +46,76 @@ PREFIX = "pf"
 _launches = count()
 
 
+# What every real node has of its own: these directories are a fresh tmpfs on each emulated node.
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+# Where a node's set-up sees the machine's own private directories while it mounts its own over them.
+_STAGE = "/run/pytest-fabric-stage"
+# How long a node's holder may take to set its namespaces up.
+NODE_READY_S = 20.0
+
+# Run by each node's holder (argv: node name, /etc/hosts text, paths to keep visible): private
+# directories, host name, hosts file, then it waits, holding the namespaces for the node's processes.
+_NODE_SETUP = r"""
+set -e
+name=$1; hosts=$2; shift 2
+for dir in /tmp /var/tmp /dev/shm; do
+  [ -d "$dir" ] || continue
+  mount --rbind "$dir" "$STAGE"
+  mount -t tmpfs -o mode=1777 "pytest-fabric-$name" "$dir"
+  for keep in "$@"; do
+    case "$keep" in "$dir"/*)
+      rel=${keep#"$dir"/}; mkdir -p "$dir/$rel"; mount --rbind "$STAGE/$rel" "$dir/$rel";;
+    esac
+  done
+  umount -l "$STAGE"
+done
+printf '%s' "$hosts" > /tmp/.pytest-fabric-hosts
+mount --bind /tmp/.pytest-fabric-hosts /etc/hosts
+hostname "$name"
+echo ready
+exec sleep infinity
+"""
+
+
 @dataclass(frozen=True)
 class EmulatedNode:
     name: str
     netns: str
     address: str
+    # The process holding this node's mount and UTS namespaces (0: not started).
+    holder: int = 0
+
+    def exec_argv(self, argv: Sequence[str], cwd: str | None = None) -> list[str]:
+        """``argv`` run on this node: in its network, mount and UTS namespaces, in ``cwd`` (default
+        the caller's) where the node sees that directory, else in ``/``."""
+        if not self.holder:
+            raise RuntimeError(f"{self.name} has no namespaces yet (EmulatedNetwork not entered)")
+        wd = cwd or os.getcwd()
+        return ["nsenter", f"--target={self.holder}", "--net", "--mount", "--uts",
+                f"--wd={wd if visible_on_nodes(wd) else '/'}", *argv]
+
+
+def software_paths() -> list[str]:
+    """What a node runs that must be there on every node, as a real cluster installs it (or mounts
+    it into the container): this Python, its packages, and the package the ranks import."""
+    paths = {_PACKAGE_ROOT, sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+             *site.getsitepackages()}
+    if site.ENABLE_USER_SITE and site.getusersitepackages():
+        paths.add(site.getusersitepackages())
+    return sorted(os.path.realpath(p) for p in paths if p)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def visible_on_nodes(path: str | os.PathLike[str]) -> bool:
+    """Whether an emulated node sees the machine's ``path``: anywhere but the node-private
+    directories, except the software every node has."""
+    real = os.path.realpath(path)
+    if not any(_under(real, d) for d in PRIVATE_DIRS):
+        return True
+    return any(_under(real, keep) for keep in software_paths())
 
 
 def _ip(*args: str) -> None:
@@ -106,6 +187,7 @@ class EmulatedNetwork:
         self.mbit = mbit
         self.nodes = [EmulatedNode(f"node{i}", f"{self.tag}-n{i}", f"{SUBNET}.{i + 1}") for i in range(nodes)]
         self._created: list[str] = []
+        self._holders: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> EmulatedNetwork:
         try:
@@ -117,6 +199,25 @@ class EmulatedNetwork:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+    def _start_holders(self) -> None:
+        """One holder per node (``_NODE_SETUP``), all started before any is waited for."""
+        os.makedirs(_STAGE, exist_ok=True)
+        hosts = "127.0.0.1 localhost\n::1 localhost\n" + "".join(f"{n.address} {n.name}\n" for n in self.nodes)
+        procs = [subprocess.Popen(
+            ["ip", "netns", "exec", node.netns, "unshare", "--mount", "--uts", "--propagation", "private", "--fork",
+             "sh", "-c", _NODE_SETUP, "pytest-fabric-node", node.name, hosts, *software_paths()],
+            env={**os.environ, "STAGE": _STAGE}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True) for node in self.nodes]
+        self._holders = procs
+        for i, (node, proc) in enumerate(zip(self.nodes, procs, strict=True)):
+            if not _ready(proc, NODE_READY_S):
+                proc.kill()
+                err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip()
+                raise ClusterUnavailable(f"cannot give emulated {node.name} its own /tmp and host name "
+                                         f"(unshare --mount --uts): {err or 'no answer in %gs' % NODE_READY_S}")
+            # The holder is unshare's child (--fork): the process whose namespaces the node's processes join.
+            self.nodes[i] = replace(node, holder=_only_child(proc.pid))
 
     def _add_namespace(self, netns: str) -> None:
         _ip("netns", "add", netns)
@@ -138,11 +239,41 @@ class EmulatedNetwork:
             if self.mbit:
                 _tbf(node.netns, IFNAME, self.mbit)  # node -> switch
                 _tbf(self.switch, port, self.mbit)  # switch -> node
+        self._start_holders()
 
     def remove(self) -> None:
+        # A node's holder and every process that joined it are in its network namespace: deleting
+        # the namespace kills them (``_delete_namespace``), and with them the node's private mounts.
         for netns in reversed(self._created):
             _delete_namespace(netns)
         self._created.clear()
+        for proc in self._holders:
+            proc.kill()
+            proc.wait()
+        self._holders.clear()
+
+
+def _ready(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Whether ``proc`` printed its ``ready`` line within ``timeout_s``."""
+    assert proc.stdout is not None
+    if not select.select([proc.stdout], [], [], timeout_s)[0]:
+        return False
+    return proc.stdout.readline().strip() == b"ready"
+
+
+def _only_child(pid: int, timeout_s: float = 5.0) -> int:
+    """The one child of ``pid`` (unshare --fork's), waiting for it to appear."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            children = []
+        if children:
+            return int(children[0])
+        if time.monotonic() > deadline:
+            raise ClusterUnavailable(f"the namespace holder {pid} started no process")
+        time.sleep(0.01)
 
 
 def check_available() -> None:
@@ -152,6 +283,9 @@ def check_available() -> None:
     """
     if shutil.which("ip") is None or shutil.which("tc") is None:
         raise ClusterUnavailable("the emulated cluster needs `ip` and `tc` (Debian: apt-get install iproute2)")
+    if shutil.which("unshare") is None or shutil.which("nsenter") is None:
+        raise ClusterUnavailable("the emulated cluster needs `unshare` and `nsenter` (Debian: apt-get install "
+                                 "util-linux)")
     if os.geteuid() != 0:
         raise ClusterUnavailable("the emulated cluster needs root to create network namespaces "
                                  "(run as root, or use --cluster local)")
@@ -198,9 +332,8 @@ class EmulatedCluster(OnThisMachine, Cluster):
             specs = [
                 ProcSpec(
                     node.name,
-                    ["ip", "netns", "exec", node.netns,
-                     *self.pin(i, request.nodes, torchrun_argv(request, i, head, node.address),
-                              request.procs_per_node)],
+                    node.exec_argv(self.pin(i, request.nodes, torchrun_argv(request, i, head, node.address),
+                                            request.procs_per_node)),
                     rank_env(request, f"{node.name}/{node.address}", THREADS_PER_RANK,
                              {**self.nccl_env(request.fabric), "GLOO_SOCKET_IFNAME": IFNAME}),
                 )

@@ -182,8 +182,12 @@ def supervise(
     deadline_s: float,
     on_tick: Callable[[float], None] | None = None,
     tick_s: float = 0.5,
+    independent: bool = False,
 ) -> LaunchOutcome:
-    """Run ``specs`` concurrently to completion, failure or deadline; never leave one running."""
+    """Run ``specs`` concurrently to completion, failure or deadline; never leave one running.
+
+    ``independent``: the processes are not one job (a probe of each node), so one failing does not
+    bring the others down; each runs to its end or the deadline."""
     log_dir.mkdir(parents=True, exist_ok=True)
     started: list[tuple[ProcSpec, subprocess.Popen, Path]] = []
     start = time.monotonic()
@@ -218,7 +222,7 @@ def supervise(
                                 now - start)
             if all(c is not None for c in codes):
                 break
-            if first_failure is not None and now - first_failure > FAILURE_GRACE_S:
+            if first_failure is not None and not independent and now - first_failure > FAILURE_GRACE_S:
                 break
             overflow = next((spec.name for spec, _, log_path in started
                              if (_size(log_path) or 0) > LOG_LIMIT_BYTES), None)

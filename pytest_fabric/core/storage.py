@@ -9,12 +9,16 @@ measured before stays in memory and goes to the report (terminal table, JUnit) t
 from __future__ import annotations
 
 import errno
+import getpass
+import hashlib
 import os
+import tempfile
+from pathlib import Path
 
 # Errors that say "this disk cannot take the file", whatever the file.
 STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
                   errno.EFBIG: "file too large for the device", errno.EROFS: "the file system is read-only"}
-WHAT_TO_DO = ("free space there or make it writable, or write elsewhere (TMPDIR for the results directory, "
+WHAT_TO_DO = ("free space there or make it writable, or write elsewhere (--run-dir for the launches' files, "
               "--junitxml and --fabric-save for those files)")
 
 
@@ -27,3 +31,12 @@ def storage_problem(exc: OSError, what: str, where: str | os.PathLike[str] | Non
     and what to do."""
     where = exc.filename if exc.filename is not None else where if where is not None else "?"
     return f"cannot write {what} ({os.fspath(where)}): {STORAGE_ERRNOS.get(exc.errno or 0, exc.strerror)}; {WHAT_TO_DO}"
+
+
+def node_local_lock(directory: Path, name: str) -> Path:
+    """The lock file guarding ``directory``'s ``name``, on this node's own disk (its temporary
+    directory): only this node's processes take it (the controller and its xdist workers), and
+    ``flock`` on shared storage is not everywhere (Lustre mounted ``localflock`` locks per node,
+    ``noflock`` refuses; NFSv4 works through its server)."""
+    digest = hashlib.sha1(str(Path(directory).resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"pytest-fabric-{getpass.getuser()}" / "locks" / f"{digest}-{name}"

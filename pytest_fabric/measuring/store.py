@@ -1,4 +1,4 @@
-"""Results shared by every pytest process of one session: a JSON file guarded by a file lock.
+"""Results shared by every pytest process of one session: a JSON file guarded by a file lock on this node.
 
 Under pytest-xdist each worker is a separate process; the first worker that needs a configuration
 measures it while holding the lock and the others read the result. The lock also serialises
@@ -31,7 +31,7 @@ from filelock import FileLock
 
 from ..core.atomic import write_text
 from ..core.redact import redact_data
-from ..core.storage import is_storage_error, storage_problem
+from ..core.storage import is_storage_error, node_local_lock, storage_problem
 
 RESUME_SUFFIX = ".resume.json"
 
@@ -61,7 +61,7 @@ class ResultStore:
         self.directory = directory
         self.path = directory / "measurements.json"
         self.resume_file = resume_file
-        self._lock = FileLock(str(directory / "measurements.lock"))
+        self._lock = FileLock(str(node_local_lock(directory, "measurements.lock")))
         # Records this process could not write (full or read-only disk): kept here, served with the
         # file's, and written with the next write that succeeds.
         self._unsaved: dict[str, Any] = {}
@@ -74,6 +74,7 @@ class ResultStore:
         held = False
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            Path(self._lock.lock_file).parent.mkdir(parents=True, exist_ok=True)
             self._lock.acquire()
             held = True
         except OSError as exc:
