@@ -6,6 +6,7 @@ eight, GPUDirect RDMA off. Each check reads sysfs (the files ``ibv_devinfo`` and
 report from), so it needs no RDMA user-space tools:
 
 - ``/sys/class/net/<if>/type``: 1 is Ethernet, 32 is IPoIB (ARPHRD_INFINIBAND), 772 loopback;
+  ``speed`` (Mb/s; -1, or a read error, on a link that is down) and ``operstate`` (``up``, ``down``);
 - ``/sys/class/infiniband/<dev>/ports/<n>/{link_layer,state,rate}`` and ``gid_attrs/types/<i>``,
   ``gids/<i>``: the HCA ports, their speed (``400 Gb/sec (4X NDR)``) and RoCE GIDs;
 - ``/sys/module/nvidia_peermem`` (or the older ``/sys/kernel/mm/memory_peers/nv_mem``): GPUDirect
@@ -40,6 +41,7 @@ from .nic_inventory import NicInventory
 
 ARPHRD_ETHER = 1
 ARPHRD_INFINIBAND = 32  # an IPoIB interface: TCP over it rides the InfiniBand fabric
+ARPHRD_LOOPBACK = 772
 _RATE = re.compile(r"^\s*([\d.]+) Gb/sec")
 _LINK_LOCAL = "fe80:"
 
@@ -60,7 +62,8 @@ class Port:
 
 @dataclass
 class NodeFacts:
-    """What one node offers a fabric: interfaces (name -> ARPHRD type), RDMA ports, GDR support."""
+    """What one node offers a fabric: interfaces (name -> ARPHRD type, speed, state), RDMA ports, GDR
+    support."""
 
     host: str
     interfaces: dict[str, int] = field(default_factory=dict)
@@ -69,6 +72,9 @@ class NodeFacts:
     dmabuf: bool = False
     # The NCCL_* environment the probe saw: started like a rank, it sees what the ranks will.
     env: dict[str, str] = field(default_factory=dict)
+    # Interface -> Mb/s; only interfaces whose link reports a speed (a down one reads -1 or fails).
+    speeds: dict[str, int] = field(default_factory=dict)
+    operstate: dict[str, str] = field(default_factory=dict)  # interface -> "up", "down", "unknown"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,7 +85,9 @@ class NodeFacts:
                             {int(i): (g[0], g[1]) for i, g in p.get("gids", {}).items()})
                  for name, p in data.get("ports", {}).items()}
         return cls(data["host"], dict(data.get("interfaces", {})), ports, bool(data.get("peermem")),
-                   bool(data.get("dmabuf")), dict(data.get("env", {})))
+                   bool(data.get("dmabuf")), dict(data.get("env", {})),
+                   speeds={k: int(v) for k, v in data.get("speeds", {}).items()},
+                   operstate=dict(data.get("operstate", {})))
 
 
 def _read(path: Path) -> str | None:
@@ -96,6 +104,11 @@ def read_node(sysfs: Path = Path("/sys"), host: str | None = None) -> NodeFacts:
     for iface in sorted(net.iterdir()) if net.is_dir() else []:
         kind = _read(iface / "type")
         facts.interfaces[iface.name] = int(kind) if kind and kind.isdigit() else ARPHRD_ETHER
+        speed, state = _read(iface / "speed"), _read(iface / "operstate")
+        if speed and speed.isdigit() and int(speed) > 0:
+            facts.speeds[iface.name] = int(speed)
+        if state:
+            facts.operstate[iface.name] = state
     root = sysfs / "class" / "infiniband"
     for dev in sorted(root.iterdir()) if root.is_dir() else []:
         for port in sorted((dev / "ports").iterdir()) if (dev / "ports").is_dir() else []:
@@ -138,6 +151,35 @@ def _fabric_ports(kind: str | None, facts: NodeFacts) -> dict[str, Port]:
     return {}
 
 
+def usable_ports(kind: str | None, facts: NodeFacts, env: Mapping[str, str]) -> dict[str, Port]:
+    """The node's ports NCCL can carry this kind of fabric over: ACTIVE ones, and for ib and roce only
+    on the HCAs ``NCCL_IB_HCA`` selects (a DOWN port, or one left out, moves no byte)."""
+    ports = _fabric_ports(kind, facts)
+    if kind in _LAYER:
+        hcas = select_names(sorted({p.split(":")[0] for p in facts.ports}), env.get("NCCL_IB_HCA"))
+        ports = {n: p for n, p in ports.items() if n.split(":")[0] in hcas}
+    return {n: p for n, p in ports.items() if p.active}
+
+
+def _socket_names(facts: NodeFacts) -> list[str]:
+    """The interfaces ``NCCL_SOCKET_IFNAME`` can select from: every one but loopback."""
+    return sorted(n for n, t in facts.interfaces.items() if t != ARPHRD_LOOPBACK and n != "lo")
+
+
+def _ipoib(facts: NodeFacts, name: str) -> bool:
+    return facts.interfaces.get(name) == ARPHRD_INFINIBAND or name.startswith("ib")
+
+
+def socket_interfaces(facts: NodeFacts, env: Mapping[str, str]) -> list[str]:
+    """The interfaces NCCL's sockets carry an eth fabric over: those ``NCCL_SOCKET_IFNAME`` selects,
+    else every one but loopback, docker's and IPoIB (NCCL would prefer ib*, which ``check_node``
+    refuses: that traffic rides the InfiniBand fabric, not this one)."""
+    spec = env.get("NCCL_SOCKET_IFNAME")
+    if spec:
+        return select_names(_socket_names(facts), spec)
+    return [n for n in _socket_names(facts) if not _ipoib(facts, n) and not n.startswith("docker")]
+
+
 def inventory(fabric: Fabric, facts: NodeFacts) -> NicInventory | None:
     """What the transport proof compares NCCL's devices with, from this node's sysfs: every port
     of the fabric's kind (a DOWN one included: NCCL skipping it is what must show) and the fastest
@@ -166,8 +208,7 @@ def check_node(fabric: Fabric, facts: NodeFacts, env: Mapping[str, str] | None =
                         f"pass the fabric's environment to every rank?)")
     if kind in _LAYER:
         ports = _fabric_ports(kind, facts)
-        hcas = select_names(sorted({p.split(":")[0] for p in facts.ports}), env.get("NCCL_IB_HCA"))
-        usable = {n: p for n, p in ports.items() if n.split(":")[0] in hcas and p.active}
+        usable = usable_ports(kind, facts, env)
         if not usable:
             seen = ", ".join(f"{n} {p.link_layer} {p.state}" for n, p in facts.ports.items()) or "no RDMA devices"
             what = "RoCE (Ethernet link layer)" if kind == "roce" else "InfiniBand"
@@ -190,15 +231,14 @@ def check_node(fabric: Fabric, facts: NodeFacts, env: Mapping[str, str] | None =
         if require_gdr:
             problems += _gdr(fabric, facts, on)
     elif kind == "eth":
-        names = sorted(n for n, t in facts.interfaces.items() if t != 772 and n != "lo")
+        names = _socket_names(facts)
         spec = env.get("NCCL_SOCKET_IFNAME")
-        chosen = select_names(names, spec)
+        chosen = socket_interfaces(facts, env)
         if spec and not chosen:
             problems.append(f"fabric {fabric.name}: NCCL_SOCKET_IFNAME={spec} matches no interface{on}; it has: "
                             f"{', '.join(names)} (override with '{fabric.name}.NCCL_SOCKET_IFNAME==<interface>' in "
                             f"fabric_env)")
-        ipoib = [n for n in (chosen if spec else [n for n in names if n.startswith("ib")])
-                 if facts.interfaces.get(n) == ARPHRD_INFINIBAND or n.startswith("ib")]
+        ipoib = [n for n in (chosen if spec else [n for n in names if n.startswith("ib")]) if _ipoib(facts, n)]
         if ipoib:
             how = f"NCCL_SOCKET_IFNAME={spec} selects" if spec else "NCCL_SOCKET_IFNAME is unset, so NCCL prefers"
             problems.append(f"fabric {fabric.name}: {how} {ipoib[0]}{on}, an IPoIB interface (type "
