@@ -7,7 +7,9 @@ the time of a size is the slowest rank's mean per iteration. ``bytes`` is the pa
 reports: the buffer for all_reduce, the whole gathered (or scattered) buffer for all_gather and
 reduce_scatter. algbw = bytes / time; busbw = algbw x the collective's factor, so that busbw is
 comparable to the link rate whatever the collective and the rank count. Gates read the largest size
-only: small sizes measure latency, and an average over sizes measures nothing in particular.
+only: small sizes measure latency, and an average over sizes measures nothing in particular. The
+sweep depends on the backend the rank ends up with (``CollectivesConfig.payloads``): to 1 GiB on
+NCCL, to 16 MiB on gloo.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def run(cfg: CollectivesConfig) -> CollectivesResult | None:
 
     rows = []
     for op in cfg.ops:
-        for size in cfg.sizes:
+        for size in cfg.payloads(backend):
             # ``size`` is nccl-tests' bytes: the all_reduce buffer, or the whole gathered/scattered one.
             total = max(world, size // 4 // world * world)  # float32 elements, divisible by world
             if op == "all_gather":

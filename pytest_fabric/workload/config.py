@@ -100,11 +100,19 @@ class TrainConfig:
         return cls(**json.loads(Path(path).read_text()))
 
 
+# Payload sweeps (nccl-tests' bytes), powers of 4 from 4 KiB, by backend: the largest is the gated one,
+# so the link must reach its bus bandwidth there. NCCL on 400 Gbit/s links gets there only near 1 GiB
+# (nccl-tests' usual top); gloo over the emulated cluster's links (0.4 to 2 Gbit/s) does by 16 MiB,
+# where one all_reduce of 1 GiB would take 4 to 21 s, and every payload is timed several times.
+PAYLOADS = {"nccl": [4 ** k for k in range(6, 16)], "gloo": [4 ** k for k in range(6, 13)]}  # ..1 GiB, ..16 MiB
+
+
 @dataclass
 class CollectivesConfig:
     result_path: str
     ops: list[str] = field(default_factory=lambda: ["all_reduce", "all_gather", "reduce_scatter"])
-    sizes: list[int] = field(default_factory=lambda: [1 << k for k in range(12, 25, 2)])  # 4 KiB .. 16 MiB
+    # None: the backend's sweep (``payloads``), which only the rank knows: "auto" picks it there.
+    sizes: list[int] | None = None
     iters: int = 5
     warmup_iters: int = 2
     # Each payload is timed for at least this many seconds (more iterations for fast ones), so that
@@ -114,6 +122,10 @@ class CollectivesConfig:
     device: str = "auto"
     collective_timeout_s: float = 300.0
     fabric: dict[str, Any] = field(default_factory=dict)
+
+    def payloads(self, backend: str) -> list[int]:
+        """The payload sizes to time on ``backend`` ("nccl" or "gloo"): ``sizes`` where given."""
+        return self.sizes if self.sizes is not None else PAYLOADS[backend]
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
