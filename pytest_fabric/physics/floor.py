@@ -168,12 +168,13 @@ def run_floor(spec: ModelSpec, nodes: int, link_gbit: float, result: object,
 
 def transport_hint(nccl_env: dict, rate_source: str) -> str:
     """Where the bytes may have gone instead, for a fabric with these NCCL settings whose rate is
-    ``rate_source``: "declared" (fabric_link_gbit), "nominal" (the preset's) or "emulated"."""
+    ``rate_source``: where the rate comes from, "declared ..." (fabric_link_gbit), "nominal" (the
+    preset's), or one measured (the emulated link's, a node's sysfs: no other rate to suspect)."""
     if nccl_env.get("NCCL_NET") == "Socket":
         hint = "check NCCL's socket interface: NCCL prefers ib* interfaces"
     else:
         hint = "check which transport and NICs NCCL used"
-    if rate_source == "declared":
+    if rate_source.startswith("declared"):
         hint += "; or the link is faster than its declared fabric_link_gbit"
     elif rate_source == "nominal":
         hint += "; or the link is faster than the fabric's nominal rate: declare it with fabric_link_gbit"
