@@ -8,7 +8,9 @@ The work lives in plain modules: session state in ``session``, the fixtures' obj
 
 from __future__ import annotations
 
+import functools
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,9 +19,10 @@ from .running import options as fabric_options
 from .core.case import BANDWIDTH, Case
 from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .cluster.base import OnThisMachine
-from .running.fixtures import CompareFixture, FabricDeprecationWarning, MeasureFixture
+from .running.fixtures import CompareFixture, FabricDeprecationWarning, MeasureFixture, link_rate_or_skip
 from .history.junit import SECTION, gate_lines, measurement_lines, testcase_text
 from .running.matrix import expand
+from .measuring.link_rate import LinkRate
 from .measuring.measurement import BandwidthMeasurement, Measurement
 from .deciding.references import References
 from .reporting.reporter import REPORTER_NAME, FabricReporter
@@ -54,9 +57,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     try:
-        cluster, note = make_cluster(opts.cluster, opts.hostfile, opts.ssh_config, opts.ssh_host_key_checking)
+        cluster, note = make_cluster(opts.cluster, opts.cluster_options())
     except ClusterUnavailable as exc:
         raise pytest.UsageError(f"--cluster {opts.cluster}: {exc}") from None
+    if not opts.gpus_per_node_given and (gpus := cluster.gpus_per_node()):
+        opts = fabric_options.with_gpus_per_node(opts, gpus)  # the allocation's GPUs, the hostfile's slots
     nodes = opts.nodes or cluster.default_nodes()
     if nodes > cluster.max_nodes():
         raise pytest.UsageError(
@@ -73,7 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--interleave on: the {cluster.name} cluster runs ranks on other machines, and interleaved launches "
             f"take turns through a directory on this one; use --cluster emulated or local, or --interleave off")
-    session = FabricSession(config, opts, nodes, cluster, note, session_directory(config))
+    session = FabricSession(config, opts, nodes, cluster, note, session_directory(config, opts.run_dir))
     config.stash[SESSION_KEY] = session
     if not hasattr(config, "workerinput"):
         # A session killed before it ended left its completed launches beside --fabric-save.
@@ -141,10 +146,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=off)
 
 
+# A test that asks for one of these may launch ranks: its session checks every node first.
+LAUNCHING_FIXTURES = {"fabric_measure", "fabric_compare", "fabric_cluster"}
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The night's family of gates: the comparison tests that remain selected."""
+    """The night's family of gates: the comparison tests that remain selected. Where any selected test
+    launches, every node is checked now, before the first test (``FabricSession.check_nodes``): a
+    session its nodes refuse (a run directory no node sees) ends here in one line. Under xdist the
+    controller collects nothing, and the first worker to launch checks the nodes."""
     fabric = session.config.stash[SESSION_KEY]
     fabric.gates = sum(1 for item in session.items if "fabric_compare" in getattr(item, "fixturenames", ()))
+    launches = any(name in LAUNCHING_FIXTURES for item in session.items for name in getattr(item, "fixturenames", ()))
+    if launches and not session.config.option.collectonly and not hasattr(session.config, "workerinput"):
+        fabric.prepared_cluster()
 
 
 # -- parametrization -------------------------------------------------------------------------
@@ -200,6 +215,13 @@ def fabric_references(fabric_session: FabricSession) -> References:
 def fabric_cluster(fabric_session: FabricSession) -> Cluster:
     """The cluster ranks start on (prepared: namespaces can be made, stale ones swept)."""
     return fabric_session.prepared_cluster()
+
+
+@pytest.fixture(scope="session")
+def fabric_link_rate(fabric_session: FabricSession) -> Callable[[str], LinkRate]:
+    """``fabric_link_rate(name)``: fabric ``name``'s per-node link rate and its source, for a gate that
+    holds a measurement to it; skips the test where none is known (``fixtures.link_rate_or_skip``)."""
+    return functools.partial(link_rate_or_skip, fabric_session)
 
 
 @pytest.fixture

@@ -216,12 +216,13 @@ def _cgroup_conf() -> str:
 
 
 @contextmanager
-def slurm_site(nodes: int = 2) -> Iterator[Site]:
-    """munged, a slurmctld on node0 and one ``slurmd -N nodeK`` per node namespace, NodeAddr = its address."""
+def slurm_site(nodes: int = 2, management: bool = False) -> Iterator[Site]:
+    """munged on every node, a slurmctld on node0 and one ``slurmd -N nodeK`` per node, NodeAddr = its
+    address (with ``management``, its management link's: the fabric link fab0 may then go down)."""
     require("slurmctld", "slurmd", "salloc", "srun", "scontrol", "sinfo", "munged")
     with ExitStack() as stack:
         directory = stack.enter_context(_site_directory("slurm"))
-        net = stack.enter_context(EmulatedNetwork(nodes, None))
+        net = stack.enter_context(EmulatedNetwork(nodes, None, management=management))
         daemons = Daemons(directory)
         stack.callback(daemons.stop)
         key = directory / "munge.key"
@@ -360,6 +361,57 @@ def session_program(run_dir: Path, gate: Path | None = None) -> list[str]:
     return [str(script), str(run_dir), str(gate) if gate else "-"]
 
 
+# A launch prefix standing for a container runtime whose image sets its own LD_LIBRARY_PATH: it
+# records, in the run directory every node sees, where it ran (host name, working directory) and
+# PF_PLUGIN_PATH as it found it, one NAME=VALUE line each, and the words it was given (NUL-separated:
+# a word may hold new lines); then it sets LD_LIBRARY_PATH as the image would and runs the rest.
+RECORDING_PREFIX = """\
+#!/bin/sh
+record="RUN_DIR/prefix-$(uname -n)-$$"
+printf 'host=%s\\ncwd=%s\\nPF_PLUGIN_PATH=%s\\n' "$(uname -n)" "$(pwd)" "${PF_PLUGIN_PATH-(unset)}" > "$record.txt"
+printf '%s\\0' "$@" > "$record.args"
+LD_LIBRARY_PATH=/image/lib
+export LD_LIBRARY_PATH
+exec "$@"
+"""
+
+# A rank that records its host, its node label and the variables named on its command line.
+ENV_RANK = """\
+import json, os, pathlib, socket, sys
+run, names = pathlib.Path(sys.argv[1]), sys.argv[2:]
+(run / f"env-rank{os.environ['RANK']}.json").write_text(json.dumps({
+    "host": socket.gethostname(), "node": os.environ.get("PYTEST_FABRIC_NODE"),
+    "env": {name: os.environ.get(name) for name in names}}))
+"""
+
+
+def recording_prefix(run_dir: Path) -> Path:
+    """An executable ``--launch-prefix`` (RECORDING_PREFIX) that writes its records into ``run_dir``."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = run_dir / "container-prefix.sh"
+    script.write_text(RECORDING_PREFIX.replace("RUN_DIR", str(run_dir)))
+    script.chmod(0o755)
+    return script
+
+
+def prefix_records(run_dir: Path) -> list[dict[str, Any]]:
+    """What each run of ``recording_prefix`` said: its fields, its words as ``args``."""
+    records = []
+    for path in sorted(run_dir.glob("prefix-*.txt")):
+        record: dict[str, Any] = dict(line.partition("=")[::2] for line in path.read_text().splitlines())
+        record["args"] = path.with_suffix(".args").read_text().split("\0")[:-1]
+        records.append(record)
+    return records
+
+
+def env_program(run_dir: Path, names: Sequence[str]) -> list[str]:
+    """A rank program that leaves ``env-rank<N>.json`` in ``run_dir``: its host, node and ``names``' values."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = run_dir / "env_rank.py"
+    script.write_text(ENV_RANK)
+    return [str(script), str(run_dir), *names]
+
+
 # What every test launch sets: gloo on the emulated link, one thread per rank (2 cores for everything).
 RANK_ENV = {"GLOO_SOCKET_IFNAME": "fab0", "OMP_NUM_THREADS": "1"}
 
@@ -465,11 +517,14 @@ def _drive(spec_path: str) -> None:
 
     spec = json.loads(Path(spec_path).read_text())
     cluster: Cluster
+    # --launch-prefix and --rank-env, as the plugin gives them (ClusterOptions)
+    launch = {"launch_prefix": spec.get("launch_prefix", ()), "rank_env_names": spec.get("rank_env", ())}
     if spec["cluster"] == "slurm":
-        cluster = SlurmCluster()
+        cluster = SlurmCluster(srun_args=spec.get("srun_args", ()), **launch)
     else:
         cluster = SshCluster(spec["hostfile"], ssh_config=spec["ssh_config"],
-                             strict_host_key_checking="yes", connect_timeout_s=spec.get("connect_timeout_s", 10))
+                             strict_host_key_checking="yes", connect_timeout_s=spec.get("connect_timeout_s", 10),
+                             **launch)
     report: dict[str, Any] = {"describe": cluster.describe(), "max_nodes": cluster.max_nodes()}
     if spec.get("orphan_step"):
         assert isinstance(cluster, SlurmCluster)

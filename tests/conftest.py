@@ -8,8 +8,10 @@ The tests' temporary directories live on the emulated cluster's shared storage. 
 private ``/tmp``, ``/var/tmp`` and ``/dev/shm``, as real nodes do (``cluster/emulated.py``): a run
 directory, a test site's configuration or a rank program under pytest's usual
 ``/tmp/pytest-of-<user>`` would be seen by the harness and by no node. So ``tmp_path`` (and the
-pytester runs', which inherit the environment) are made under the checkout, which every emulated
-node sees: ``PYTEST_DEBUG_TEMPROOT`` is pytest's documented root for them; a value already set wins.
+pytester runs', which inherit the environment) are made under the user's cache directory, which
+every emulated node sees, as a real cluster's nodes see an NFS home (not under the checkout: a
+pytester run there would take the project's pyproject.toml for its own). ``PYTEST_DEBUG_TEMPROOT``
+is pytest's documented root for them; a value already set wins.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from helpers import emulated_unavailable, junit_schema_path, namespaces, needs, 
 
 pytest_plugins = ["pytester"]
 
-SHARED_TMP = Path(__file__).resolve().parent.parent / ".pytest-tmp"
-SHARED_TMP.mkdir(exist_ok=True)
+SHARED_TMP = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pytest-fabric" / "test-tmp"
+SHARED_TMP.mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", str(SHARED_TMP))
 
 

@@ -29,9 +29,22 @@ def test_a_registered_launcher_is_built_with_the_sessions_options(registry):
 
     register_cluster("lab", factory)
     assert "lab" in cluster_kinds()
-    built, note = make_cluster("lab", hostfile="hosts.txt")
+    options = ClusterOptions("hosts.txt", launch_prefix=("apptainer", "exec", "x.sif"), rank_env=("HF_HOME",))
+    built, note = make_cluster("lab", options)
     assert isinstance(built, LocalCluster) and note is None
-    assert seen == [ClusterOptions("hosts.txt", None, "accept-new")]
+    assert seen == [options]  # a registered launcher decides what it does with each option
+
+
+@pytest.mark.parametrize(("kind", "options", "flag"), [
+    ("ssh", ClusterOptions("hosts.txt", srun_args=("--container-image=pt.sqsh",)), "--srun-args"),
+    ("local", ClusterOptions(launch_prefix=("apptainer", "exec", "pt.sif")), "--launch-prefix"),
+    ("auto", ClusterOptions(launch_prefix=("apptainer", "exec", "pt.sif")), "--launch-prefix"),
+])
+def test_a_shipped_launcher_refuses_a_container_option_it_would_ignore(monkeypatch, kind, options, flag):
+    """Ranks started outside the container asked for would be measured as if inside it."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(ClusterUnavailable, match=f"^{flag} is for "):
+        make_cluster(kind, options)
 
 
 @pytest.mark.parametrize("name", ["auto", "two words", ""])

@@ -63,6 +63,8 @@ class StandInSession(SimpleNamespace):
     # (--launch-noise, else the baseline's, else the default), link rates, floor and prediction.
     noise = FabricSession.noise
     link = FabricSession.link
+    link_rate = FabricSession.link_rate
+    node_facts = ()  # no pre-flight probe: a real cluster's floor then assumes the nominal rate
     floor = FabricSession.floor
     floor_line = FabricSession.floor_line
     predicted = FabricSession.predicted

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_fabric.core.fabrics import FABRICS, FabricConfigError, build_table
+from pytest_fabric.core.fabrics import FabricConfigError, build_table
 from pytest_fabric.physics.floor import (Floor, collective_node_gbit, floor_for, impossible_payloads, node_bytes,
                                  transport_hint)
 from pytest_fabric.core.models import get_model
@@ -88,12 +88,8 @@ def test_a_step_beyond_the_tolerance_is_impossible_and_the_message_has_the_numbe
     assert "floor 300.0 ms/step" in line and "measured 75.0 ms/step" in line and line.endswith("IMPOSSIBLE")
 
 
-def test_declared_link_rate_wins_over_emulated_and_nominal():
-    table = build_table(link_gbit={"eth": 80})
-    assert table["eth"].link_gbit(emulated=True) == 80
-    assert table["eth"].link_gbit(emulated=False) == 80
-    assert table["ib"].link_gbit(emulated=True) == FABRICS["ib"].emulated_mbit / 1000
-    assert table["ib"].link_gbit(emulated=False) == FABRICS["ib"].nominal_gbit
+def test_a_link_rate_is_declared_for_a_known_fabric_only():
+    assert build_table(link_gbit={"eth": 80})["eth"].declared_gbit == 80  # which rate wins: test_link_rate.py
     with pytest.raises(FabricConfigError, match="unknown fabric"):
         build_table(link_gbit={"nope": 1})
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from cluster_env import (RANK_ENV, hanging_program, launch_on_node0, leftover_processes, session_program, slurm_site,
-                         start_on_node0, train_program, two_sessions_take_turns)
+from cluster_env import (RANK_ENV, env_program, hanging_program, launch_on_node0, leftover_processes, prefix_records,
+                         recording_prefix, session_program, slurm_site, start_on_node0, train_program,
+                         two_sessions_take_turns)
 from pytest_fabric.cluster.base import ClusterUnavailable
 from pytest_fabric.cluster.nodelock import _ephemeral_range
-from pytest_fabric.cluster.slurm import SlurmCluster, SlurmNode, cpus_per_node, srun_argv
+from pytest_fabric.cluster.slurm import _NODE_WRAPPER, SlurmCluster, SlurmNode, cpus_per_node, srun_argv
 
 
 def test_outside_an_allocation_says_how_to_get_one() -> None:
@@ -35,6 +37,34 @@ def test_one_step_one_task_per_node_on_exactly_the_chosen_nodes() -> None:
                    "--kill-on-bad-exit=1", "--job-name=pytest-fabric-ab12"):
         assert option in argv
     assert argv[-4:-2] == [sys.executable, "-c"] and argv[-1] == "/shared/run/slurm-plan.json"
+
+
+def test_site_options_follow_the_launchers_and_the_prefix_comes_before_the_wrapper() -> None:
+    nodes = [SlurmNode("gpu-001", "10.0.0.1"), SlurmNode("gpu-002", "10.0.0.2")]
+    pyxis = ["--container-image=nvcr.io#nvidia/pytorch:24.05-py3", "--container-mounts=/lustre:/lustre"]
+    prefix = ["apptainer", "exec", "--nv", "/images/pt.sif"]
+    argv = srun_argv("4242", nodes, "pytest-fabric-ab12", Path("/shared/run/slurm-plan.json"), extra=pyxis,
+                     prefix=prefix)
+    wrapper = argv.index(sys.executable)
+    assert argv[wrapper - 4:wrapper] == prefix and argv[wrapper - 6:wrapper - 4] == pyxis
+    # srun takes the last value of an option: the site's come after every option of the launcher's.
+    assert max(argv.index(option) for option in argv[1:wrapper - 6]) < argv.index(pyxis[0])
+    assert argv[wrapper:] == [sys.executable, "-c", _NODE_WRAPPER, "/shared/run/slurm-plan.json"]
+
+
+def test_the_node_wrapper_sets_the_plans_variables_over_what_a_container_left(tmp_path: Path) -> None:
+    """The wrapper, run for real as a task would run it: whatever the environment it starts in says
+    (an image's LD_LIBRARY_PATH), the node's torchrun gets the plan's values, and its own node's."""
+    plan = {name: {"env": {"LD_LIBRARY_PATH": f"/opt/{name}/lib", "PYTEST_FABRIC_NODE": f"{name}/10.0.0.1"},
+                   "argv": [sys.executable, "-c", "import os; print(os.environ['LD_LIBRARY_PATH'], "
+                                                  "os.environ['PYTEST_FABRIC_NODE'], os.environ['KEPT'])"]}
+            for name in ("gpu-001", "gpu-002")}
+    plan_path = tmp_path / "slurm-plan.json"
+    plan_path.write_text(json.dumps(plan))
+    out = subprocess.run([sys.executable, "-c", _NODE_WRAPPER, str(plan_path)], capture_output=True, text=True,
+                         check=True, env={"SLURMD_NODENAME": "gpu-002", "LD_LIBRARY_PATH": "/image/lib",
+                                          "KEPT": "yes"}).stdout
+    assert out.split() == ["/opt/gpu-002/lib", "gpu-002/10.0.0.1", "yes"]
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +105,41 @@ def test_hung_launch_is_killed_at_the_deadline_with_its_step(site, tmp_path: Pat
     assert report["timed_out"], report["describe_outcome"]
     started = sorted(p.name for p in run_dir.glob("rank*"))
     assert started == ["rank0", "rank1"], f"ranks never started before the deadline:\n{report['describe_outcome']}"
+    assert report["steps_after"] == []
+    assert leftover_processes(job_id) == []
+
+
+@pytest.mark.slow
+def test_srun_args_launch_prefix_and_declared_variables_reach_every_rank(site, tmp_path: Path, monkeypatch) -> None:
+    """A site's srun option (--chdir, standing for pyxis's) and a real prefix program (standing for
+    apptainer, its image setting LD_LIBRARY_PATH) on every node: each task runs the wrapper under the
+    prefix in the directory srun was told, and every rank gets the --rank-env values from the
+    harness's environment over the image's; the plan on shared storage holds no secret."""
+    monkeypatch.setenv("PF_PLUGIN_PATH", "/opt/x")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/aws-ofi-nccl/lib")
+    monkeypatch.setenv("HF_TOKEN", "hf_stays_out_of_the_plan")
+    job_id = f"slurmprefix{secrets.token_hex(3)}"
+    run_dir = tmp_path / "run"
+    workdir = run_dir / "chdir"
+    workdir.mkdir(parents=True)
+    spec = {**_spec(env_program(run_dir, ["PF_PLUGIN_PATH", "LD_LIBRARY_PATH"]), job_id, 120),
+            "srun_args": [f"--chdir={workdir}"], "launch_prefix": [str(recording_prefix(run_dir))],
+            "rank_env": ["PF_PLUGIN_PATH", "LD_LIBRARY_PATH"]}
+    report = launch_on_node0(site, spec, tmp_path, timeout_s=240, salloc=True)
+    assert report["ok"], report.get("describe_outcome") or report
+    assert f"; srun --chdir={workdir}; prefix {run_dir / 'container-prefix.sh'}; rank env " in report["describe"]
+    records = sorted(prefix_records(run_dir), key=lambda r: r["host"])
+    hosts = [node.name for node in site.nodes]
+    assert [r["host"] for r in records] == hosts  # the lock steps ran outside it: only the ranks' tasks
+    for record in records:
+        assert record["cwd"] == str(workdir)
+        assert record["args"] == [sys.executable, "-c", _NODE_WRAPPER, str(tmp_path / "slurm-plan.json")]
+    ranks = [json.loads((run_dir / f"env-rank{r}.json").read_text()) for r in range(len(hosts))]
+    assert sorted(rank["host"] for rank in ranks) == hosts
+    for rank in ranks:
+        assert rank["env"] == {"PF_PLUGIN_PATH": "/opt/x", "LD_LIBRARY_PATH": "/opt/aws-ofi-nccl/lib"}
+        assert rank["node"].startswith(f"{rank['host']}/")
+    assert "hf_stays_out_of_the_plan" not in (tmp_path / "slurm-plan.json").read_text()
     assert report["steps_after"] == []
     assert leftover_processes(job_id) == []
 

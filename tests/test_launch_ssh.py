@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster_env import (RANK_ENV, hanging_program, launch_on_node0, leftover_processes, session_program, ssh_site,
-                         start_on_node0, train_program, two_sessions_take_turns)
-from pytest_fabric.cluster.base import ClusterUnavailable
-from pytest_fabric.cluster.ssh import Host, HostfileError, SshCluster, parse_hostfile, remote_command, remote_env
+from cluster_env import (RANK_ENV, env_program, hanging_program, launch_on_node0, leftover_processes, prefix_records,
+                         recording_prefix, session_program, ssh_site, start_on_node0, train_program,
+                         two_sessions_take_turns)
+from pytest_fabric.cluster.base import ClusterUnavailable, remote_env
+from pytest_fabric.cluster.ssh import Host, HostfileError, SshCluster, parse_hostfile, remote_command
 
 
 def test_hostfile_hosts_slots_and_comments() -> None:
@@ -68,7 +69,31 @@ def test_remote_command_survives_a_real_shell_word_for_word(tmp_path: Path) -> N
     assert pid.isdigit()  # the wrapper recorded itself before running the program ...
     assert not pidfile.exists()  # ... and removed the record when it finished
     assert not canary.exists()
-    assert shlex.split(command)[:2] == ["exec", "env"]
+    assert shlex.split(command)[:2] == ["exec", "sh"]
+
+
+def test_a_launch_prefix_runs_inside_the_pidfile_wrapper_and_the_variables_inside_the_prefix(tmp_path: Path) -> None:
+    """The command ssh hands the login shell, run by a real shell: the prefix (a real wrapper program
+    that drops LD_LIBRARY_PATH for its own, as a container image does) runs as a child of the pidfile
+    wrapper, so the cleanup's process tree holds it; the variables are set inside it, so the program
+    gets them whatever the prefix does to its environment."""
+    prefix = tmp_path / "my container"
+    prefix.write_text('#!/bin/sh\necho "prefix: $1 $PPID LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}"\nshift\n'
+                      'LD_LIBRARY_PATH=/image/lib exec "$@"\n')
+    prefix.chmod(0o755)
+    pidfile = tmp_path / "node0.pid"
+    program = [sys.executable, "-c", "import os; print('program:', os.environ['LD_LIBRARY_PATH'], os.getppid())"]
+    command = remote_command(program, {"LD_LIBRARY_PATH": "/opt/aws-ofi-nccl/lib"}, str(pidfile),
+                             [str(prefix), "--nv"])
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin"}).stdout.splitlines()
+    (said_prefix,) = [line for line in out if line.startswith("prefix: ")]
+    (said_program,) = [line for line in out if line.startswith("program: ")]
+    _, first_word, parent, library_path = said_prefix.split(" ")
+    assert first_word == "--nv" and library_path == "LD_LIBRARY_PATH="  # its own words; not yet the variables
+    assert said_program.split(" ")[1] == "/opt/aws-ofi-nccl/lib"
+    # The prefix's parent is the wrapper (the sh that recorded its pid), and the prefix became the program.
+    assert said_program.split(" ")[2] == parent
 
 
 RECORDER = """import json, os, sys
@@ -198,16 +223,61 @@ def test_two_node_measurement_over_ssh(site, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_hung_launch_is_killed_at_the_deadline_on_every_host(site, tmp_path: Path) -> None:
+@pytest.mark.parametrize("prefixed", [False, True], ids=["plain", "under-a-launch-prefix"])
+def test_hung_launch_is_killed_at_the_deadline_on_every_host(site, tmp_path: Path, prefixed: bool) -> None:
+    """Also under a launch prefix: it runs inside the pidfile wrapper, so the cleanup's tree holds it."""
     job_id = f"sshhang{secrets.token_hex(3)}"
     run_dir = tmp_path / job_id  # in every rank's command line, so leftovers are easy to find
-    report = launch_on_node0(site, _spec(site, hanging_program(run_dir), job_id, 25), tmp_path, timeout_s=120)
+    spec = _spec(site, hanging_program(run_dir), job_id, 25)
+    if prefixed:
+        spec["launch_prefix"] = [str(recording_prefix(run_dir))]
+    report = launch_on_node0(site, spec, tmp_path, timeout_s=120)
     assert report["timed_out"], report["describe_outcome"]
     started = sorted(p.name for p in run_dir.glob("rank*"))
     assert started == ["rank0", "rank1"], f"ranks never started before the deadline:\n{report['describe_outcome']}"
     assert leftover_processes(job_id) == []
     for log in report["logs"].values():
         assert "remote cleanup on" in Path(log).read_text()
+    if prefixed:
+        launched = [r for r in prefix_records(run_dir) if "torch.distributed.run" in r["args"]]
+        assert sorted(r["host"] for r in launched) == [node.name for node in site.nodes]
+
+
+@pytest.mark.slow
+def test_launch_prefix_and_declared_variables_reach_every_rank_over_ssh(site, tmp_path: Path, monkeypatch) -> None:
+    """A real prefix program on every host (standing for a container whose image sets its own
+    LD_LIBRARY_PATH): the pre-launch probe and each host's torchrun run through it, and every rank
+    gets the --rank-env variables from the harness's environment, set inside the prefix; a variable
+    nobody declared, or a secret, stays behind."""
+    monkeypatch.setenv("PF_PLUGIN_PATH", "/opt/x")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/aws-ofi-nccl/lib")
+    monkeypatch.setenv("PF_NOT_DECLARED", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_stays_on_the_harness")
+    job_id = f"sshprefix{secrets.token_hex(3)}"
+    run_dir = tmp_path / "run"
+    names = ["PF_PLUGIN_PATH", "LD_LIBRARY_PATH", "PF_NOT_DECLARED", "HF_TOKEN"]
+    spec = {**_spec(site, env_program(run_dir, names), job_id, 120),
+            "launch_prefix": [str(recording_prefix(run_dir))], "rank_env": ["PF_PLUGIN_PATH", "LD_LIBRARY_PATH"]}
+    report = launch_on_node0(site, spec, tmp_path, timeout_s=240)
+    assert report["ok"], report.get("describe_outcome") or report
+    assert f"prefix {run_dir / 'container-prefix.sh'}; rank env PF_PLUGIN_PATH,LD_LIBRARY_PATH" in report["describe"]
+    records = prefix_records(run_dir)
+    probes = [r for r in records if r["args"][:2] == ["test", "-x"]]
+    launched = sorted((r for r in records if "torch.distributed.run" in r["args"]), key=lambda r: r["host"])
+    hosts = [node.name for node in site.nodes]
+    assert sorted(r["host"] for r in probes) == hosts  # prepare() checked each host through the prefix
+    assert [r["host"] for r in launched] == hosts  # one torchrun per host, each under the prefix
+    for i, record in enumerate(launched):
+        assert record["PF_PLUGIN_PATH"] == "(unset)"  # ssh forwards nothing: the variables come after
+        assert record["args"][0] == "env" and "PF_PLUGIN_PATH=/opt/x" in record["args"]
+        assert f"--node-rank={i}" in record["args"]
+        assert "hf_stays_on_the_harness" not in " ".join(record["args"])
+    ranks = [json.loads((run_dir / f"env-rank{r}.json").read_text()) for r in range(len(hosts))]
+    assert sorted(rank["host"] for rank in ranks) == hosts
+    for rank in ranks:
+        assert rank["env"] == {"PF_PLUGIN_PATH": "/opt/x", "LD_LIBRARY_PATH": "/opt/aws-ofi-nccl/lib",
+                               "PF_NOT_DECLARED": None, "HF_TOKEN": None}
+    assert leftover_processes(job_id) == []
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -80,6 +81,22 @@ BAD_INPUT = [
     (["--fabric-flops", "fast"], "--fabric-flops must be a positive number such as 4e14, got 'fast'"),
     (["--fabric-flops", "0"], "--fabric-flops must be a positive number such as 4e14, got '0'"),
     (["--nodes", "251"], "--nodes 251: the emulated cluster has 250 nodes; use --nodes 250 or fewer"),
+    # containers and the ranks' environment (a value that starts with '-' is given as --opt=VALUE)
+    (["--launch-prefix", "apptainer exec '/images/pt.sif"], "--launch-prefix: cannot split *"),
+    (["--srun-args=--container-image='nvcr.io#nvidia/pytorch"], "--srun-args: cannot split *"),
+    (["--srun-args=--container-image=pt.sqsh --nodes=4"], "--srun-args: '--nodes=4': the launcher sets --nodes "
+                                                           "itself*"),
+    (["--srun-args=--nodel=gpu-001"], "--srun-args: '--nodel=gpu-001': the launcher sets --nodelist itself*"),
+    (["--srun-args=-w gpu-001"], "--srun-args: '-w': -w is --nodelist, which the launcher sets itself*"),
+    (["--srun-args=-N2"], "--srun-args: '-N2': -N is --nodes, which the launcher sets itself*"),
+    (["--srun-args=--container-image=pt.sqsh -- sh"], "--srun-args: '--' would end srun's options*"),
+    (["--rank-env", "LD_LIBRARY_PATH,2FAST"], "--rank-env: '2FAST' is not a variable name*"),
+    (["--rank-env", "HF_HOME,HF_TOKEN"], "--rank-env: HF_TOKEN looks like a secret*"),
+    (["--cluster", "local", "--launch-prefix", "apptainer exec --nv pt.sif"],
+     "--cluster local: --launch-prefix is for the ssh and slurm clusters; the local cluster would start its "
+     "ranks without it*"),
+    (["--cluster", "local", "--srun-args=--container-image=pt.sqsh"],
+     "--cluster local: --srun-args is for the slurm cluster's srun step*"),
     (["--cluster", "local", "--nodes", str(4 * CPUS + 1)],
      f"--nodes {4 * CPUS + 1}: the local cluster has {4 * CPUS} nodes; use --nodes {4 * CPUS} or fewer"),
     (["--nodes", "2", "--gpus-per-node", str(2 * CPUS + 1)],
@@ -279,15 +296,52 @@ def test_header_shows_cluster_fabrics_rates_and_results_directory(pytester):
         f"fabric: fabrics ib, eth (emulated links: ib {FABRICS['ib'].emulated_mbit:g} Mbit/s, eth 200 Mbit/s)",
         "fabric: models qwen2-tiny; 1 warm-up + at least 3 measured steps, then to 1% precision within 6 s "
         "(a configuration's first launch: all of 12 s; after its steps stall: as long as their mean needs to be "
-        "known to 1%, up to 60 s); results in */pytest-fabric-*",
+        "known to 1%, up to 60 s); results in */fabric-runs/*",
     ])
+
+
+def test_container_options_reach_the_cluster_and_its_header_line(pytester):
+    """--launch-prefix and --rank-env from ini (several lines) or the command line: split as a shell
+    would and shown in the header's cluster line (the cluster's describe(), also what every result
+    records as its cluster). Collection only: no host is contacted."""
+    pytester.path.joinpath("hosts").write_text("gpu-001\ngpu-002\n")
+    pytester.makeini("[pytest]\nfabric_rank_env =\n    LD_LIBRARY_PATH,\n    HF_HOME\n"
+                     "fabric_launch_prefix = apptainer exec --nv '/images/py torch.sif'\n")
+    pytester.makepyfile(test_any="def test_nothing(): pass")
+    result = pytester.runpytest("--collect-only", "--cluster", "ssh", "--hostfile", "hosts")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    # The quoted image path is one word: shown quoted again.
+    result.stdout.fnmatch_lines(["fabric: cluster ssh (2 hosts from hosts; prefix apptainer exec --nv "
+                                 "'/images/py torch.sif'; rank env LD_LIBRARY_PATH,HF_HOME); nodes up to 2 *"])
+    # The command line wins; an empty value clears the ini's.
+    result = pytester.runpytest("--collect-only", "--cluster", "ssh", "--hostfile", "hosts", "--launch-prefix=",
+                                "--rank-env", "A_B")
+    result.stdout.fnmatch_lines(["fabric: cluster ssh (2 hosts from hosts; rank env A_B); nodes up to 2 *"])
+
+
+def test_srun_args_reach_the_slurm_cluster_and_its_header_line(pytester, monkeypatch):
+    """pyxis's options as a user types them: one quoted value with spaces (taken as a value though it
+    starts with '--'), or --srun-args=VALUE; nothing is launched, so no Slurm daemon is asked."""
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu-[001-008]")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "8")
+    if shutil.which("srun") is None:
+        needs("the Slurm client commands (the slurm cluster is built only where srun is on PATH)")
+    pytester.makepyfile(test_any="def test_nothing(): pass")
+    pyxis = "--container-image=nvcr.io#nvidia/pytorch:24.05-py3 --container-mounts=/lustre:/lustre"
+    for args in (["--srun-args", pyxis], [f"--srun-args={pyxis}"]):
+        result = pytester.runpytest("--collect-only", "--cluster", "slurm", *args)
+        assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+        shown = shlex.join(pyxis.split())  # as a shell would take it back ('#' quoted)
+        result.stdout.fnmatch_lines([f"fabric: cluster slurm (job 4242 on gpu-[[]001-008]; srun {shown}); "
+                                     "nodes up to 8 *"])
 
 
 def test_header_shows_a_fixed_step_count_without_adaptive_measuring(pytester):
     pytester.makepyfile(test_any="def test_nothing(): pass")
     result = pytester.runpytest("--nodes", "2", "--models", "qwen2-tiny", "--steps", "3", "--warmup-steps", "1",
                                 "--measure-seconds", "0")
-    result.stdout.fnmatch_lines(["fabric: models qwen2-tiny; 1 warm-up + 3 measured steps; results in */pytest-fabric-*"])
+    result.stdout.fnmatch_lines(["fabric: models qwen2-tiny; 1 warm-up + 3 measured steps; results in */fabric-runs/*"])
 
 
 COMPARISON = """
@@ -338,7 +392,8 @@ def test_session_fixture_exposes_the_parsed_options(pytester):
 
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["plain", "xdist"])
 def test_a_run_without_measurements_reports_nothing_and_writes_nothing(pytester, tmp_path, monkeypatch, xdist):
-    """The plugin is installed machine-wide: unrelated runs (also under xdist) must leave nothing in $TMPDIR."""
+    """The plugin is installed machine-wide: unrelated runs (also under xdist) must leave nothing in $TMPDIR
+    or in the run directory."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     pytester.makepyfile(test_matrix_ids=MATRIX_TEST)
     result = pytester.runpytest_subprocess("--models", "qwen2-tiny", "--junitxml", str(tmp_path / "j.xml"), *xdist)
@@ -347,6 +402,7 @@ def test_a_run_without_measurements_reports_nothing_and_writes_nothing(pytester,
     assert "launch logs and results" not in result.stdout.str()
     assert "system-out" not in (tmp_path / "j.xml").read_text()
     assert not list(tmp_path.glob("pytest-fabric-*")), "a run that measured nothing left a results directory"
+    assert not (pytester.path / "fabric-runs").exists(), "a run that measured nothing left a run directory"
 
 
 def run_as_non_root(pytester, *args):

@@ -126,44 +126,44 @@ def test_roce_gid_index_must_be_routable_v2():
         assert problem.startswith(f"fabric roce: NCCL_IB_GID_INDEX={index} is {why}"), problem
 
 
-def test_emulated_node_interfaces_are_real_ethernet(tmp_path):
-    """The probe runs on every node through the launcher; on the emulated cluster its nodes' own
-    sysfs shows the veth each node has: Ethernet (type 1), no IPoIB, no RDMA port."""
+def _check_emulated(tmp_path, fabrics, device):
+    """The session's node check (measuring/nodes.py) on two emulated nodes."""
     from pytest_fabric.cluster.base import ClusterUnavailable
-    from pytest_fabric.cluster.emulated import IFNAME, EmulatedCluster
-    from pytest_fabric.measuring.preflight import probe_nodes
+    from pytest_fabric.cluster.emulated import EmulatedCluster
+    from pytest_fabric.measuring.nodes import check_nodes
 
     try:
         cluster = EmulatedCluster()
         cluster.prepare()
     except ClusterUnavailable as exc:
         needs(str(exc))
-    facts = probe_nodes(cluster, FABRICS["eth"], 2, tmp_path, deadline_s=120)
-    assert sorted(f.host for f in facts) == ["node0", "node1"]
-    for node in facts:
-        assert node.interfaces == {"lo": 772, IFNAME: 1} and node.ports == {}
-        # The probe starts like a rank, so it sees the NCCL settings the ranks get.
-        assert node.env["NCCL_SOCKET_IFNAME"] == f"={IFNAME}" and node.env["NCCL_NET"] == "Socket"
+    return check_nodes(cluster, ["node0", "node1"], tmp_path / "session", fabrics, 1, device)
+
+
+
+
+def test_emulated_node_interfaces_are_real_ethernet(tmp_path):
+    """The node check runs on every node through the launcher; on the emulated cluster each node's own
+    sysfs shows the veth it has: Ethernet (type 1), no IPoIB, no RDMA port, and its own host name."""
+    from pytest_fabric.cluster.emulated import IFNAME
+
+    checks = _check_emulated(tmp_path, [FABRICS["eth"]], "cpu")
+    assert [(c.name, c.hostname, c.ok) for c in checks] == [("node0", "node0", True), ("node1", "node1", True)]
+    for node_check in checks:
+        node = node_check.facts
+        assert node.interfaces == {"lo": 772, IFNAME: 1} and node.ports == {} and node.operstate[IFNAME] == "up"
+        # The probe starts like a rank, so it sees the settings the ranks get.
+        assert node.env["GLOO_SOCKET_IFNAME"] == IFNAME
         assert check_node(FABRICS["eth"], node, {**FABRICS["eth"].nccl_env, "NCCL_SOCKET_IFNAME": f"={IFNAME}"}) == []
         assert "needs an ACTIVE InfiniBand port on node" in check_node(FABRICS["ib"], node)[0]
 
 
-def test_measurer_probes_remote_nodes_before_a_gpu_launch(tmp_path):
-    """A cluster whose nodes are elsewhere gets its pre-flight on the nodes, through the launcher:
-    here the emulated nodes, which have no HCA, so an ib GPU job stops before any rank starts."""
-    from pytest_fabric.core.case import Case
-    from pytest_fabric.cluster.base import ClusterUnavailable
-    from pytest_fabric.cluster.emulated import EmulatedCluster
-    from pytest_fabric.measuring.measure import MeasurementError, Measurer, LaunchSettings
-    from pytest_fabric.measuring.store import ResultStore
-
-    try:
-        cluster = EmulatedCluster()
-        cluster.prepare()
-    except ClusterUnavailable as exc:
-        needs(str(exc))
-    measurer = Measurer(cluster, LaunchSettings(device="cuda"), ResultStore(tmp_path / "store"), tmp_path / "runs")
-    with pytest.raises(MeasurementError) as failed:
-        measurer.measure(Case("qwen2-tiny", 2, "ib"))
-    assert "pre-flight failed: fabric ib needs an ACTIVE InfiniBand port on node0" in str(failed.value)
-    assert "on node1" in str(failed.value) and measurer.launched == []
+def test_gpu_nodes_without_the_fabric_or_the_gpus_are_left_out_before_any_launch(tmp_path):
+    """On GPUs every node is held to each fabric and to --gpus-per-node before the first launch: the
+    emulated nodes have no HCA and no GPU, so an ib GPU night leaves both out, saying why."""
+    checks = _check_emulated(tmp_path, [FABRICS["ib"]], "cuda")
+    for node_check in checks:
+        assert not node_check.ok
+        assert any("0 GPU(s) visible, 1 needed" in p for p in node_check.problems), node_check.problems
+        assert any(f"fabric ib needs an ACTIVE InfiniBand port on {node_check.name}" in p
+                   for p in node_check.problems)

@@ -26,8 +26,7 @@ NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 class RecordedGpuCluster(Cluster):
     name = "recorded-gpu"
     realizes_fabrics = True
-    checks_here = False  # no local pre-flight: there is no GPU here
-    probes_nodes = False  # and no node to probe
+    checks_here = False  # no local pre-flight: there is no GPU here, and the measurer is given no node
 
     def __init__(self, sample: str) -> None:
         self.sample = sample

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import tempfile
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest_fabric
 
 from ..core.fabrics import Fabric
+from ..core.redact import is_secret_name
 from .nodelock import LockError, NodeLock, holding, lock_wait_s
 from .supervisor import LaunchOutcome
 
@@ -29,6 +33,14 @@ MAX_RANKS_PER_CPU = 4
 # two threads stalls whenever anything else takes one of its cores: one-node launches here varied
 # by 5.6% between launches with two threads).
 THREADS_PER_RANK = 1
+
+# What ranks need from the harness's environment where a launcher must set it explicitly (ssh
+# forwards nothing; a container may keep the image's own values): the base variables rank_env
+# sets, and the families that configure collectives. A request's own variables, its fabric's and
+# the names the user declares (--rank-env) are added by name.
+_FORWARDED = {"PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTEST_FABRIC_NODE"}
+_FORWARDED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "FI_")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class OnThisMachine:
@@ -82,6 +94,9 @@ class LaunchRequest:
     notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
 
+_Node = TypeVar("_Node")
+
+
 class ClusterUnavailable(RuntimeError):
     """The cluster cannot be used here; the message says what is missing and what to do."""
 
@@ -94,8 +109,9 @@ class Cluster(ABC):
     checks_here: bool = True
     # True where the fabric is NCCL's real transport, so its logs must prove which one ran.
     proves_transport: bool = True
-    # True where pre-flight can run on the nodes through this launcher (preflight.probe_nodes).
-    probes_nodes: bool = True
+    # True where nodes are hosts of their own, checked one by one before the first launch
+    # (measuring/nodes.py); False where every "node" is this machine (the local cluster).
+    checks_nodes: bool = True
 
     def describe(self) -> str:
         return self.name
@@ -122,6 +138,42 @@ class Cluster(ABC):
     @abstractmethod
     def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
         """Run one torchrun per node to completion, failure or deadline; leave nothing behind."""
+
+    # -- every node, one at a time: the node check (measuring/nodes.py) and the nodes left out ------
+
+    def gpus_per_node(self) -> int | None:
+        """GPUs (ranks) per node as the cluster itself declares them (a Slurm allocation's GPUs, a
+        hostfile's slots); None: not declared (the node check's ``nvidia-smi -L`` counts, else 1)."""
+        return None
+
+    def node_names(self, wanted: int) -> list[str]:
+        """Every node this cluster may launch on, by the names the node check and --exclude-nodes use:
+        the allocation's or the hostfile's; ``wanted`` of them where nodes are made per launch."""
+        return [f"node{i}" for i in range(wanted)]
+
+    def run_on_each(self, args_of: Callable[[str], list[str]], names: Sequence[str], workdir: Path,
+                    deadline_s: float) -> LaunchOutcome:
+        """``python ARGS`` (``args_of(name)``) on each node of ``names`` the way its ranks start (same
+        launcher, environment, container), each on its own: one failing stops no other. Each process
+        of the outcome is named after its node."""
+        raise NotImplementedError(f"the {self.name} cluster cannot run a program on each node")
+
+    @property
+    def left_out(self) -> dict[str, str]:
+        """Nodes left out for the session, name -> why (the node check, --exclude-nodes)."""
+        if "_left_out" not in self.__dict__:
+            self._left_out: dict[str, str] = {}
+        return self._left_out
+
+    def usable(self, nodes: Sequence[_Node], name: Callable[[_Node], str], wanted: int) -> list[_Node]:
+        """The first ``wanted`` of ``nodes`` not left out; ClusterUnavailable, naming the ones left out
+        and why, where fewer are healthy."""
+        healthy = [node for node in nodes if name(node) not in self.left_out]
+        if len(healthy) >= wanted:
+            return healthy[:wanted]
+        why = "; ".join(f"{n}: {reason}" for n, reason in self.left_out.items())
+        raise ClusterUnavailable(f"the launch needs {wanted} nodes and the {self.name} cluster has {len(healthy)} "
+                                 f"healthy of {len(nodes)}" + (f" (left out: {why})" if why else ""))
 
 
 def launch_on_held_nodes(locks: Sequence[tuple[str, NodeLock]], head: str, request: LaunchRequest,
@@ -175,15 +227,65 @@ def torchrun_argv(
     ]
 
 
-def rank_env(request: LaunchRequest, node_name: str, threads: int, extra: Mapping[str, str]) -> dict[str, str]:
-    """This process's environment plus what every rank needs; ``extra`` (the launcher's: fabric
-    settings, interface names) wins."""
+def program_env(node_name: str) -> dict[str, str]:
+    """This process's environment for a program of the package run on a node (a rank, the node
+    check): the package on PYTHONPATH, output unbuffered, the node's name."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
-    env["OMP_NUM_THREADS"] = str(threads)
     env["PYTEST_FABRIC_NODE"] = node_name
+    return env
+
+
+def rank_env(request: LaunchRequest, node_name: str, threads: int, extra: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment plus what every rank needs; ``extra`` (the launcher's: fabric
+    settings, interface names) wins."""
+    env = program_env(node_name)
+    env["OMP_NUM_THREADS"] = str(threads)
     env.update(request.fabric.nccl_env)
     env.update(request.env or {})
     env.update(extra)
     return env
+
+
+def remote_env(env: Mapping[str, str], explicit: Iterable[str] = ()) -> dict[str, str]:
+    """The part of ``env`` a launcher sets explicitly on a node: what ranks need, plus ``explicit``
+    names, minus secrets (never sent to another machine or written to a plan file, whoever asks)."""
+    wanted = _FORWARDED | set(explicit)
+    return {
+        name: value for name, value in env.items()
+        if (name in wanted or name.startswith(_FORWARDED_PREFIXES))
+        and _ENV_NAME.match(name) and not is_secret_name(name)
+    }
+
+
+def explicit_rank_env(request: LaunchRequest, node_name: str, threads: int,
+                      declared: Iterable[str] = ()) -> dict[str, str]:
+    """The variables a launcher sets itself on a node (ssh's ``env NAME=VALUE``, the Slurm wrapper's):
+    what every rank needs, the fabric's settings, the request's, and the ``declared`` names
+    (--rank-env); from this process's environment, without secrets."""
+    explicit = {*request.fabric.nccl_env, *(request.env or {}), *declared}
+    return remote_env(rank_env(request, node_name, threads, {}), explicit)
+
+
+def check_rank_env(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` declared for every rank (--rank-env), each once; ValueError for a name no shell could
+    set, or one whose value would be a secret: remote_env would drop it, and the ranks would run
+    without what the user asked for."""
+    checked = tuple(dict.fromkeys(names))
+    for name in checked:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not a variable name (letters, digits and '_', not starting with a digit)")
+        if is_secret_name(name):
+            raise ValueError(f"{name} looks like a secret, and secrets are never sent to the ranks' nodes or "
+                             "written to a launch's files; give it to the nodes another way (a file they read)")
+    return checked
+
+
+def launch_notes(srun_args: Sequence[str] = (), prefix: Sequence[str] = (), env_names: Sequence[str] = ()) -> str:
+    """What a cluster adds to how ranks start, as ``; srun ARGS; prefix WORDS; rank env NAMES`` (empty
+    when nothing): its describe() line is the header's and every result's record of the container and
+    the environment the ranks ran in."""
+    notes = [f"srun {shlex.join(srun_args)}" if srun_args else "", f"prefix {shlex.join(prefix)}" if prefix else "",
+             f"rank env {','.join(env_names)}" if env_names else ""]
+    return "".join(f"; {note}" for note in notes if note)

@@ -34,14 +34,17 @@ from dataclasses import dataclass, replace
 from itertools import count
 from pathlib import Path
 
-from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, rank_env,
-                   THREADS_PER_RANK, torchrun_argv)
+from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, OnThisMachine, program_env,
+                   rank_env, THREADS_PER_RANK, torchrun_argv)
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 from ..core.units import mbit_to_bytes_per_s
 
 # RFC 2544 benchmark range: never routed, never anybody's real network.
 SUBNET = "198.18.0"
 IFNAME = "fab0"
+# The management network of a cluster whose nodes also have one (EmulatedNetwork(management=True)).
+MANAGEMENT_SUBNET = "198.18.1"
+MANAGEMENT_IFNAME = "mgmt0"
 PREFIX = "pf"
 _launches = count()
 
@@ -181,11 +184,17 @@ def owned_namespaces(pid: int | None = None) -> list[str]:
 class EmulatedNetwork:
     """Namespaces, a switch and shaped links for one launch; a context manager that always cleans up."""
 
-    def __init__(self, nodes: int, mbit: float | None) -> None:
+    def __init__(self, nodes: int, mbit: float | None, management: bool = False) -> None:
+        """``management``: each node also gets a management link (``mgmt0``, unshaped, on a switch of
+        its own), whose address is the node's ``address`` (what daemons, ssh and the rendezvous use),
+        as a real cluster's Ethernet beside its fabric: the fabric link (``fab0``) can then go down
+        while the node stays reachable."""
         self.tag = f"{PREFIX}{os.getpid()}-{next(_launches)}"
         self.switch = f"{self.tag}-sw"
         self.mbit = mbit
-        self.nodes = [EmulatedNode(f"node{i}", f"{self.tag}-n{i}", f"{SUBNET}.{i + 1}") for i in range(nodes)]
+        self.management = management
+        subnet = MANAGEMENT_SUBNET if management else SUBNET
+        self.nodes = [EmulatedNode(f"node{i}", f"{self.tag}-n{i}", f"{subnet}.{i + 1}") for i in range(nodes)]
         self._created: list[str] = []
         self._holders: list[subprocess.Popen[bytes]] = []
 
@@ -228,18 +237,27 @@ class EmulatedNetwork:
         self._add_namespace(self.switch)
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
+        if self.management:
+            _ip("-n", self.switch, "link", "add", "br1", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", "br1", "up")
         for i, node in enumerate(self.nodes):
             port = f"n{i}"
             self._add_namespace(node.netns)
-            _ip("-n", node.netns, "link", "add", IFNAME, "type", "veth", "peer", "name", port, "netns", self.switch)
-            _ip("-n", node.netns, "addr", "add", f"{node.address}/24", "dev", IFNAME)
-            _ip("-n", node.netns, "link", "set", IFNAME, "up")
-            _ip("-n", self.switch, "link", "set", port, "master", "br0")
-            _ip("-n", self.switch, "link", "set", port, "up")
+            self._wire(node.netns, IFNAME, f"{SUBNET}.{i + 1}", port, "br0")
+            if self.management:
+                self._wire(node.netns, MANAGEMENT_IFNAME, node.address, f"m{i}", "br1")
             if self.mbit:
                 _tbf(node.netns, IFNAME, self.mbit)  # node -> switch
                 _tbf(self.switch, port, self.mbit)  # switch -> node
         self._start_holders()
+
+    def _wire(self, netns: str, ifname: str, address: str, port: str, bridge: str) -> None:
+        """A veth from the node's ``ifname`` (``address``/24) to ``port`` on the switch's ``bridge``."""
+        _ip("-n", netns, "link", "add", ifname, "type", "veth", "peer", "name", port, "netns", self.switch)
+        _ip("-n", netns, "addr", "add", f"{address}/24", "dev", ifname)
+        _ip("-n", netns, "link", "set", ifname, "up")
+        _ip("-n", self.switch, "link", "set", port, "master", bridge)
+        _ip("-n", self.switch, "link", "set", port, "up")
 
     def remove(self) -> None:
         # A node's holder and every process that joined it are in its network namespace: deleting
@@ -342,6 +360,15 @@ class EmulatedCluster(OnThisMachine, Cluster):
             outcome = supervise(specs, request.workdir, request.deadline_s, on_tick)
             outcome.notes += notes
             return outcome
+
+    def run_on_each(self, args_of: Callable[[str], list[str]], names: Sequence[str], workdir: Path,
+                    deadline_s: float) -> LaunchOutcome:
+        """Each program on a node of its own, made for it as a launch's are (private /tmp, own name)."""
+        with EmulatedNetwork(len(names), None) as net:
+            specs = [ProcSpec(name, node.exec_argv([sys.executable, *args_of(name)]),
+                              {**program_env(f"{name}/{node.address}"), "GLOO_SOCKET_IFNAME": IFNAME})
+                     for name, node in zip(names, net.nodes, strict=True)]
+            return supervise(specs, workdir, deadline_s, independent=True)
 
     @staticmethod
     def _cutting_links(request: LaunchRequest, net: EmulatedNetwork, on_tick: Callable[[float], None] | None

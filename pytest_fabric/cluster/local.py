@@ -16,6 +16,7 @@ from .supervisor import LaunchOutcome, ProcSpec, supervise
 class LocalCluster(OnThisMachine, Cluster):
     name = "local"
     realizes_fabrics = False
+    checks_nodes = False  # every node is this machine
 
     def describe(self) -> str:
         return "local (processes on this machine's loopback, no link shaping)"

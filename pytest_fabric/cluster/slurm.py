@@ -9,8 +9,22 @@ is hosted on the allocation's first node (its ``NodeAddr``), with the Slurm job 
 rendezvous id. The run directory must be on storage every node sees, as it already must be for the
 rank program (ranks read its config there and rank 0 writes the result there).
 
-srun gives its tasks the caller's environment (Slurm's default ``--export=ALL``), so the rank
-environment is simply srun's. At the deadline the supervisor stops srun: SIGTERM makes srun cancel
+Containers: ``--srun-args`` adds a site's srun options to the step that runs ranks (pyxis's
+``--container-image=... --container-mounts=...``), after the launcher's own and before the program;
+the options that say where and as what the step runs (nodes, tasks, node list, job, step name) are
+the launcher's and refused. ``--launch-prefix`` puts words before the wrapper in each task
+(``apptainer exec --nv IMAGE``), so the wrapper and the ranks run inside the container; the node
+lock steps run on the node itself, outside any container.
+
+srun gives its tasks the caller's environment (Slurm's default ``--export=ALL``), but a container
+may not keep it: pyxis sets the step's variables after the image's entrypoint, where a variable the
+image defines (LD_LIBRARY_PATH, PATH in NVIDIA's images) keeps the image's value; apptainer never
+passes LD_LIBRARY_PATH in. So the wrapper, the first thing to run inside whatever container there
+is, sets the ranks' variables itself from the plan: what every rank needs, the fabric's settings,
+the request's, and the names declared with ``--rank-env`` (never a secret: the plan is a file on
+shared storage). Without a container this changes nothing, and the plan says what the ranks got.
+
+At the deadline the supervisor stops srun: SIGTERM makes srun cancel
 the step, but a srun killed outright leaves remote tasks to slurmd, so any step of this launch that
 Slurm still lists afterwards is cancelled with ``scancel``.
 """
@@ -29,8 +43,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, launch_on_held_nodes, rank_env,
-                   torchrun_argv)
+from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, explicit_rank_env, launch_notes,
+                   launch_on_held_nodes, rank_env, torchrun_argv)
 from .nodelock import NodeLock, holder_program, session_name
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
@@ -39,14 +53,20 @@ CANCEL_WAIT_S = 10.0
 # A Slurm client command that gets no answer from slurmctld in this long has failed.
 COMMAND_TIMEOUT_S = 30.0
 
-# Runs as each task of the step (argv, no shell): pick this node's torchrun from the plan, become it.
+# Options of srun that say where and as what the step runs: the launcher sets them, --srun-args may
+# not. srun (getopt_long) also takes an unambiguous abbreviation of a long option (--nodel=).
+OWNED_SRUN_OPTIONS = ("--nodes", "--ntasks", "--ntasks-per-node", "--nodelist", "--jobid", "--job-name")
+OWNED_SRUN_SHORT = {"-N": "--nodes", "-n": "--ntasks", "-w": "--nodelist", "-J": "--job-name"}
+
+# Runs as each task of the step (argv, no shell), inside the container where there is one: pick this
+# node's torchrun from the plan, set the ranks' variables, become it.
 _NODE_WRAPPER = """\
 import json, os, sys
 plan = json.load(open(sys.argv[1]))
 name = os.environ.get("SLURMD_NODENAME", "")
 if name not in plan:
     sys.exit(f"pytest-fabric: node {name!r} is not in the launch plan {sys.argv[1]} ({', '.join(plan)})")
-os.environ["PYTEST_FABRIC_NODE"] = plan[name]["label"]
+os.environ.update(plan[name]["env"])
 os.execv(plan[name]["argv"][0], plan[name]["argv"])
 """
 
@@ -64,15 +84,48 @@ def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(list(argv), 124, "", f"no answer in {COMMAND_TIMEOUT_S:.0f}s")
 
 
+def gpus_per_node(environ: Mapping[str, str]) -> int | None:
+    """GPUs the job holds on each node, where it asked for them (``--gpus-per-node``, ``--gres=gpu:N``,
+    ``--gpus``): SLURM_GPUS_ON_NODE "8", else SLURM_GPUS_PER_NODE "h100:8", else the count of
+    SLURM_JOB_GPUS "0,1,2,3"; None where the job holds no GPUs by name."""
+    on_node = environ.get("SLURM_GPUS_ON_NODE", "")
+    if on_node.isdigit():
+        return int(on_node)
+    per_node = re.fullmatch(r"(?:[^:,]+:)?(\d+)", environ.get("SLURM_GPUS_PER_NODE", ""))
+    if per_node:
+        return int(per_node.group(1))
+    ids = [g for g in environ.get("SLURM_JOB_GPUS", "").split(",") if g.strip()]
+    return len(ids) or None
+
+
 def cpus_per_node(environ: Mapping[str, str]) -> int | None:
     """The fewest CPUs the job holds on any node: SLURM_JOB_CPUS_PER_NODE "32(x2),16" -> 16."""
     counts = [int(c) for c in re.findall(r"(\d+)(?:\(x\d+\))?", environ.get("SLURM_JOB_CPUS_PER_NODE", ""))]
     return min(counts) if counts else None
 
 
+def check_srun_args(args: Sequence[str]) -> None:
+    """ValueError for a word of --srun-args that would change where or as what the step runs: the
+    rendezvous host, the plan's node names and the step's cancellation all rest on those options."""
+    for word in args:
+        option = word.partition("=")[0]
+        if word == "--":
+            raise ValueError("'--' would end srun's options, and what follows would run instead of the ranks")
+        if option.startswith("--") and len(option) > 2:
+            owned = [name for name in OWNED_SRUN_OPTIONS if name.startswith(option)]
+            if owned:
+                raise ValueError(f"{word!r}: the launcher sets {' / '.join(owned)} itself (one task per node on "
+                                 "exactly the nodes it chose, in this allocation, under a step name it can cancel)")
+        elif word[:2] in OWNED_SRUN_SHORT:
+            raise ValueError(f"{word!r}: {word[:2]} is {OWNED_SRUN_SHORT[word[:2]]}, which the launcher sets itself "
+                             "(one task per node on exactly the nodes it chose, under a step name it can cancel)")
+
+
 def srun_argv(job_id: str, nodes: Sequence[SlurmNode], step_name: str, plan_path: Path,
-              cpus: int | None = None) -> list[str]:
-    """The one step that starts a torchrun on each of ``nodes``, with ``cpus`` CPUs each where known."""
+              cpus: int | None = None, extra: Sequence[str] = (), prefix: Sequence[str] = ()) -> list[str]:
+    """The one step that starts a torchrun on each of ``nodes``, with ``cpus`` CPUs each where known;
+    ``extra`` srun options (a site's, after the launcher's so that they win where both set one) and
+    the ``prefix`` each task runs the wrapper under (a container runtime)."""
     n = len(nodes)
     return [
         "srun",
@@ -89,7 +142,8 @@ def srun_argv(job_id: str, nodes: Sequence[SlurmNode], step_name: str, plan_path
         "--mpi=none",  # torchrun does its own rendezvous; a site's PMIx default only slows the start
         f"--job-name={step_name}",  # names the step, so that it can be found and cancelled
         "--label",  # one log for all nodes: "1: ..." is node rank 1
-        sys.executable, "-c", _NODE_WRAPPER, str(plan_path),
+        *extra,
+        *prefix, sys.executable, "-c", _NODE_WRAPPER, str(plan_path),
     ]
 
 
@@ -108,7 +162,8 @@ class SlurmCluster(Cluster):
     name = "slurm"
     realizes_fabrics = True
 
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, environ: Mapping[str, str] | None = None, *, srun_args: Sequence[str] = (),
+                 launch_prefix: Sequence[str] = (), rank_env_names: Sequence[str] = ()) -> None:
         env = dict(os.environ if environ is None else environ)
         self.job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
         self.nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
@@ -123,10 +178,15 @@ class SlurmCluster(Cluster):
         size = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or ""
         self._size = int(size) if size.isdigit() else None
         self._cpus = cpus_per_node(env)
+        self._gpus = gpus_per_node(env)
         self._nodes: list[SlurmNode] | None = None
+        self.srun_args = tuple(srun_args)  # a site's srun options for the step that runs ranks (pyxis)
+        self.launch_prefix = tuple(launch_prefix)  # words before each task's wrapper (apptainer)
+        self.rank_env_names = tuple(rank_env_names)  # variables every rank gets by name, besides what ranks need
 
     def describe(self) -> str:
-        return f"slurm (job {self.job_id} on {self.nodelist})"
+        notes = launch_notes(self.srun_args, self.launch_prefix, self.rank_env_names)
+        return f"slurm (job {self.job_id} on {self.nodelist}{notes})"
 
     def max_nodes(self) -> int:
         return self._size if self._size is not None else len(self.nodes())
@@ -152,10 +212,10 @@ class SlurmCluster(Cluster):
         return self._nodes
 
     def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
-        nodes = self.nodes()[: request.nodes]
-        if len(nodes) < request.nodes:
-            raise ClusterUnavailable(f"the allocation (job {self.job_id}) has {len(nodes)} nodes; the launch needs "
-                                     f"{request.nodes}: allocate more with `salloc -N {request.nodes}`")
+        if len(self.nodes()) < request.nodes:
+            raise ClusterUnavailable(f"the allocation (job {self.job_id}) has {len(self.nodes())} nodes; the launch "
+                                     f"needs {request.nodes}: allocate more with `salloc -N {request.nodes}`")
+        nodes = self.usable(self.nodes(), lambda node: node.name, request.nodes)
         # The Slurm job id keeps rendezvous ids of different allocations apart; the request's keeps
         # launches within one allocation apart.
         request = replace(request, job_id=f"{self.job_id}-{request.job_id}")
@@ -172,6 +232,28 @@ class SlurmCluster(Cluster):
         finally:
             self.cancel_step(f"pytest-fabric-lock-{tag}")  # a holder whose srun was killed before it ended
 
+    def node_names(self, wanted: int) -> list[str]:
+        return [node.name for node in self.nodes()]
+
+    def gpus_per_node(self) -> int | None:
+        return self._gpus
+
+    def run_on_each(self, args_of: Callable[[str], list[str]], names: Sequence[str], workdir: Path,
+                    deadline_s: float) -> LaunchOutcome:
+        """One step per node, as the ranks' (the site's srun arguments, the launch prefix), all at once;
+        a step still listed when they end (the deadline) is cancelled."""
+        step_name = f"pytest-fabric-check-{secrets.token_hex(4)}"
+        nodes = {node.name: node for node in self.nodes()}
+        specs = [ProcSpec(name, ["srun", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={name}",
+                                 "--overlap", "--mpi=none", f"--job-name={step_name}", *self.srun_args,
+                                 *self.launch_prefix, "env", f"PYTHONPATH={_PACKAGE_ROOT}", sys.executable,
+                                 *args_of(nodes[name].name)], srun_env(os.environ))
+                 for name in names]
+        try:
+            return supervise(specs, workdir, deadline_s, independent=True)
+        finally:
+            self.cancel_step(step_name)
+
     def _step_argv(self, node: SlurmNode, step_name: str, args: Sequence[str]) -> list[str]:
         """One task on ``node`` running this Python on the package the ranks import, its input from srun's."""
         return ["srun", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={node.name}", "--overlap",
@@ -181,8 +263,10 @@ class SlurmCluster(Cluster):
     def _launch(self, request: LaunchRequest, nodes: list[SlurmNode], port: int,
                 on_tick: Callable[[float], None] | None) -> LaunchOutcome:
         head = nodes[0].address
+        threads = max(1, (self._cpus or len(os.sched_getaffinity(0))) // request.procs_per_node)
+        names = self.rank_env_names
         plan = {
-            node.name: {"label": f"{node.name}/{node.address}",
+            node.name: {"env": explicit_rank_env(request, f"{node.name}/{node.address}", threads, names),
                         "argv": torchrun_argv(request, i, head, node.address, port)}
             for i, node in enumerate(nodes)
         }
@@ -190,9 +274,8 @@ class SlurmCluster(Cluster):
         plan_path = request.workdir / "slurm-plan.json"
         plan_path.write_text(json.dumps(plan, indent=2))
         step_name = f"pytest-fabric-{secrets.token_hex(4)}"
-        threads = max(1, (self._cpus or len(os.sched_getaffinity(0))) // request.procs_per_node)
-        spec = ProcSpec("srun", srun_argv(self.job_id, nodes, step_name, plan_path, self._cpus),
-                        srun_env(rank_env(request, "(set on each node)", threads, {})))
+        argv = srun_argv(self.job_id, nodes, step_name, plan_path, self._cpus, self.srun_args, self.launch_prefix)
+        spec = ProcSpec("srun", argv, srun_env(rank_env(request, "(set on each node)", threads, {})))
         try:
             outcome = supervise([spec], request.workdir, request.deadline_s, on_tick)
         except BaseException:  # Ctrl-C, SIGTERM: the supervisor stopped srun; the step must go too

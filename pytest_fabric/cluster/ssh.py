@@ -10,14 +10,24 @@ The first host hosts the rendezvous. ssh hands the remote side one string for th
 POSIX shell: sh, bash, dash, zsh), so every word of it is quoted with ``shlex.quote`` and hosts
 must match a strict pattern: neither a host nor a model name can become a command or an ssh option.
 ssh forwards no environment, so the ranks' environment is passed explicitly (``env NAME=VALUE``),
-limited to what ranks need and never a variable whose name says it is a secret.
+limited to what ranks need, the names declared with ``--rank-env`` (LD_LIBRARY_PATH for an NCCL
+net plugin), and never a variable whose name says it is a secret.
+
+A launch prefix (``--launch-prefix "apptainer exec --nv IMAGE"``) runs each host's torchrun inside
+a container: ``sh -c WRAPPER PIDFILE PREFIX... env NAME=VALUE... torchrun ...``. The variables are
+set inside the prefix, where the container cannot drop them.
 
 Killing the local ssh stops nothing remote: without a terminal there is no hangup, and torchrun
 starts its workers in sessions of their own, out of reach of any process group. So each host runs
 torchrun under a one-line sh wrapper that writes its pid to a pidfile, and after a launch that did
 not end cleanly (deadline, failure, Ctrl-C) a second ssh kills that wrapper's whole process tree,
-found through /proc: TERM, then KILL. Hosts are assumed to be like this one: the same Python at the
-same path, and the run directory on storage they all see (ranks read their config there).
+found through /proc: TERM, then KILL. The prefix runs inside that wrapper, so whatever it starts
+as its own children (apptainer, whose container processes stay descendants of the host's) is
+killed with it. ``docker exec`` is the exception: the container's daemon starts the command, and
+killing the client leaves it running; after a failed launch those ranks end on their own, when
+torchrun's rendezvous or a collective times out (at most the launch deadline). Hosts are assumed to
+be like this one: the same Python at the same path (inside the prefix's container, where there is
+one), and the run directory on storage they all see (ranks read their config there).
 """
 
 from __future__ import annotations
@@ -29,14 +39,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.redact import is_secret_name
-from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, launch_on_held_nodes, rank_env,
-                   torchrun_argv)
+from .base import (_PACKAGE_ROOT, Cluster, ClusterUnavailable, LaunchRequest, explicit_rank_env, launch_notes,
+                   launch_on_held_nodes, program_env, remote_env, torchrun_argv)
 from .nodelock import NodeLock, holder_program, session_name
 from .supervisor import LaunchOutcome, ProcSpec, supervise
 
@@ -46,12 +55,6 @@ _HOST = re.compile(r"^(?:(?P<user>[A-Za-z_][A-Za-z0-9_.-]{0,31})@)?"
 _SLOTS = re.compile(r"^slots=(\d+)$")
 # StrictHostKeyChecking modes, the default first (--ssh-host-key-checking takes them from here).
 STRICT_HOST_KEY_CHECKING = ("accept-new", "yes", "no")
-
-# What ranks need from the harness's environment: the base variables rank_env sets, and the
-# families that configure collectives. A request's own variables and its fabric's pass too.
-_FORWARDED = {"PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTEST_FABRIC_NODE"}
-_FORWARDED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "GLOO_", "FI_")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Runs on each host around torchrun: records the pid the cleanup starts from, removes it when done.
 _REMOTE_WRAPPER = 'pidfile=$1; shift; echo $$ > "$pidfile"; "$@"; status=$?; rm -f "$pidfile"; exit $status'
@@ -113,20 +116,16 @@ def read_hostfile(path: str | Path) -> list[Host]:
     return parse_hostfile(text, str(path))
 
 
-def remote_env(env: Mapping[str, str], explicit: Iterable[str] = ()) -> dict[str, str]:
-    """The part of ``env`` sent to a host: what ranks need, plus ``explicit`` names, minus secrets."""
-    wanted = _FORWARDED | set(explicit)
-    return {
-        name: value for name, value in env.items()
-        if (name in wanted or name.startswith(_FORWARDED_PREFIXES))
-        and _ENV_NAME.match(name) and not is_secret_name(name)  # never sent to another machine, whoever asks
-    }
+def remote_command(argv: Sequence[str], env: Mapping[str, str], pidfile: str, prefix: Sequence[str] = ()) -> str:
+    """The string ssh runs on a host, every word quoted: the pidfile wrapper, then ``prefix`` (a
+    container runtime), then ``env`` set by ``env`` right before ``argv``.
 
-
-def remote_command(argv: Sequence[str], env: Mapping[str, str], pidfile: str) -> str:
-    """The string ssh runs on a host: ``argv`` with ``env``, under the pidfile wrapper, every word quoted."""
+    The wrapper runs on the host, outside the prefix, so its pidfile is where the cleanup looks and
+    the prefix's processes are its descendants. The variables are set inside the prefix: ``docker
+    exec`` passes none of the host's, ``apptainer exec`` never passes LD_LIBRARY_PATH."""
     assignments = [f"{name}={value}" for name, value in env.items()]
-    return shlex.join(["exec", "env", *assignments, "sh", "-c", _REMOTE_WRAPPER, "pytest-fabric", pidfile, *argv])
+    return shlex.join(["exec", "sh", "-c", _REMOTE_WRAPPER, "pytest-fabric", pidfile, *prefix,
+                       "env", *assignments, *argv])
 
 
 class SshCluster(Cluster):
@@ -142,6 +141,8 @@ class SshCluster(Cluster):
         ssh_config: str | Path | None = None,
         strict_host_key_checking: str = "accept-new",
         connect_timeout_s: int = 10,
+        launch_prefix: Sequence[str] = (),
+        rank_env_names: Sequence[str] = (),
     ) -> None:
         if shutil.which("ssh") is None:
             raise ClusterUnavailable("the ssh cluster needs the OpenSSH client "
@@ -154,15 +155,24 @@ class SshCluster(Cluster):
         self.ssh_config = Path(ssh_config) if ssh_config else None
         self.strict_host_key_checking = strict_host_key_checking
         self.connect_timeout_s = connect_timeout_s
+        self.launch_prefix = tuple(launch_prefix)  # words before each host's rank command (a container)
+        self.rank_env_names = tuple(rank_env_names)  # variables every rank gets by name, besides what ranks need
 
     def describe(self) -> str:
-        return f"ssh ({len(self.hosts)} hosts from {self.hostfile})"
+        notes = launch_notes(prefix=self.launch_prefix, env_names=self.rank_env_names)
+        return f"ssh ({len(self.hosts)} hosts from {self.hostfile}{notes})"
 
     def max_nodes(self) -> int:
         return len(self.hosts)
 
     def default_nodes(self) -> int:
         return len(self.hosts)
+
+    def gpus_per_node(self) -> int | None:
+        """The hostfile's ``slots=N`` where every host gives the same N (MPI's and DeepSpeed's hostfiles
+        give a node's GPUs so)."""
+        slots = {host.slots for host in self.hosts}
+        return slots.pop() if len(slots) == 1 and None not in slots else None
 
     def max_ranks(self) -> int | None:
         if any(host.slots is None for host in self.hosts):
@@ -187,14 +197,17 @@ class SshCluster(Cluster):
         return [*argv, "--", host.destination, command]
 
     def prepare(self) -> None:
-        """Check that every host answers over ssh and has this Python, all at once."""
-        probe = shlex.join(["test", "-x", sys.executable])
+        """Check that every host answers over ssh and has this Python, all at once; through the launch
+        prefix, where there is one, so that a missing image or container is said before any launch."""
+        probe = shlex.join([*self.launch_prefix, "test", "-x", sys.executable])
         with ThreadPoolExecutor(max_workers=min(32, len(self.hosts))) as pool:
             results = list(pool.map(lambda host: self._ssh(host, probe), self.hosts))
         problems = []
         for host, (code, err) in zip(self.hosts, results, strict=True):
             if code == 1:
-                problems.append(f"{host}: no {sys.executable} there (hosts need the same Python at the same path)")
+                where = f" through --launch-prefix {shlex.join(self.launch_prefix)}" if self.launch_prefix else ""
+                problems.append(f"{host}: no {sys.executable} there{where} (hosts need the same Python at the same "
+                                f"path){f': {err}' if err else ''}")
             elif code != 0:
                 problems.append(f"{host}: {err or f'ssh exit code {code}'}")
         if problems:
@@ -211,9 +224,9 @@ class SshCluster(Cluster):
         return proc.returncode, (proc.stdout.strip() + "\n" + proc.stderr.strip()).strip()
 
     def launch(self, request: LaunchRequest, on_tick: Callable[[float], None] | None = None) -> LaunchOutcome:
-        hosts = self.hosts[: request.nodes]
-        if len(hosts) < request.nodes:
-            raise ClusterUnavailable(f"{self.hostfile} lists {len(hosts)} hosts; the launch needs {request.nodes}")
+        if len(self.hosts) < request.nodes:
+            raise ClusterUnavailable(f"{self.hostfile} lists {len(self.hosts)} hosts; the launch needs {request.nodes}")
+        hosts = self.usable(self.hosts, lambda host: host.address, request.nodes)
         for host in hosts:
             if host.slots is not None and request.procs_per_node > host.slots:
                 raise ClusterUnavailable(f"{host} has slots={host.slots} in {self.hostfile}; "
@@ -225,6 +238,21 @@ class SshCluster(Cluster):
         return launch_on_held_nodes(locks, hosts[0].address, request,
                                     lambda port: self._launch(request, hosts, port, on_tick))
 
+    def node_names(self, wanted: int) -> list[str]:
+        return [host.address for host in self.hosts]
+
+    def run_on_each(self, args_of: Callable[[str], list[str]], names: Sequence[str], workdir: Path,
+                    deadline_s: float) -> LaunchOutcome:
+        """One ssh per host, all at once, with the environment and prefix its ranks get."""
+        hosts = {host.address: host for host in self.hosts}
+        specs = []
+        for name in names:
+            env = remote_env(program_env(name), self.rank_env_names)
+            command = shlex.join(["exec", "env", *(f"{k}={v}" for k, v in env.items()), *self.launch_prefix,
+                                  sys.executable, *args_of(name)])
+            specs.append(ProcSpec(name, self.ssh_argv(hosts[name], command), dict(os.environ)))
+        return supervise(specs, workdir, deadline_s, independent=True)
+
     def _python(self, args: Sequence[str]) -> str:
         """The remote command running this Python on the package the ranks import."""
         return shlex.join(["exec", "env", f"PYTHONPATH={_PACKAGE_ROOT}", sys.executable, *args])
@@ -233,14 +261,13 @@ class SshCluster(Cluster):
                 on_tick: Callable[[float], None] | None) -> LaunchOutcome:
         # Hosts are assumed to be like this one: its cores shared among the ranks of one node.
         threads = max(1, len(os.sched_getaffinity(0)) // request.procs_per_node)
-        explicit = {*request.fabric.nccl_env, *(request.env or {})}
         tag = f"{re.sub(r'[^A-Za-z0-9_.-]', '', request.job_id)[:40]}-{secrets.token_hex(4)}"
         pidfiles = [f"/tmp/pytest-fabric-{tag}-node{i}.pid" for i in range(len(hosts))]
         specs = []
         for i, host in enumerate(hosts):
-            env = remote_env(rank_env(request, f"node{i}/{host.address}", threads, {}), explicit)
+            env = explicit_rank_env(request, f"node{i}/{host.address}", threads, self.rank_env_names)
             command = remote_command(torchrun_argv(request, i, hosts[0].address, host.address, port), env,
-                                     pidfiles[i])
+                                     pidfiles[i], self.launch_prefix)
             specs.append(ProcSpec(f"node{i}", self.ssh_argv(host, command), dict(os.environ)))
         try:
             outcome = supervise(specs, request.workdir, request.deadline_s, on_tick)

@@ -13,8 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from .units import mbit_to_gbit
-
 
 @dataclass(frozen=True)
 class Fabric:
@@ -27,16 +25,10 @@ class Fabric:
     # One node's aggregate NIC rate on a typical real cluster, Gbit/s: what the analytical model
     # (predict.py) assumes for this fabric off the emulated cluster. None: unknown.
     nominal_gbit: float | None = None
-    # The per-node rate the user declared for this fabric (``fabric_link_gbit``): what the physical
-    # floor (floor.py) and the prediction assume, on any cluster. None: not declared.
+    # The per-node rate the user declared for this fabric (``fabric_link_gbit``): what the bandwidth
+    # gate, the physical floor (floor.py) and the prediction assume, on any cluster
+    # (measuring/link_rate.py). None: not declared.
     declared_gbit: float | None = None
-
-    def link_gbit(self, emulated: bool) -> float | None:
-        """The node's link rate in Gbit/s the floor and the prediction assume: the declared one,
-        else on the emulated cluster the exact shaped rate, else the nominal rate (None: unknown)."""
-        if self.declared_gbit:
-            return self.declared_gbit
-        return mbit_to_gbit(self.emulated_mbit) if emulated else self.nominal_gbit
 
     def with_rate(self, mbit: float) -> Fabric:
         return replace(self, emulated_mbit=mbit)

@@ -170,7 +170,8 @@ def _stored_value(stored: Any) -> LaunchEstimate | None:
 
 class Measurer:
     def __init__(self, cluster: Cluster, settings: LaunchSettings, store: ResultStore, workdir: Path,
-                 progress: Progress | None = None, progress_every_s: float = 3.0) -> None:
+                 progress: Progress | None = None, progress_every_s: float = 3.0,
+                 nodes: Sequence[preflight.NodeFacts] = ()) -> None:
         self.cluster = cluster
         self.settings = settings
         self.store = store
@@ -179,9 +180,10 @@ class Measurer:
         self.progress_every_s = progress_every_s
         self.launched: list[Case] = []  # what this process actually launched
         self.clock: Callable[[], float] = time.time  # when launches run (seconds since the epoch)
-        # Pre-flight facts of the nodes, by fabric: read once per session (locally or by a probe
-        # through the launcher), then the inventory the transport proof compares NCCL's NICs with.
-        self._nodes: dict[str, list[preflight.NodeFacts]] = {}
+        # Pre-flight facts of the nodes launches run on: the healthy nodes of the session's node check
+        # (measuring/nodes.py), or this host's, read at its first pre-flight where it is a node. The
+        # inventory the transport proof compares NCCL's NICs with.
+        self.nodes: list[preflight.NodeFacts] = list(nodes)
         # Launch values of stored records by store key, for the windows (a stored launch never changes).
         self._values: dict[str, LaunchEstimate | None] = {}
         # The typical judged CPU probe of stored records by store key (0.0: fewer than 3 judged).
@@ -459,7 +461,7 @@ class Measurer:
         config.dump(run_dir / "config.json")
         nccl_logs = run_dir / "nccl"
         nccl_logs.mkdir(exist_ok=True)
-        if self._runs_on_gpus() and (problems := self._preflight(case, run_dir)):
+        if self._runs_on_gpus() and (problems := self._preflight(case)):
             return LaunchRecord.failure(case, f"{case.id}: pre-flight failed: " + "; ".join(problems))
         inventory = self._inventory(case)
         request = LaunchRequest(
@@ -555,28 +557,18 @@ class Measurer:
         finally:
             lock.release()
 
-    def _preflight(self, case: Case, run_dir: Path) -> list[str]:
-        """What stops ``case``'s fabric on its nodes: checked here where this host is a node, else
-        on every node through the launcher (once per fabric)."""
+    def _preflight(self, case: Case) -> list[str]:
+        """What stops ``case``'s fabric on this host, where it is one of the nodes. Elsewhere the
+        session's node check judged every node before the first launch and left out the unfit ones."""
         s = self.settings
-        fabric = s.fabric(case.fabric)
-        if self.cluster.checks_here:
-            problems = preflight.check(fabric, s.gpus_per_node, network=case.crosses_fabric,
-                                       declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)
-            if case.crosses_fabric:
-                self._nodes.setdefault(case.fabric, [preflight.read_node()])
-            return [f"{p} ({platform.node()})" for p in problems]
-        if not (case.crosses_fabric and self.cluster.probes_nodes):
+        if not self.cluster.checks_here:
             return []
-        if case.fabric not in self._nodes:
-            try:
-                self._nodes[case.fabric] = preflight.probe_nodes(self.cluster, fabric, case.nodes, run_dir)
-            except RuntimeError as exc:
-                return [str(exc)]
-        # Each node is judged with the NCCL settings its probe saw, i.e. what reached that node.
-        return [p for node in self._nodes[case.fabric]
-                for p in preflight.check_node(fabric, node, node.env or self.cluster.nccl_env(fabric),
-                                              declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)]
+        fabric = s.fabric(case.fabric)
+        problems = preflight.check(fabric, s.gpus_per_node, network=case.crosses_fabric,
+                                   declared=s.inventory.get(case.fabric), require_gdr=s.require_gdr)
+        if case.crosses_fabric and not self.nodes:
+            self.nodes = [preflight.read_node()]
+        return [f"{p} ({platform.node()})" for p in problems]
 
     def _inventory(self, case: Case) -> NicInventory | None:
         """The NICs NCCL should have used: the ini's declaration, else the fewest any node showed."""
@@ -584,7 +576,7 @@ class Measurer:
         if declared is not None:
             return declared
         fabric = self.settings.fabric(case.fabric)
-        found = [inv for node in self._nodes.get(case.fabric, []) if (inv := preflight.inventory(fabric, node))]
+        found = [inv for node in self.nodes if (inv := preflight.inventory(fabric, node))]
         return min(found, key=lambda inv: inv.nics or 0) if found else None
 
     def _runs_on_gpus(self) -> bool:

@@ -13,28 +13,22 @@ report from), so it needs no RDMA user-space tools:
   RDMA through peer memory; DMA-BUF, the other way, leaves only ``/sys/kernel/dmabuf`` behind.
 
 ``read_node`` collects those facts, ``check_node`` turns them into problems. They run here
-(``check``), or on every node of a remote job through its own launcher: ``probe_nodes`` starts
-``python -m pytest_fabric.measuring.preflight --out DIR`` on each node the way ranks are started, and each
-writes its facts as ``DIR/<host>.json``. ``sysfs`` is a parameter so the checks run on recorded trees.
+(``check``), or on every node of the cluster before the first launch (``measuring/nodes.py``: a probe
+started on each node the way ranks are). ``sysfs`` is a parameter so the checks run on recorded trees.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shutil
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cluster.base import LaunchRequest
 from ..core.fabrics import Fabric
 from .nccl_evidence import fabric_kind, select_names
 from .nic_inventory import NicInventory
@@ -294,45 +288,3 @@ def check(fabric: Fabric, gpus_per_node: int, env: Mapping[str, str] | None = No
         env = {**inherited, **fabric.nccl_env, **(env or {})}
         problems += check_node(fabric, read_node(sysfs), env, declared=declared, require_gdr=require_gdr)
     return problems
-
-
-def probe_nodes(cluster: Any, fabric: Fabric, nodes: int, workdir: Path, deadline_s: float = 120) -> list[NodeFacts]:
-    """Every node's facts, read on the node itself: ``python -m pytest_fabric.measuring.preflight`` started
-    by ``cluster`` exactly as ranks are (same launcher, same environment, one process per node).
-
-    Raises RuntimeError with the launcher's report when the probe cannot run.
-    """
-    out = Path(workdir) / "preflight"
-    out.mkdir(parents=True, exist_ok=True)
-    request = LaunchRequest(nodes=nodes, procs_per_node=1, fabric=fabric,
-                            program=["-m", "pytest_fabric.measuring.preflight", "--out", str(out)],
-                            workdir=Path(workdir), deadline_s=deadline_s,
-                            job_id=f"preflight{os.getpid()}{int(time.time())}")
-    outcome = cluster.launch(request)
-    if not outcome.ok:
-        raise RuntimeError(f"pre-flight probe on the {cluster.name} cluster failed: {outcome.describe()}")
-    facts = [NodeFacts.from_dict(json.loads(p.read_text())) for p in sorted(out.glob("*.json"))]
-    if len(facts) < nodes:
-        raise RuntimeError(f"pre-flight probe: {len(facts)} of {nodes} nodes reported ({out})")
-    return facts
-
-
-def main(argv: list[str] | None = None) -> int:
-    """On one node: write this node's facts as OUT/<host>.json (what ``probe_nodes`` reads)."""
-    parser = argparse.ArgumentParser(prog="python -m pytest_fabric.measuring.preflight", description=main.__doc__)
-    parser.add_argument("--out", required=True, help="directory for <host>.json (shared with the harness)")
-    parser.add_argument("--sysfs", default="/sys", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    # The emulated cluster names its nodes (PYTEST_FABRIC_NODE); a real node is its host name.
-    host = os.environ.get("PYTEST_FABRIC_NODE", socket.gethostname()).split("/")[0]
-    facts = read_node(Path(args.sysfs), host)
-    facts.env = {k: v for k, v in os.environ.items() if k.startswith("NCCL_") and "DEBUG" not in k}
-    target = Path(args.out) / f"{host}.json"
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(facts.to_dict(), indent=1))
-    tmp.replace(target)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

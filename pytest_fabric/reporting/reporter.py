@@ -167,7 +167,7 @@ class FabricReporter:
             return
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
-                    "fabrics": list(fabric.options.fabrics)}
+                    "fabrics": list(fabric.options.fabrics), "nodes_left_out": fabric.nodes_left_out()}
         night = self.night
         save_results(fabric.options.save, night.records, identity, night.run.verdicts, fabric.options.prices, night.run)
 
@@ -186,6 +186,8 @@ class FabricReporter:
                       for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
         if self.undecided:
             facts["fabric.undecided"] = self.undecided
+        if left_out := fabric.nodes_left_out():
+            facts["fabric.nodes_left_out"] = "; ".join(f"{node}: {why}" for node, why in left_out.items())
         return suite_properties([*self.night.measured, *self.night.bandwidth], facts)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -197,6 +199,8 @@ class FabricReporter:
             return
         for problem in [*self.storage_problems, *([fabric.store.problem] if fabric.store.problem else [])]:
             terminalreporter.write_line(f"fabric: ERROR {problem}", red=True, bold=True)
+        for node, why in fabric.nodes_left_out().items():
+            terminalreporter.write_line(f"fabric: node {node} left out: {why}", yellow=True)
         if not fabric.store.holds_records():
             return
         night = self.night

@@ -1,4 +1,4 @@
-"""The objects behind the ``fabric_measure`` and ``fabric_compare`` fixtures.
+"""The objects behind the ``fabric_measure``, ``fabric_compare`` and ``fabric_link_rate`` fixtures.
 
 ``MeasureFixture`` launches a configuration (or serves it from the session's cache) and refuses a
 result that is not of the fabric asked for: a failed launch, a wrong transport, a step faster than
@@ -23,6 +23,7 @@ from ..physics.hostbound import host_bound
 from ..measuring.measure import (BandwidthMeasurement, Measurement, MeasurementError,
                                  configuration_tokens_per_s)
 from ..history.nights import identity_from_records, identity_mismatch
+from ..measuring.link_rate import LinkRate, missing_rate
 from .session import ERRORED_KEY, MEASURED_KEY, NOTES_KEY, OUTCOMES_KEY, FabricSession
 from ..deciding.stats import (STALL_MARGIN, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate,
                     configuration_value, contrast_interval, fabric_time_reference, fabric_time_sample,
@@ -70,6 +71,19 @@ class MeasureFixture:
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
         """Collective bandwidth over ``case``'s nodes and fabric (all_reduce, all_gather, reduce_scatter)."""
         return self._record(lambda: self._session.measurer().measure_bandwidth(case))
+
+
+def link_rate_or_skip(session: FabricSession, name: str) -> LinkRate:
+    """Fabric ``name``'s per-node link rate and its source (``FabricSession.link_rate``). Skips the
+    test where the cluster has no such link (local processes share one machine) or no rate is known,
+    saying how to declare one: a gate held to a guessed rate would judge the guess."""
+    cluster = session.prepared_cluster()
+    if not cluster.realizes_fabrics:
+        pytest.skip(f"the {cluster.name} cluster has no {name} link to compare with")
+    rate = session.link_rate(name)
+    if rate is None:
+        pytest.skip(missing_rate(session.options.settings.fabric(name), cluster.name))
+    return rate
 
 
 class CompareFixture:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+import re
+import shlex
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
-from ..cluster import CLUSTER_KINDS, cluster_kinds
+from ..cluster import CLUSTER_KINDS, ClusterOptions, cluster_kinds
+from ..cluster.base import check_rank_env
+from ..cluster.slurm import check_srun_args
 from ..physics.floor import DEFAULT_RATE_TOLERANCE
 from ..core.fabrics import DEFAULT_FABRICS, FABRICS, FabricConfigError, build_table, fabric_value
 from ..cluster.ssh import STRICT_HOST_KEY_CHECKING
@@ -27,6 +31,9 @@ from ..workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from ..measuring.nic_inventory import parse_inventory
 from ..core.units import GIB
 
+# Where the launches' files go unless --run-dir says: under the rootdir, which on a cluster is
+# usually a checkout on shared storage (each node's token proves it; session.check_nodes).
+DEFAULT_RUN_DIR = "fabric-runs"
 # --interleave: the default first (FabricSession.interleaved says what auto means).
 INTERLEAVE = ("off", "auto", "on")
 
@@ -35,7 +42,9 @@ INTERLEAVE = ("off", "auto", "on")
 _OPTIONS: list[tuple[str, str, str | None]] = [
     ("nodes", "cluster size N: the matrix's nodes axis is the powers of two up to N "
               "(default: the Slurm allocation or hostfile size, else 2)", None),
-    ("gpus-per-node", "ranks per node (GPUs per node; processes per emulated node) (default 1)", "1"),
+    ("gpus-per-node", "ranks per node (GPUs per node; processes per emulated node) (default: the Slurm "
+                      "allocation's GPUs per node, the hostfile's slots, else the GPUs each node shows, else 1)",
+     None),
     ("fabrics", f"comma-separated fabrics to test: {', '.join(FABRICS)} or one defined in fabric_define "
                 f"(default {','.join(DEFAULT_FABRICS)})", ",".join(DEFAULT_FABRICS)),
     ("models", f"comma-separated models, from: {', '.join(MODELS)} (default {','.join(DEFAULT_CPU_MODELS)})", None),
@@ -45,6 +54,20 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("ssh-config", "ssh cluster: ssh_config file passed to ssh -F", None),
     ("ssh-host-key-checking", "ssh cluster: StrictHostKeyChecking yes|accept-new|no (default accept-new)",
      "accept-new"),
+    ("srun-args", "slurm cluster: more srun options for the step that runs ranks, as a shell would split them "
+                  "(pyxis: --srun-args=\"--container-image=IMAGE --container-mounts=/lustre:/lustre\"); not the "
+                  "options the launcher sets (--nodes, --ntasks, --ntasks-per-node, --nodelist, --jobid, "
+                  "--job-name)", None),
+    ("launch-prefix", "ssh and slurm clusters: words before each node's rank command, as a shell would split them "
+                      "(e.g. \"apptainer exec --nv IMAGE\", \"docker exec -i CONTAINER\")", None),
+    ("rank-env", "ssh and slurm clusters: comma-separated variables every rank gets from this environment by "
+                 "name, besides NCCL_*, TORCH_NCCL_*, GLOO_*, FI_* (e.g. LD_LIBRARY_PATH,HF_HOME); never a "
+                 "secret-looking name", None),
+    ("run-dir", "directory for the launches' files (configs, results, logs, NCCL logs), on storage every node "
+                "sees (Lustre, GPFS, an NFS home); each node writes a token there at session start and one that "
+                "cannot is refused (default: fabric-runs under the rootdir)", None),
+    ("exclude-nodes", "comma-separated nodes never to launch on (Slurm node names, hostfile hosts), as srun "
+                      "--exclude; nodes that fail the node check at session start are left out too", None),
     ("steps", "measured training steps per launch at least, after warm-up (default 10)", "10"),
     ("measure-seconds", "after --steps, each launch measures until its step time is known to --step-precision, "
                         "for at most this many seconds of measured steps (default 6; 0: exactly --steps steps)",
@@ -238,6 +261,35 @@ def _flag(config: pytest.Config, name: str) -> bool:
     raise pytest.UsageError(f"ini {_dest(name)}: {value!r} is not a boolean; write true or false")
 
 
+def _words(config: pytest.Config, name: str) -> tuple[str, ...]:
+    """A value split into words as a shell would (--srun-args, --launch-prefix): quotes keep a word
+    with spaces whole; unbalanced quotes are refused rather than guessed at."""
+    value = _raw(config, name) or ""
+    try:
+        return tuple(shlex.split(value))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--{name}: cannot split {value!r} into words ({exc}); quote it as a shell "
+                                "would") from None
+
+
+def _srun_args(config: pytest.Config) -> tuple[str, ...]:
+    words = _words(config, "srun-args")
+    try:
+        check_srun_args(words)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--srun-args: {exc}") from None
+    return words
+
+
+def _rank_env(config: pytest.Config) -> tuple[str, ...]:
+    """--rank-env names, separated by commas or white space (an ini value may take several lines)."""
+    names = [name for name in re.split(r"[,\s]+", _raw(config, "rank-env") or "") if name]
+    try:
+        return check_rank_env(names)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--rank-env: {exc}") from None
+
+
 def _check_file(path: str | None, name: str, hint: str) -> None:
     if path is None or Path(path).is_file():
         return
@@ -321,8 +373,14 @@ class FabricOptions:
     cluster: str
     hostfile: str | None
     ssh_config: str | None
+    run_dir: Path  # --run-dir, resolved: each session's directory is made under it
+    exclude_nodes: tuple[str, ...]  # --exclude-nodes
+    gpus_per_node_given: bool  # --gpus-per-node given: else the cluster's own count wins over the default 1
     ssh_host_key_checking: str
     settings: LaunchSettings
+    srun_args: tuple[str, ...] = ()  # --srun-args, split into words and checked
+    launch_prefix: tuple[str, ...] = ()  # --launch-prefix, split into words
+    rank_env: tuple[str, ...] = ()  # --rank-env names, checked
     # The files named by --fabric-suite and --fabric-baseline; their owners read them
     # (``session.with_inputs``: References.load, baselines.Baseline.load), never parse().
     suite_path: str | None = None
@@ -349,6 +407,11 @@ class FabricOptions:
     launch_noise: NoisePrior | None = None
     # How far a step may appear to beat the physical floor before it is an error (floor.py).
     floor_tolerance: float = DEFAULT_RATE_TOLERANCE
+
+    def cluster_options(self) -> ClusterOptions:
+        """What the cluster is built with (make_cluster)."""
+        return ClusterOptions(self.hostfile, self.ssh_config, self.ssh_host_key_checking, self.srun_args,
+                              self.launch_prefix, self.rank_env)
 
 
 def parse(config: pytest.Config) -> FabricOptions:
@@ -383,7 +446,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         raise pytest.UsageError("--fsdp 1 needs GPUs (FSDP1 refuses to run without an accelerator); "
                                 "use --fsdp 2 on CPU")
     settings = LaunchSettings(
-        gpus_per_node=_int(config, "gpus-per-node", 1),
+        gpus_per_node=_int(config, "gpus-per-node", 1) or 1,
         steps=_int(config, "steps", 1),
         measure_s=_fraction_or_seconds(config, "measure-seconds", upper=None),
         step_precision=_fraction_or_seconds(config, "step-precision", upper=1.0),
@@ -427,8 +490,15 @@ def parse(config: pytest.Config) -> FabricOptions:
         cluster=cluster,
         hostfile=hostfile,
         ssh_config=ssh_config,
+        run_dir=Path(_raw(config, "run-dir") or config.rootpath / DEFAULT_RUN_DIR).expanduser().resolve(),
+        gpus_per_node_given=_raw(config, "gpus-per-node") is not None,
+        exclude_nodes=tuple(dict.fromkeys(n.strip() for n in (_raw(config, "exclude-nodes") or "").split(",")
+                                          if n.strip())),
         ssh_host_key_checking=_choice(config, "ssh-host-key-checking"),
         settings=settings,
+        srun_args=_srun_args(config),
+        launch_prefix=_words(config, "launch-prefix"),
+        rank_env=_rank_env(config),
         suite_path=_raw(config, "fabric-suite"),
         baseline_path=_raw(config, "fabric-baseline"),
         save=save,
@@ -468,3 +538,9 @@ def _launch_noise(config: pytest.Config) -> NoisePrior | None:
     # Declared by the user: as much weight as a few nights of launches.
     # A guess, weighted as the declared default is: a night's own rounds soon outweigh it.
     return NoisePrior(sigma, DEFAULT_NOISE.df, f"declared --launch-noise {value}")
+
+
+def with_gpus_per_node(options: FabricOptions, gpus: int) -> FabricOptions:
+    """``options`` running ``gpus`` ranks per node: where --gpus-per-node was not given, the
+    cluster's own count (``Cluster.gpus_per_node``, the node check's)."""
+    return replace(options, settings=replace(options.settings, gpus_per_node=gpus))

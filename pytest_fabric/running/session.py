@@ -11,9 +11,7 @@ what was measured on this session's links. State that travels with one test live
 from __future__ import annotations
 
 import functools
-import getpass
 import shutil
-import tempfile
 import threading
 import time
 import uuid
@@ -30,6 +28,7 @@ from ..cluster.base import OnThisMachine
 from ..core.fabrics import Fabric
 from ..physics.floor import Floor, impossible_payloads, run_floor, transport_hint
 from ..deciding.gates import GateOutcome
+from ..measuring.link_rate import LinkRate, link_rate
 from ..measuring.measure import Measurer
 from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from ..core.models import get_model
@@ -39,6 +38,10 @@ from ..deciding.references import ReferenceError, References
 from ..history.baselines import Baseline
 from ..history.nights import ResultsError, launch_records, session_measurements
 from ..deciding.stats import DEFAULT_NOISE, Interval, NoisePrior
+from ..measuring.nodes import NODES_FILE, NodeCheck, RunDirError
+from ..measuring.nodes import check_nodes as check_node_list, left_out as nodes_left_out, load as load_checks
+from ..measuring.nodes import save as save_checks, table as node_table
+from ..measuring.preflight import NodeFacts
 from ..measuring.store import ResultStore, resume_path
 
 
@@ -55,24 +58,81 @@ class FabricSession:
     outputs: dict[str, str] = field(default_factory=dict)  # nodeid -> testcase text (controller)
     _measurer: Measurer | None = None
     _prepared: bool = False
+    _refused: str | None = None  # why the session cannot launch (prepared_cluster), once known
     gates: int = 0  # comparison tests collected this session (the night's family of gates)
     resumed: str | None = None  # launches an earlier, killed session left for this one (store.resume)
+    # Every node's facts from the pre-flight probe at session start: their NICs' rates are the links'
+    # (link_rate.py). Empty where no probe ran (the emulated cluster may leave it so).
+    node_facts: list[NodeFacts] = field(default_factory=list)
 
     def family(self) -> int:
         """How many gates a failure's error allowance is shared over (--family-wise)."""
         return max(1, self.gates) if self.options.family_wise == "bonferroni" else 1
 
     def prepared_cluster(self) -> Cluster:
+        """The cluster, prepared and its nodes checked (``check_nodes``) before its first launch. A
+        session refused here (a cluster that cannot run, a run directory no node sees) is refused
+        again at every later call: nothing launches."""
+        if self._refused is not None:
+            raise pytest.UsageError(self._refused)
         if not self._prepared:
             try:
                 self.cluster.prepare()
             except ClusterUnavailable as exc:
                 # Only the emulated cluster has a fallback; a Slurm or SSH cluster that cannot run is an error.
                 if self.options.cluster != "auto" or self.cluster.name != "emulated":
-                    raise pytest.UsageError(f"--cluster {self.options.cluster} ({self.cluster.name}): {exc}") from None
+                    self._refused = f"--cluster {self.options.cluster} ({self.cluster.name}): {exc}"
+                    raise pytest.UsageError(self._refused) from None
                 self.cluster, self.note = local_fallback(exc)
+            try:
+                self.check_nodes()
+            except pytest.UsageError as exc:
+                self._refused = str(exc)
+                raise
             self._prepared = True
         return self.cluster
+
+    def nodes_left_out(self) -> dict[str, str]:
+        """Node -> why, for the nodes this session's check left out (read from its directory, where
+        the process that checked them, perhaps an xdist worker, kept the verdicts)."""
+        return nodes_left_out(load_checks(self.directory / NODES_FILE) or [])
+
+    def check_nodes(self) -> list[NodeCheck]:
+        """Every node of the cluster checked once per session (``measuring/nodes.py``), those with a
+        problem or named by --exclude-nodes left out of every launch. The first process to get here
+        (the controller, or one xdist worker) runs the check under the store's lock and keeps the
+        verdicts in the session's directory, where the others and the reporter read them."""
+        cluster = self.cluster
+        if not cluster.checks_nodes:
+            return []
+        names = cluster.node_names(self.nodes)
+        excluded = self.options.exclude_nodes
+        if unknown := [n for n in excluded if n not in names]:
+            raise pytest.UsageError(f"--exclude-nodes: {', '.join(unknown)} not among the {cluster.name} cluster's "
+                                    f"nodes: {', '.join(names)}")
+        path = self.directory / NODES_FILE
+        with self.store.locked():
+            checks = load_checks(path)
+            if checks is None:
+                settings = self.options.settings
+                fabrics = [settings.fabric(f) for f in self.options.fabrics]
+                try:
+                    checks = check_node_list(cluster, [n for n in names if n not in excluded], self.directory,
+                                             fabrics, settings.gpus_per_node, settings.device)
+                except RunDirError as exc:
+                    raise pytest.UsageError(str(exc)) from None
+                checks += [NodeCheck(n, ["named by --exclude-nodes"]) for n in excluded]
+                save_checks(checks, path)
+                if (show := progress_writer(self.config)) is not None:
+                    for line in node_table(checks):
+                        show(line)
+        cluster.left_out.update(nodes_left_out(checks))
+        self.node_facts = [c.facts for c in checks if c.ok and c.facts is not None]
+        gpus = [c.gpus for c in checks if c.ok and c.gpus]
+        if not self.options.gpus_per_node_given and not cluster.gpus_per_node() and gpus:
+            # Nothing declared GPUs per node: one rank per GPU the healthy nodes all show (nvidia-smi -L).
+            self.options = fabric_options.with_gpus_per_node(self.options, min(gpus))
+        return checks
 
     def interleaved(self) -> bool:
         """Whether a comparison's rounds interleave their launches (``Measurer.measure_round``):
@@ -105,8 +165,10 @@ class FabricSession:
 
     def measurer(self) -> Measurer:
         if self._measurer is None:
-            self._measurer = Measurer(self.prepared_cluster(), self.options.settings, self.store,
-                                      self.directory / "launches", progress=progress_writer(self.config))
+            cluster = self.prepared_cluster()  # its nodes checked: node_facts, options' GPUs per node
+            self._measurer = Measurer(cluster, self.options.settings, self.store,
+                                      self.directory / "launches", progress=progress_writer(self.config),
+                                      nodes=self.node_facts)
         return self._measurer
 
     def recorded(self) -> list[Measurement]:
@@ -118,14 +180,22 @@ class FabricSession:
 
     # -- the physical floor of what was measured (floor.py), on this session's links ---------------
 
+    def link_rate(self, name: str) -> LinkRate | None:
+        """Fabric ``name``'s per-node link rate and its source, as the bandwidth gate holds busbw to it:
+        declared, the emulated link's, or the nodes' sysfs (``link_rate.link_rate``); None where none
+        is known. Never an assumed rate: a gate against a guess judges the guess."""
+        return link_rate(self.options.settings.fabric(name), self.node_facts, self.cluster.name == "emulated")
+
     def link(self, name: str) -> tuple[Fabric, float | None, str]:
         """(fabric, its link rate in Gbit/s or None, where the rate comes from) for the floor and
-        the prediction: declared (--fabric-link-gbit), else the emulated link's exact rate, else
-        the fabric's nominal rate."""
+        the prediction: ``link_rate``'s, else the fabric's nominal rate ("nominal": a real cluster
+        whose nodes showed no rate). The nodes' own rate comes first: a floor on an assumed rate fails
+        a healthy run where the link is faster, and misses an impossible step where it is slower."""
         fabric = self.options.settings.fabric(name)
-        emulated = self.cluster.name == "emulated"
-        source = "declared" if fabric.declared_gbit else "emulated" if emulated else "nominal"
-        return fabric, fabric.link_gbit(emulated), source
+        rate = self.link_rate(name)
+        if rate is None:
+            return fabric, fabric.nominal_gbit, "nominal"
+        return fabric, rate.gbit, rate.source
 
     def floor(self, m: Measurement) -> Floor | None:
         """The physical floor of ``m``'s configuration on its fabric's link; None on one node or where
@@ -202,12 +272,12 @@ def _gpus_here() -> bool:
     return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
-def session_directory(config: pytest.Config) -> Path:
+def session_directory(config: pytest.Config, run_dir: Path) -> Path:
+    """This session's directory under ``run_dir`` (--run-dir): the controller's, which xdist workers share."""
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None and "fabric_dir" in workerinput:
         return Path(workerinput["fabric_dir"])
-    root = Path(tempfile.gettempdir()) / f"pytest-fabric-{getpass.getuser()}"
-    return root / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    return run_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
 def progress_writer(config: pytest.Config):

@@ -1,0 +1,131 @@
+"""Every node checked before the first launch (measuring/nodes.py), bad nodes left out, and the
+nightly sbatch recipe (examples/slurm/nightly.sbatch) run for real under the test Slurm.
+
+The real runs use emulated nodes with private /tmp and host names (cluster/emulated.py): a node
+sees the shared storage (the tests' temporary root) and its own files only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from lxml import etree
+
+from cluster_env import netns_exec, slurm_site
+from helpers import REPO
+from pytest_fabric.cluster.slurm import gpus_per_node
+from pytest_fabric.cluster.ssh import SshCluster
+from pytest_fabric.measuring.nodes import NodeCheck, _same_host, left_out, socket_problems, table
+from pytest_fabric.measuring.preflight import NodeFacts
+
+RECIPE = REPO / "examples" / "slurm" / "nightly.sbatch"
+
+
+@pytest.mark.parametrize(("environ", "gpus"), [
+    ({"SLURM_GPUS_ON_NODE": "8"}, 8),
+    ({"SLURM_GPUS_PER_NODE": "h100:4"}, 4),
+    ({"SLURM_GPUS_PER_NODE": "2"}, 2),
+    ({"SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}, 8),
+    ({}, None),
+])
+def test_gpus_per_node_come_from_the_allocation(environ: dict[str, str], gpus: int | None) -> None:
+    assert gpus_per_node(environ) == gpus
+
+
+def test_a_hostfile_whose_hosts_all_give_slots_gives_gpus_per_node(tmp_path: Path) -> None:
+    even, uneven = tmp_path / "even", tmp_path / "uneven"
+    even.write_text("gpu-001 slots=8\ngpu-002 slots=8\n")
+    uneven.write_text("gpu-001 slots=8\ngpu-002\n")
+    assert SshCluster(even).gpus_per_node() == 8
+    assert SshCluster(uneven).gpus_per_node() is None
+
+
+def _facts(operstate: dict[str, str], env: dict[str, str] | None = None) -> NodeFacts:
+    return NodeFacts("n", interfaces={"lo": 772, **{name: 1 for name in operstate}}, env=env or {},
+                     operstate={"lo": "unknown", **operstate})
+
+
+def test_the_link_the_sockets_use_must_be_up() -> None:
+    # The named interface is down: the node cannot carry the fabric, whatever else is up.
+    assert "fab0" in socket_problems(_facts({"fab0": "down", "mgmt0": "up"}, {"GLOO_SOCKET_IFNAME": "fab0"}))[0]
+    assert socket_problems(_facts({"fab0": "up", "mgmt0": "up"}, {"GLOO_SOCKET_IFNAME": "fab0"})) == []
+    # NCCL's spec syntax: a prefix list, '^' to exclude.
+    assert socket_problems(_facts({"eth0": "down", "eth1": "up"}, {"NCCL_SOCKET_IFNAME": "eth"})) == []
+    assert "matches no interface" in socket_problems(_facts({"eth0": "up"}, {"NCCL_SOCKET_IFNAME": "=ib0"}))[0]
+    # Nothing named: a node with no interface but loopback up has no link at all.
+    assert "link down" in socket_problems(_facts({"eth0": "down"}))[0]
+    assert socket_problems(_facts({"eth0": "down", "eth1": "up"})) == []
+
+
+def test_two_names_for_one_host_are_left_out_and_the_table_says_why() -> None:
+    checks = [NodeCheck("gpu-001", hostname="a"), NodeCheck("10.0.0.1", hostname="a"), NodeCheck("gpu-002",
+                                                                                                   hostname="b")]
+    _same_host(checks)
+    assert [c.ok for c in checks] == [True, False, True]
+    assert left_out(checks) == {"10.0.0.1": checks[1].problems[0]} and "gpu-001" in checks[1].problems[0]
+    lines = table(checks)
+    assert lines[0].split()[:2] == ["node", "host"] and "LEFT OUT" in lines[2] and lines[3].endswith("ok")
+
+
+@pytest.mark.usefixtures("needs_emulated")
+def test_a_run_directory_on_a_node_private_path_is_refused_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_one="def test_launches(fabric_case, fabric_measure):\n    fabric_measure(fabric_case)\n")
+    private = f"/tmp/pytest-fabric-private-{uuid.uuid4().hex[:8]}"
+    result = pytester.runpytest_subprocess("--nodes", "2", "--run-dir", private, "--models", "qwen2-tiny",
+                                           "--fabrics", "eth")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    refusal = [line for line in result.stderr.lines + result.stdout.lines if "--run-dir" in line]
+    assert len(refusal) == 1, result.stderr.str()
+    assert private in refusal[0] and "node0" in refusal[0] and "node1" in refusal[0]
+    assert not any("Traceback" in line for line in result.stderr.lines)
+
+
+@pytest.fixture(scope="module")
+def site():
+    # A management link beside each node's fabric link, as real clusters have: fab0 can go down
+    # while Slurm still reaches the node.
+    with slurm_site(3, management=True) as started:
+        yield started
+
+
+def test_sbatch_recipe_runs_two_ranks_per_node_and_leaves_out_the_node_whose_link_is_down(site, tmp_path):
+    shared = tmp_path / "shared"  # the cluster's shared filesystem: the tests' temporary root is
+    bad = site.nodes[1]
+    subprocess.run(["ip", "-n", bad.netns, "link", "set", "fab0", "down"], check=True)  # the planted fault
+    env = {**os.environ, **site.env, "FABRIC_SHARED": str(shared), "FABRIC_PYTHON": sys.executable,
+           "FABRIC_PYTEST_ARGS": "suites/test_throughput.py -k qwen2-tiny-n2-eth --nodes 2 --gpus-per-node 2 "
+                                 "--steps 2 --warmup-steps 1 --measure-seconds 0 --launch-timeout 240 "
+                                 "-p no:cacheprovider",
+           # The ranks' fabric is fab0 (NCCL_SOCKET_IFNAME on GPUs); one compute thread each on 2 cores.
+           "GLOO_SOCKET_IFNAME": "fab0", "OMP_NUM_THREADS": "1"}
+    out = shared / "job.out"
+    shared.mkdir()
+    # The recipe asks for 8 GPUs per node; these nodes have none, so the command line says 0 (sbatch's
+    # options override the script's #SBATCH lines).
+    job = subprocess.run(netns_exec(site.nodes[0], [
+        "sbatch", "--wait", "--nodes=3", "--gpus-per-node=0", f"--chdir={REPO}", f"--output={out}", str(RECIPE)]),
+        env=env, capture_output=True, text=True, timeout=500)
+    log = out.read_text() if out.exists() else ""
+    assert job.returncode == 0, f"{job.stdout}\n{job.stderr}\n{log[-4000:]}"
+    # The node table, before the first launch: node1 left out for its link, the others fine.
+    rows = {line.split()[1]: line for line in log.splitlines() if line.startswith("[fabric] node")}
+    assert "LEFT OUT" in rows[bad.name] and "fab0" in rows[bad.name], log
+    assert rows["node0"].endswith("ok") and rows["node2"].endswith("ok"), log
+    assert f"node {bad.name} left out" in log  # the summary says it again
+    # The launch ran on the two healthy nodes, two ranks each.
+    (plan,) = shared.glob("runs/*/launches/*/slurm-plan.json")
+    assert sorted(json.loads(plan.read_text())) == ["node0", "node2"]
+    assert {"--nproc-per-node=2"} <= set(next(iter(json.loads(plan.read_text()).values()))["argv"])
+    (junit,) = shared.glob("junit/fabric-*.xml")
+    tree = etree.parse(str(junit))
+    assert tree.xpath("count(//testcase)") == 1 and not tree.xpath("//failure|//error")
+    left = tree.xpath("//property[@name='fabric.nodes_left_out']/@value")
+    assert left and bad.name in left[0] and "fab0" in left[0]
+    (night,) = shared.glob("nights/fabric-*.json")
+    assert bad.name in json.loads(night.read_text())["identity"]["nodes_left_out"]
