@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -94,16 +97,77 @@ def site():
         yield started
 
 
+# The ranks' fabric is fab0 (NCCL_SOCKET_IFNAME on GPUs); one compute thread each on 2 cores.
+FABRIC_ENV = {"GLOO_SOCKET_IFNAME": "fab0", "OMP_NUM_THREADS": "1"}
+QUICK = ["--steps", "2", "--warmup-steps", "1", "--measure-seconds", "0", "--launch-timeout", "120",
+         "-p", "no:cacheprovider"]
+
+
+@contextmanager
+def killing_ranks_on(node, interval_s: float = 0.2):
+    """A fault planted on ``node``, as an OOM killer or a GPU falling off the bus would: every rank
+    program that starts in its namespaces is killed at once (processes of other nodes are left alone:
+    ``ip netns pids`` lists only the node's)."""
+    stop = threading.Event()
+
+    def kill() -> None:
+        while not stop.wait(interval_s):
+            pids = subprocess.run(["ip", "netns", "pids", node.netns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    if b"pytest_fabric.workload.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        os.kill(int(pid), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        killer.join()
+
+
+def test_a_node_whose_launches_keep_failing_is_left_out_and_the_rest_go_on(site, tmp_path):
+    """node1 passes the node check, but every rank started there dies: the first two 2-node launches
+    fail first on node1 (srun names it), so node1 is left out and the later launches run on node0
+    and node2."""
+    env = {**os.environ, **site.env, **FABRIC_ENV}
+    junit = tmp_path / "fabric.xml"
+    with killing_ranks_on(site.nodes[1]):
+        run = subprocess.run(netns_exec(site.nodes[0], [
+            "salloc", "--nodes=3", "--immediate=60", sys.executable, "-m", "pytest",
+            str(REPO / "suites" / "test_throughput.py"), "-k", "tiny-n2 or wide-n2", "--models", "qwen2-tiny,llama-wide",
+            "--fabrics", "ib,eth", "--run-dir", str(tmp_path / "runs"), "--junitxml", str(junit), *QUICK]),
+            env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    out = run.stdout + run.stderr
+    tree = etree.parse(str(junit))
+    failed = tree.xpath("//testcase[failure or error]/@name")
+    passed = tree.xpath("//testcase[not(failure) and not(error) and not(skipped)]/@name")
+    assert len(failed) == 2 and len(passed) == 2, out[-4000:]
+    assert "node node1 left out: launches failed first on it 2 times" in out, out[-4000:]
+    plans = [sorted(json.loads(p.read_text())) for p in (tmp_path / "runs").glob("*/launches/*/slurm-plan.json")]
+    assert sorted(plans) == [["node0", "node1"]] * 2 + [["node0", "node2"]] * 2
+    left = tree.xpath("//property[@name='fabric.nodes_left_out']/@value")
+    assert left and "node1: launches failed first on it 2 times" in left[0]
+
+
 def test_sbatch_recipe_runs_two_ranks_per_node_and_leaves_out_the_node_whose_link_is_down(site, tmp_path):
     shared = tmp_path / "shared"  # the cluster's shared filesystem: the tests' temporary root is
     bad = site.nodes[1]
     subprocess.run(["ip", "-n", bad.netns, "link", "set", "fab0", "down"], check=True)  # the planted fault
+    try:
+        _run_the_recipe(site, bad, shared)
+    finally:
+        subprocess.run(["ip", "-n", bad.netns, "link", "set", "fab0", "up"], check=True)
+
+
+def _run_the_recipe(site, bad, shared: Path) -> None:
     env = {**os.environ, **site.env, "FABRIC_SHARED": str(shared), "FABRIC_PYTHON": sys.executable,
            "FABRIC_PYTEST_ARGS": "suites/test_throughput.py -k qwen2-tiny-n2-eth --nodes 2 --gpus-per-node 2 "
                                  "--steps 2 --warmup-steps 1 --measure-seconds 0 --launch-timeout 240 "
-                                 "-p no:cacheprovider",
-           # The ranks' fabric is fab0 (NCCL_SOCKET_IFNAME on GPUs); one compute thread each on 2 cores.
-           "GLOO_SOCKET_IFNAME": "fab0", "OMP_NUM_THREADS": "1"}
+                                 "-p no:cacheprovider", **FABRIC_ENV}
     out = shared / "job.out"
     shared.mkdir()
     # The recipe asks for 8 GPUs per node; these nodes have none, so the command line says 0 (sbatch's

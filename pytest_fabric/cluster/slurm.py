@@ -84,6 +84,22 @@ def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(list(argv), 124, "", f"no answer in {COMMAND_TIMEOUT_S:.0f}s")
 
 
+# srun's own line for a task that ended badly: "srun: error: gpu-003: task 2: Exited with exit code 1".
+_TASK_FAILED = re.compile(rb"^srun: error: (\S+): tasks? [\d,-]+: (?:Exited|Killed|Terminated)")
+
+
+def first_failed_task_node(log_path: Path) -> str | None:
+    """The node of the first task srun reports as failed in its log (None: none reported)."""
+    try:
+        with open(log_path, "rb") as log:
+            for line in log:
+                if found := _TASK_FAILED.match(line):
+                    return found.group(1).decode(errors="replace")
+    except OSError:
+        pass
+    return None
+
+
 def gpus_per_node(environ: Mapping[str, str]) -> int | None:
     """GPUs the job holds on each node, where it asked for them (``--gpus-per-node``, ``--gres=gpu:N``,
     ``--gpus``): SLURM_GPUS_ON_NODE "8", else SLURM_GPUS_PER_NODE "h100:8", else the count of
@@ -281,6 +297,8 @@ class SlurmCluster(Cluster):
         except BaseException:  # Ctrl-C, SIGTERM: the supervisor stopped srun; the step must go too
             self.cancel_step(step_name)
             raise
+        if not outcome.ok:
+            outcome.failed_node = first_failed_task_node(outcome.procs[0].log_path)
         # A clean srun exit means a finished step; after anything else, make sure it is gone.
         if not outcome.ok and (note := self.cancel_step(step_name)):
             with open(outcome.procs[0].log_path, "a") as log:

@@ -274,6 +274,8 @@ class SshCluster(Cluster):
         except BaseException:  # Ctrl-C, SIGTERM: the local ssh processes are gone, the remote ones are not
             self._stop_remote(list(zip(hosts, pidfiles, strict=True)), None)
             raise
+        if outcome.first_failure is not None:
+            outcome.failed_node = {f"node{i}": host.address for i, host in enumerate(hosts)}[outcome.first_failure[0]]
         unclean = [i for i, proc in enumerate(outcome.procs) if proc.returncode != 0]
         if unclean:
             self._stop_remote([(hosts[i], pidfiles[i]) for i in unclean], [outcome.procs[i].log_path for i in unclean])

@@ -142,6 +142,9 @@ class LaunchOutcome:
     # The process that failed first (a non-zero exit) and when, seconds into the launch.
     first_failure: tuple[str, float] | None = None
     deadline_s: float | None = None
+    # The node whose ranks failed first, by the cluster's name for it, where the launcher knows it
+    # (Cluster.left_out takes a node that keeps failing launches: Measurer.node_failed).
+    failed_node: str | None = None
 
     @property
     def ok(self) -> bool:

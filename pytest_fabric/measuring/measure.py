@@ -51,6 +51,10 @@ from ..workload.result import CollectivesResult, TrainResult
 from ..workload.turnstile import CHUNK_S, TurnConfig, mark_done
 
 
+# Launches that must fail first on one node before it is left out for the session (_node_failed).
+NODE_FAILURES = 2
+
+
 @dataclass(frozen=True)
 class LaunchSettings:
     """Everything besides the case that decides what a launch measures."""
@@ -184,6 +188,9 @@ class Measurer:
         # (measuring/nodes.py), or this host's, read at its first pre-flight where it is a node. The
         # inventory the transport proof compares NCCL's NICs with.
         self.nodes: list[preflight.NodeFacts] = list(nodes)
+        # Launches whose ranks failed first on each node, by case, and who hears of a node left out for it.
+        self._first_failures: dict[str, list[str]] = {}
+        self.on_left_out: Callable[[str, str], None] | None = None
         # Launch values of stored records by store key, for the windows (a stored launch never changes).
         self._values: dict[str, LaunchEstimate | None] = {}
         # The typical judged CPU probe of stored records by store key (0.0: fewer than 3 judged).
@@ -489,6 +496,7 @@ class Measurer:
         with self._machine_slot(case) if slot else nullcontext():
             outcome = self.cluster.launch(request, on_tick=ticker)
         if not outcome.ok:
+            self._node_failed(outcome.failed_node, case)
             return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}")
         kind = CollectivesResult if isinstance(config, CollectivesConfig) else TrainResult
         try:
@@ -509,6 +517,26 @@ class Measurer:
         result.launch_s = round(outcome.elapsed_s, 2)
         result.run_dir = str(run_dir)
         return LaunchRecord(case, self.cluster.name, result)
+
+    def _node_failed(self, node: str | None, case: Case) -> None:
+        """Leave out for the session a node on which launches keep failing: its ranks failed first in
+        two launches, more than half of this session's failed launches. A fault of the job itself
+        (every rank fails alike) spreads its first failures over the nodes; a sick node (a GPU off
+        the bus, a flapping port, an OOM killer) collects them. Only launchers that know the node
+        (``LaunchOutcome.failed_node``: ssh, slurm) can say."""
+        if node is None:
+            return
+        failed = self._first_failures.setdefault(node, [])
+        failed.append(case.id)
+        total = sum(len(ids) for ids in self._first_failures.values())
+        if len(failed) < NODE_FAILURES or 2 * len(failed) <= total or node in self.cluster.left_out:
+            return
+        why = f"launches failed first on it {len(failed)} times ({', '.join(failed)})"
+        self.cluster.left_out[node] = why
+        if self.progress is not None:
+            self.progress(f"node {node} left out: {why}")
+        if self.on_left_out is not None:
+            self.on_left_out(node, why)
 
     def _judge_speed(self, case: Case, result: TrainResult) -> None:
         """Record with the result its configuration's usual CPU probe: the lower median of the typical

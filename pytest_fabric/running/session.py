@@ -169,7 +169,21 @@ class FabricSession:
             self._measurer = Measurer(cluster, self.options.settings, self.store,
                                       self.directory / "launches", progress=progress_writer(self.config),
                                       nodes=self.node_facts)
+            self._measurer.on_left_out = self._left_out
         return self._measurer
+
+    def _left_out(self, node: str, why: str) -> None:
+        """Keep a node the measurer left out (its launches kept failing there) with the session's node
+        verdicts, where the summary, JUnit and the saved night read them."""
+        path = self.directory / NODES_FILE
+        with self.store.locked():
+            checks = load_checks(path) or []
+            known = next((c for c in checks if c.name == node), None)
+            if known is None:
+                checks.append(NodeCheck(node, [why]))
+            else:
+                known.problems.append(why)
+            save_checks(checks, path)
 
     def recorded(self) -> list[Measurement]:
         """Every measurement of the session, one per (model, nodes, fabric) in the tested fabrics."""
