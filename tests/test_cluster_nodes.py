@@ -193,3 +193,17 @@ def _run_the_recipe(site, bad, shared: Path) -> None:
     assert left and bad.name in left[0] and "fab0" in left[0]
     (night,) = shared.glob("nights/fabric-*.json")
     assert bad.name in json.loads(night.read_text())["identity"]["nodes_left_out"]
+
+
+def test_on_slurm_the_bandwidth_gate_holds_busbw_to_the_declared_rate_not_the_emulated_one(site, tmp_path):
+    """On a real cluster the gate's rate is the one declared (else the nodes' sysfs), never the
+    preset's emulated rate: a 1000 Gbit/s declaration fails the unshaped links here, and says so."""
+    env = {**os.environ, **site.env, **FABRIC_ENV}
+    junit = tmp_path / "fabric.xml"
+    run = subprocess.run(netns_exec(site.nodes[0], [
+        "salloc", "--nodes=2", "--immediate=60", sys.executable, "-m", "pytest",
+        str(REPO / "suites" / "test_bandwidth.py"), "-k", "test_busbw_reaches_the_link_rate and n2",
+        "--fabrics", "eth", "--fabric-link-gbit", "eth=1000", "--run-dir", str(tmp_path / "runs"),
+        "--junitxml", str(junit), *QUICK]), env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    (message,) = etree.parse(str(junit)).xpath("//testcase/failure/@message")
+    assert "1000 Gbit/s (declared --fabric-link-gbit)" in message, run.stdout[-3000:]
