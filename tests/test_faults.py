@@ -120,6 +120,7 @@ class FaultRun:
         start = time.monotonic()
         self.result = pytester.runpytest_subprocess(*ARGS, "--launch-timeout", str(deadline_s), "--fabrics", fabrics,
                                                     f"--fabric-save={self.saved}", f"--junitxml={self.junit}",
+                                                    f"--run-dir={tmp}",
                                                     timeout=(fabrics.count(",") + 1) * deadline_s + 120)
         self.wall_s = time.monotonic() - start
         self.output = self.result.stdout.str()
@@ -226,7 +227,7 @@ def test_the_healthy_measurement_is_kept_on_disk(fault_run):
 # -- Ctrl-C ----------------------------------------------------------------------------------------
 
 def session_to_kill(pytester: pytest.Pytester, fault_text: str) -> tuple[Path, Path, dict[str, str]]:
-    """(its TMPDIR, its --fabric-save, its environment) for a pytest run started as a subprocess."""
+    """(its TMPDIR and --run-dir, its --fabric-save, its environment) for a pytest run started as a subprocess."""
     needs(UNAVAILABLE)
     tmp = pytester.path / "tmp"
     tmp.mkdir()
@@ -239,7 +240,7 @@ def test_ctrl_c_during_a_launch_stops_the_ranks_and_keeps_what_was_measured(pyte
     tmp, saved, env = session_to_kill(pytester, "hang:fabric=eth,rank=1,step=1")
     before = namespaces()
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_generated.py", *ARGS,
-                             "--fabrics", "ib,eth", f"--fabric-save={saved}"],
+                             "--fabrics", "ib,eth", f"--fabric-save={saved}", f"--run-dir={tmp}"],
                             cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True,
                             # A shell's background job inherits SIGINT ignored, and Python then never

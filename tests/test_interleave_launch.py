@@ -119,7 +119,7 @@ def test_sigterm_during_an_interleaved_round_stops_both_sides_and_leaves_nothing
     before = set(namespaces())
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_generated.py",
                              "--nodes", "2", "--batch-size", "1", "--seq-len", "64", "--interleave", "on",
-                             "--measure-seconds", "30"],
+                             "--measure-seconds", "30", f"--run-dir={tmp}"],
                             cwd=pytester.path, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
 

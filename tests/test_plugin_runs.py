@@ -68,13 +68,13 @@ def run_once(cache: dict, pytester: pytest.Pytester, monkeypatch, source: str, *
     """Run ``source`` under pytest once per module; later tests get the same Run (also a broken one,
     so that a run that went wrong is not repeated by every test reading it)."""
     if "run" not in cache:
-        # The session directory goes under the test's own temporary directory.
+        # The session directory goes under the test's own temporary directory (--run-dir).
         tmp = pytester.path / "tmp"
         tmp.mkdir()
         monkeypatch.setenv("TMPDIR", str(tmp))
         pytester.makepyfile(test_generated=source)
         junit = pytester.path / "junit.xml"
-        result = pytester.runpytest_subprocess(*args, f"--junitxml={junit}", timeout=400)
+        result = pytester.runpytest_subprocess(*args, f"--junitxml={junit}", f"--run-dir={tmp}", timeout=400)
         output = result.stdout.str()
         try:
             directory = session_directory(output)

@@ -198,7 +198,7 @@ def test_a_failing_run_leaks_no_secret_into_junit_saved_results_or_the_terminal(
     result = pytester.runpytest_subprocess(
         "--cluster", "local", "--nodes", "2", "--fabrics", "eth", "--launch-timeout", "1",
         "--fabric-env", f"eth.NCCL_TEST_TOKEN={fabric_secret}", "-o", "junit_logging=all",
-        f"--junitxml={junit}", f"--fabric-save={saved}", timeout=120)
+        f"--junitxml={junit}", f"--fabric-save={saved}", f"--run-dir={tmp}", timeout=120)
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, output
     assert "measurement failed" in output and "deadline exceeded" in output

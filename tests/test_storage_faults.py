@@ -87,7 +87,8 @@ def run_session(tmp_path: Path, disk: Path, mode: str, junit: Path) -> subproces
     (tmp_path / "test_generated.py").write_text(GENERATED.format(mode=mode))
     return subprocess.run(
         ["python", "-m", "pytest", "test_generated.py", "-p", "no:cacheprovider", "-s", "--cluster", "local",
-         "--nodes", "2", *FAST_LAUNCH, "--fabric-save", str(disk / "night.json"), f"--junitxml={junit}"],
+         "--nodes", "2", *FAST_LAUNCH, "--fabric-save", str(disk / "night.json"), f"--junitxml={junit}",
+         f"--run-dir={disk}"],
         cwd=tmp_path, env={**os.environ, "TMPDIR": str(disk)}, capture_output=True, text=True, timeout=300)
 
 

@@ -259,11 +259,10 @@ class SlurmCluster(Cluster):
         """One step per node, as the ranks' (the site's srun arguments, the launch prefix), all at once;
         a step still listed when they end (the deadline) is cancelled."""
         step_name = f"pytest-fabric-check-{secrets.token_hex(4)}"
-        nodes = {node.name: node for node in self.nodes()}
         specs = [ProcSpec(name, ["srun", f"--jobid={self.job_id}", "--nodes=1", "--ntasks=1", f"--nodelist={name}",
                                  "--overlap", "--mpi=none", f"--job-name={step_name}", *self.srun_args,
                                  *self.launch_prefix, "env", f"PYTHONPATH={_PACKAGE_ROOT}", sys.executable,
-                                 *args_of(nodes[name].name)], srun_env(os.environ))
+                                 *args_of(name)], srun_env(os.environ))
                  for name in names]
         try:
             return supervise(specs, workdir, deadline_s, independent=True)

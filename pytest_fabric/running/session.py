@@ -38,9 +38,8 @@ from ..deciding.references import ReferenceError, References
 from ..history.baselines import Baseline
 from ..history.nights import ResultsError, launch_records, session_measurements
 from ..deciding.stats import DEFAULT_NOISE, Interval, NoisePrior
+from ..measuring import nodes as node_checks
 from ..measuring.nodes import NODES_FILE, NodeCheck, RunDirError
-from ..measuring.nodes import check_nodes as check_node_list, left_out as nodes_left_out, load as load_checks
-from ..measuring.nodes import save as save_checks, table as node_table
 from ..measuring.preflight import NodeFacts
 from ..measuring.store import ResultStore, resume_path
 
@@ -61,8 +60,8 @@ class FabricSession:
     _refused: str | None = None  # why the session cannot launch (prepared_cluster), once known
     gates: int = 0  # comparison tests collected this session (the night's family of gates)
     resumed: str | None = None  # launches an earlier, killed session left for this one (store.resume)
-    # Every node's facts from the pre-flight probe at session start: their NICs' rates are the links'
-    # (link_rate.py). Empty where no probe ran (the emulated cluster may leave it so).
+    # The healthy nodes' facts from the node check before the first launch (check_nodes): their NICs'
+    # rates are the links' (link_rate.py). Empty where no check ran (the local cluster).
     node_facts: list[NodeFacts] = field(default_factory=list)
 
     def family(self) -> int:
@@ -95,7 +94,7 @@ class FabricSession:
     def nodes_left_out(self) -> dict[str, str]:
         """Node -> why, for the nodes this session's check left out (read from its directory, where
         the process that checked them, perhaps an xdist worker, kept the verdicts)."""
-        return nodes_left_out(load_checks(self.directory / NODES_FILE) or [])
+        return node_checks.left_out(node_checks.load(self.directory / NODES_FILE) or [])
 
     def check_nodes(self) -> list[NodeCheck]:
         """Every node of the cluster checked once per session (``measuring/nodes.py``), those with a
@@ -112,21 +111,21 @@ class FabricSession:
                                     f"nodes: {', '.join(names)}")
         path = self.directory / NODES_FILE
         with self.store.locked():
-            checks = load_checks(path)
+            checks = node_checks.load(path)
             if checks is None:
                 settings = self.options.settings
                 fabrics = [settings.fabric(f) for f in self.options.fabrics]
                 try:
-                    checks = check_node_list(cluster, [n for n in names if n not in excluded], self.directory,
+                    checks = node_checks.check_nodes(cluster, [n for n in names if n not in excluded], self.directory,
                                              fabrics, settings.gpus_per_node, settings.device)
                 except RunDirError as exc:
                     raise pytest.UsageError(str(exc)) from None
                 checks += [NodeCheck(n, ["named by --exclude-nodes"]) for n in excluded]
-                save_checks(checks, path)
+                node_checks.save(checks, path)
                 if (show := progress_writer(self.config)) is not None:
-                    for line in node_table(checks):
+                    for line in node_checks.table(checks):
                         show(line)
-        cluster.left_out.update(nodes_left_out(checks))
+        cluster.left_out.update(node_checks.left_out(checks))
         self.node_facts = [c.facts for c in checks if c.ok and c.facts is not None]
         gpus = [c.gpus for c in checks if c.ok and c.gpus]
         if not self.options.gpus_per_node_given and not cluster.gpus_per_node() and gpus:
@@ -177,13 +176,13 @@ class FabricSession:
         verdicts, where the summary, JUnit and the saved night read them."""
         path = self.directory / NODES_FILE
         with self.store.locked():
-            checks = load_checks(path) or []
+            checks = node_checks.load(path) or []
             known = next((c for c in checks if c.name == node), None)
             if known is None:
                 checks.append(NodeCheck(node, [why]))
             else:
                 known.problems.append(why)
-            save_checks(checks, path)
+            node_checks.save(checks, path)
 
     def recorded(self) -> list[Measurement]:
         """Every measurement of the session, one per (model, nodes, fabric) in the tested fabrics."""
