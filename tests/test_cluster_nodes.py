@@ -24,7 +24,7 @@ from cluster_env import netns_exec, slurm_site
 from helpers import REPO
 from pytest_fabric.cluster.slurm import gpus_per_node
 from pytest_fabric.cluster.ssh import SshCluster
-from pytest_fabric.measuring.nodes import NodeCheck, _same_host, left_out, socket_problems, table
+from pytest_fabric.measuring.nodes import NodeCheck, _same_host, _same_software, left_out, socket_problems, table
 from pytest_fabric.measuring.preflight import NodeFacts
 
 RECIPE = REPO / "examples" / "slurm" / "nightly.sbatch"
@@ -64,6 +64,17 @@ def test_the_link_the_sockets_use_must_be_up() -> None:
     # Nothing named: a node with no interface but loopback up has no link at all.
     assert "link down" in socket_problems(_facts({"eth0": "down"}))[0]
     assert socket_problems(_facts({"eth0": "down", "eth1": "up"})) == []
+
+
+def test_a_node_without_the_ranks_packages_or_with_other_versions_is_left_out() -> None:
+    checks = [NodeCheck(f"gpu-00{i}") for i in range(4)]
+    software = [{"torch": "2.6.0", "transformers": "4.48.0"}, {"torch": "2.6.0", "transformers": "4.48.0"},
+                {"torch": "2.5.1", "transformers": "4.48.0"},
+                {"torch": "cannot import: ImportError: libcudart.so.12", "transformers": "4.48.0"}]
+    _same_software(checks, {c.name: {"software": s} for c, s in zip(checks, software, strict=True)})
+    assert [c.problems for c in checks[:2]] == [[], []]
+    assert checks[2].problems == ["torch 2.5.1 where the other nodes have 2.6.0"]
+    assert checks[3].problems == ["torch: cannot import: ImportError: libcudart.so.12"]
 
 
 def test_two_names_for_one_host_are_left_out_and_the_table_says_why() -> None:

@@ -8,7 +8,8 @@ the way ranks are started (``Cluster.run_on_each``: the same launcher, environme
 each on its own, so that one bad node cannot hide the others. Each writes what it found into the
 run directory with the session's token; the harness reads them back and judges each node:
 
-- it ran: this Python and the package import there;
+- it ran: this Python and the package import there, and what the ranks import (torch, transformers)
+  imports at the version most nodes have;
 - it sees the run directory (ranks read their configuration there and write their results): its
   token reached the harness; a node that wrote it into a directory of its own (``/tmp`` is per node)
   or could not write it at all does not share the storage;
@@ -27,6 +28,7 @@ in one line naming the option.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import socket
@@ -49,6 +51,10 @@ CHECK_DEADLINE_S = 120.0
 _RUN_DIR = "cannot see the run directory"
 # Where the session keeps its nodes' verdicts, in its directory: xdist workers share one check.
 NODES_FILE = "nodes.json"
+# What every rank imports: a node whose image lacks one, or has another version than the other nodes,
+# would fail its launches or measure another job.
+RANK_PACKAGES = ("torch", "transformers")
+_CANNOT_IMPORT = "cannot import"
 # Variables naming the interface sockets use: NCCL's (GPU) and gloo's (CPU).
 SOCKET_IFNAME = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 
@@ -124,6 +130,7 @@ def check_nodes(cluster: Cluster, names: Sequence[str], directory: Path, fabrics
             _judge(check, report, fabrics, gpus_per_node, on_gpus)
         checks.append(check)
     _same_host(checks)
+    _same_software(checks, reports)
     if checks and all(any(_RUN_DIR in p for p in c.problems) for c in checks):
         raise RunDirError(f"--run-dir {directory.parent}: no node sees it ({', '.join(c.name for c in checks)} "
                           f"wrote nothing the harness can read): /tmp, /var/tmp and /dev/shm are per node; give a "
@@ -186,6 +193,24 @@ def socket_problems(facts: NodeFacts) -> list[str]:
     return []
 
 
+def _same_software(checks: list[NodeCheck], reports: Mapping[str, Mapping[str, Any] | None]) -> None:
+    """Each node imports what the ranks import, at the version most nodes have: a node without it,
+    or with another version (a stale image), would fail its launches or measure another job."""
+    versions: dict[str, dict[str, str]] = {}
+    for check in checks:
+        for package, version in ((reports.get(check.name) or {}).get("software") or {}).items():
+            versions.setdefault(package, {})[check.name] = version
+    for package, by_node in versions.items():
+        imported = [v for v in by_node.values() if not v.startswith(_CANNOT_IMPORT)]
+        usual = max(set(imported), key=imported.count) if imported else None
+        for check in checks:
+            version = by_node.get(check.name)
+            if version is not None and version.startswith(_CANNOT_IMPORT):
+                check.problems.append(f"{package}: {version}")
+            elif version is not None and version != usual:
+                check.problems.append(f"{package} {version} where the other nodes have {usual}")
+
+
 def _same_host(checks: list[NodeCheck]) -> None:
     """Two nodes that are one machine (a hostfile naming a host twice, by name and address)."""
     seen: dict[str, str] = {}
@@ -238,6 +263,17 @@ def _mem_available_gib() -> float | None:
     return None
 
 
+def _software() -> dict[str, str]:
+    """What the ranks import, as this node has it: each package's version, or why it cannot import."""
+    found = {}
+    for name in RANK_PACKAGES:
+        try:
+            found[name] = importlib.import_module(name).__version__
+        except Exception as exc:  # noqa: BLE001 - a broken install raises anything; it is this node's problem
+            found[name] = f"{_CANNOT_IMPORT}: {type(exc).__name__}: {exc}"
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     """On one node: write what this node shows, with the session's token, as OUT/<NODE>.json."""
     parser = argparse.ArgumentParser(prog="python -m pytest_fabric.measuring.nodes", description=main.__doc__)
@@ -254,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     facts.env = {k: v for k, v in os.environ.items()
                  if (k.startswith("NCCL_") and "DEBUG" not in k) or k in SOCKET_IFNAME}
     report = {"token": args.token, "hostname": socket.gethostname(), "facts": facts.to_dict(),
-              "gpus": visible_gpus(), "mem_available_gib": _mem_available_gib(), "python": sys.executable}
+              "gpus": visible_gpus(), "mem_available_gib": _mem_available_gib(), "python": sys.executable,
+              "software": _software()}
     target = out / f"{args.node}.json"
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(report, indent=1))
