@@ -321,6 +321,21 @@ def train_program(run_dir: Path) -> list[str]:
     return ["-m", "pytest_fabric.workload.train", "--config", str(run_dir / "config.json")]
 
 
+# A rank that fails on one node (named by its host name), as a rank on a sick node would; elsewhere it ends well.
+FAILING_ON_RANK = """\
+import socket, sys
+sys.exit(3 if socket.gethostname() == sys.argv[1] else 0)
+"""
+
+
+def failing_program(run_dir: Path, node: str) -> list[str]:
+    """A rank program that exits 3 on the node whose host name is ``node`` and 0 on the others."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = run_dir / "fail_on_node.py"
+    script.write_text(FAILING_ON_RANK)
+    return [str(script), node]
+
+
 def hanging_program(run_dir: Path) -> list[str]:
     """A rank program that never ends; each rank leaves a file ``rank<N>`` in ``run_dir`` once it runs."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -552,6 +567,7 @@ def _drive(spec_path: str) -> None:
         Path(spec["out"]).write_text(json.dumps(report))
         return
     report.update(ok=outcome.ok, timed_out=outcome.timed_out, elapsed_s=outcome.elapsed_s, killed=outcome.killed,
+                  failed_node=outcome.failed_node,
                   returncodes={p.name: p.returncode for p in outcome.procs},
                   logs={p.name: str(p.log_path) for p in outcome.procs}, describe_outcome=outcome.describe())
     if isinstance(cluster, SlurmCluster):

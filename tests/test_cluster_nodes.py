@@ -22,6 +22,7 @@ from lxml import etree
 
 from cluster_env import netns_exec, slurm_site
 from helpers import REPO
+from pytest_fabric.cluster.base import ClusterUnavailable
 from pytest_fabric.cluster.slurm import gpus_per_node
 from pytest_fabric.cluster.ssh import SshCluster
 from pytest_fabric.measuring.nodes import NodeCheck, _same_host, _same_software, left_out, socket_problems, table
@@ -47,6 +48,18 @@ def test_a_hostfile_whose_hosts_all_give_slots_gives_gpus_per_node(tmp_path: Pat
     uneven.write_text("gpu-001 slots=8\ngpu-002\n")
     assert SshCluster(even).gpus_per_node() == 8
     assert SshCluster(uneven).gpus_per_node() is None
+
+
+def test_launches_take_the_first_healthy_nodes_and_say_which_were_left_out_when_too_few(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("gpu-001\ngpu-002\ngpu-003\n")
+    cluster = SshCluster(hostfile)
+    cluster.left_out["gpu-002"] = "link down: ib0"
+    assert [h.address for h in cluster.usable(cluster.hosts, lambda h: h.address, 2)] == ["gpu-001", "gpu-003"]
+    with pytest.raises(ClusterUnavailable) as refused:
+        cluster.usable(cluster.hosts, lambda h: h.address, 3)
+    assert "needs 3 nodes" in str(refused.value) and "2 healthy of 3" in str(refused.value)
+    assert "gpu-002: link down: ib0" in str(refused.value)
 
 
 def _facts(operstate: dict[str, str], env: dict[str, str] | None = None) -> NodeFacts:

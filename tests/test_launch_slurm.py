@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_env import (RANK_ENV, env_program, hanging_program, launch_on_node0, leftover_processes, prefix_records,
+from cluster_env import (RANK_ENV, env_program, failing_program, hanging_program, launch_on_node0, leftover_processes, prefix_records,
                          recording_prefix, session_program, slurm_site, start_on_node0, train_program,
                          two_sessions_take_turns)
 from pytest_fabric.cluster.base import ClusterUnavailable
@@ -169,3 +169,10 @@ def test_two_sessions_in_jobs_sharing_the_nodes_take_turns(site, tmp_path: Path)
     two_sessions_take_turns(site, tmp_path, start)
     assert leftover_processes("session_rank.py") == []
     assert leftover_processes("pytest_fabric.cluster.nodelock") == []
+
+
+def test_the_node_whose_task_failed_first_is_named_from_sruns_report(site, tmp_path: Path) -> None:
+    """What leaves a sick node out (Measurer._node_failed): srun's own line names the node whose task failed."""
+    report = launch_on_node0(site, _spec(failing_program(tmp_path, site.nodes[1].name),
+                                         f"slurmfail{secrets.token_hex(3)}", 60), tmp_path, timeout_s=120, salloc=True)
+    assert not report["ok"] and report["failed_node"] == site.nodes[1].name, report["describe_outcome"]

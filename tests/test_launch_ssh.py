@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_env import (RANK_ENV, env_program, hanging_program, launch_on_node0, leftover_processes, prefix_records,
+from cluster_env import (RANK_ENV, env_program, failing_program, hanging_program, launch_on_node0, leftover_processes, prefix_records,
                          recording_prefix, session_program, ssh_site, start_on_node0, train_program,
                          two_sessions_take_turns)
 from pytest_fabric.cluster.base import ClusterUnavailable, remote_env
@@ -301,3 +301,10 @@ def test_two_sessions_on_one_hostfile_take_turns(site, tmp_path: Path) -> None:
     two_sessions_take_turns(site, tmp_path, start)
     assert leftover_processes("session_rank.py") == []
     assert leftover_processes("pytest_fabric.cluster.nodelock") == []
+
+
+def test_the_node_whose_ranks_failed_first_is_named_by_its_host(site, tmp_path: Path) -> None:
+    """What leaves a sick node out (Measurer._node_failed): the launch names the host whose ranks failed."""
+    report = launch_on_node0(site, _spec(site, failing_program(tmp_path, site.nodes[1].name),
+                                         f"sshfail{secrets.token_hex(3)}", 60), tmp_path, timeout_s=120)
+    assert not report["ok"] and report["failed_node"] == site.nodes[1].address, report["describe_outcome"]

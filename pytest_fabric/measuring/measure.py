@@ -32,7 +32,7 @@ from filelock import FileLock, Timeout
 from ..physics import memory
 from . import preflight
 from ..core.case import BANDWIDTH, Case
-from ..cluster import Cluster, LaunchRequest
+from ..cluster import Cluster, ClusterUnavailable, LaunchRequest
 from ..cluster.base import OnThisMachine
 from ..cluster.supervisor import interrupt_on_sigterm
 from ..core.fabrics import Fabric, get_fabric
@@ -494,7 +494,10 @@ class Measurer:
         if cancel is not None:
             ticker = _cancellable(ticker, cancel)
         with self._machine_slot(case) if slot else nullcontext():
-            outcome = self.cluster.launch(request, on_tick=ticker)
+            try:
+                outcome = self.cluster.launch(request, on_tick=ticker)
+            except ClusterUnavailable as exc:  # too few healthy nodes; nodes held by another session too long
+                return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {exc}")
         if not outcome.ok:
             self._node_failed(outcome.failed_node, case)
             return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}")
