@@ -16,9 +16,9 @@ import pytest_fabric.deciding.stats as stats_module
 from pytest_fabric.deciding.stats import (
     CONFIDENCE,
     DISTURBED_SIGMA,
+    BOUND_DF,
     MIN_LEARNED_NIGHTS,
-    UNLEARNED_DF,
-    UNLEARNED_SIGMA,
+    QUICK_LOOK_ROUND_SD,
     configuration_value,
     STALL_MARGIN,
     mean_standard_error,
@@ -412,24 +412,31 @@ class TestReferenceTerm:
 
 
 class TestContrastInterval:
-    def test_one_launch_a_side_on_a_declared_prior_never_decides_and_says_why(self):
-        # No launch-to-launch evidence tonight and a declared prior: even a 5x gap is inconclusive,
-        # the line says what would decide; the interval shown is widened to 10% on 3 df.
-        iv = contrast_interval([(1, side([1000.0])), (-1, side([200.0]))])
-        assert iv.point == pytest.approx(5.0)
-        assert 3.0 < iv.low and iv.high < 8.0
-        assert iv.launches == (1, 1)
-        assert (iv.df, iv.sigma, iv.data_df) == (UNLEARNED_DF, pytest.approx(UNLEARNED_SIGMA), 0)
-        assert "one launch per side" in iv.noise_note
-        assert "needs a noise learned from 3 nights" in iv.undecidable and "--fabric-baseline" in iv.undecidable
-        assert decide(iv, *ahead_gate(0.2)) is Verdict.INCONCLUSIVE
-        # The same gap on a prior learned from enough nights of these configurations decides.
+    def test_one_launch_a_side_on_a_declared_prior_decides_only_beyond_the_noise_bound(self):
+        # No launch-to-launch evidence tonight and a declared prior: the interval rests on the stated
+        # noise bound (15% per round, a launch's share of it, as known), and the line says so.
+        iv = contrast_interval([(1, side([1000.0])), (-1, side([200.0]))], confidence=0.9986)
+        assert iv.point == pytest.approx(5.0) and iv.launches == (1, 1)
+        assert (iv.df, iv.data_df) == (BOUND_DF, 0)
+        assert iv.sigma == pytest.approx(QUICK_LOOK_ROUND_SD / math.sqrt(2))
+        # 99.86% (a first look): half-width t * 15% on the log scale, t = 3.20 on 1000 df.
+        assert math.log(iv.high / iv.point) == pytest.approx(3.2 * QUICK_LOOK_ROUND_SD, rel=2e-3)
+        assert "judged against the noise bound, 15% per round" in iv.noise_note
+        assert "--fabric-baseline" in iv.noise_note and "--repeats 2" in iv.noise_note
+        # A 5x gap is far beyond the bound: it decides. A 10% one stays inconclusive.
+        assert decide(iv, *ahead_gate(0.2)) is Verdict.PASS
+        small = contrast_interval([(1, side([1000.0])), (-1, side([1100.0]))], confidence=0.9986)
+        assert decide(small, *within_gate(0.05)) is Verdict.INCONCLUSIVE
+        # A declared prior larger than the bound is kept.
+        noisy = contrast_interval([(1, side([1000.0])), (-1, side([200.0]))], NoisePrior(0.3, 4.0, "declared"))
+        assert noisy.sigma == pytest.approx(0.3)
+        # The same gap on a prior learned from enough nights of these configurations uses that prior.
         learned = NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS)
         iv = contrast_interval([(1, side([1000.0])), (-1, side([200.0]))], learned)
-        assert iv.undecidable == "" and decide(iv, *ahead_gate(0.2)) is Verdict.PASS
-        # Two launches a side carry their own spread: the declared prior may decide again.
+        assert iv.noise_note == "" and iv.df == 4.0 and decide(iv, *ahead_gate(0.2)) is Verdict.PASS
+        # Two launches a side carry their own spread: no bound.
         two = contrast_interval([(1, side([1000.0, 1010.0])), (-1, side([200.0, 202.0]))])
-        assert two.undecidable == "" and decide(two, *ahead_gate(0.2)) is Verdict.PASS
+        assert two.noise_note == "" and decide(two, *ahead_gate(0.2)) is Verdict.PASS
 
     def test_one_launch_a_side_on_a_learned_prior_uses_it(self):
         learned = NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS)
@@ -439,7 +446,7 @@ class TestContrastInterval:
         half = 2.7764 * 0.02 * math.sqrt(2)
         assert iv.low == pytest.approx(math.exp(-half), rel=1e-4)
         assert iv.high == pytest.approx(math.exp(half), rel=1e-4)
-        # On fewer nights, or declared: widened, so a small effect stays undecided.
+        # On fewer nights, or declared: the noise bound, so a small effect stays undecided.
         for prior in (NoisePrior(0.02, 4.0, "learned", nights=MIN_LEARNED_NIGHTS - 1), DEFAULT_NOISE):
             wide = contrast_interval([(1, side([1000.0])), (-1, side([920.0]))], prior)
             assert decide(wide, *within_gate(0.05)) is Verdict.INCONCLUSIVE

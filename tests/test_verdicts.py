@@ -207,6 +207,7 @@ def test_undecided_night_reasons():
     # One launch per side: the night says what would decide, not "lower the noise".
     one = undecided_night(["inconclusive", "inconclusive"], 0, None, one_launch=True)
     assert one.startswith("all 2 gate(s) inconclusive: one launch per side") and "--fabric-baseline" in one
+    assert "noise bound (15% per round)" in one
     why = undecided_night(["pass"], 3, "emulated cluster unavailable (needs root)")
     assert why.startswith("3 fabric comparison(s) skipped: emulated cluster unavailable (needs root)")
 

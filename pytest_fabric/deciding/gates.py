@@ -154,7 +154,7 @@ class GateOutcome:
         iv = self.interval
         text = (f"launch noise {iv.sigma * 100:.1f}% on {iv.df:g} df (prior {self.noise.sigma * 100:.1f}%: "
                 f"{self.noise.source}, {self.noise.df:g} df; tonight {iv.data_df} df)")
-        return text + (f"; {iv.noise_note}" if iv.noise_note else "") + (f"; {iv.undecidable}" if iv.undecidable else "")
+        return text + (f"; {iv.noise_note}" if iv.noise_note else "")
 
     def line(self) -> str:
         """The full verdict line without its leading words (``render("full")`` adds them)."""
@@ -187,7 +187,8 @@ class GateOutcome:
                     f"[{iv.low:.3f}, {iv.high:.3f}] over {launches} launches{aside}; required >= "
                     f"{self.threshold:.3f} ({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} "
                     f"{self.values[1]:.1f} {self.unit} {self.context}; noise {iv.sigma * 100:.1f}% on {iv.df:g} df "
-                    f"({self.noise.source})" + ("; one launch per side needs a learned noise" if iv.undecidable else "")
+                    f"({self.noise.source})" + ("; one launch per side: the noise bound" if iv.noise_note.startswith(
+                        "one launch per side") else "")
                     + (f"; {self.extra}" if self.extra else ""))
         if detail == "headline":
             return (f"{self.a_name}/{self.b_name} = {iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}] vs threshold "

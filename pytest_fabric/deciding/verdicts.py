@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .gates import GateOutcome
-from .stats import MIN_LEARNED_NIGHTS, Verdict
+from .stats import MIN_LEARNED_NIGHTS, QUICK_LOOK_ROUND_SD, Verdict
 
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED = "pass", "fail", "inconclusive", "error", "skipped"
 OUTCOMES = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED)
@@ -81,17 +81,18 @@ def undecided_night(gate_outcomes: Sequence[str], comparisons_without_fabrics: i
 
     A night decides nothing when every gate it ran was inconclusive, or when comparisons were
     skipped because the run had no distinct fabrics (``auto`` fell back to local processes).
-    ``one_launch``: the night allowed one launch per side (--max-repeats 1), which decides only on a
-    learned noise (``contrasts.one_launch_reason``).
+    ``one_launch``: the night allowed one launch per side (--max-repeats 1), which without a learned
+    noise decides only effects beyond the noise bound (``contrasts.one_launch_prior``).
     """
     if comparisons_without_fabrics:
         why = note or "the cluster runs every fabric over the same links"
         return (f"{comparisons_without_fabrics} fabric comparison(s) skipped: {why}; run as root (the emulated "
                 f"cluster needs network namespaces) or on a real cluster")
     if gate_outcomes and all(o == INCONCLUSIVE for o in gate_outcomes) and one_launch:
-        return (f"all {len(gate_outcomes)} gate(s) inconclusive: one launch per side (--max-repeats 1) decides only on "
-                f"a noise learned from {MIN_LEARNED_NIGHTS} nights of the configurations (pytest-fabric baseline, "
-                f"--fabric-baseline); or raise --max-repeats")
+        return (f"all {len(gate_outcomes)} gate(s) inconclusive: one launch per side (--max-repeats 1) decides only "
+                f"effects beyond the noise bound ({QUICK_LOOK_ROUND_SD:.0%} per round) unless the noise was learned "
+                f"from {MIN_LEARNED_NIGHTS} nights of the configurations (pytest-fabric baseline, --fabric-baseline); "
+                f"or raise --max-repeats")
     if gate_outcomes and all(o == INCONCLUSIVE for o in gate_outcomes):
         return (f"all {len(gate_outcomes)} gate(s) inconclusive: raise --max-repeats, or lower the launch noise "
                 f"(a quieter machine, a --fabric-baseline that learned it)")
