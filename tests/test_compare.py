@@ -189,6 +189,8 @@ def test_one_launch_per_side_decides_a_wide_gap(max_repeats, rounds):
     line = said(item)[0]
     assert re.match(r"pass: ib/eth = (3\.9|4\.0)", line)
     assert "one launch per side: judged against the noise bound, 15% per round" in line
+    # The JUnit testcase line names the bound as the noise's source, not the declared prior.
+    assert "on 1000 df (one launch per side: the noise bound, 15% per round)" in result.render("testcase")
 
 
 def test_one_launch_per_side_needs_a_learned_noise_for_a_small_effect():

@@ -25,7 +25,7 @@ from .steps import WEIGHT_SIGMA
 
 __all__ = [
     "DEFAULT_NOISE", "Interval", "MIN_LEARNED_NIGHTS", "MIN_NIGHTS_FOR_NIGHT_VARIANCE", "NoisePrior",
-    "PRIOR_CHECK_P", "QUICK_LOOK_ROUND_SD", "BOUND_DF", "Verdict", "ahead_gate", "combined_noise",
+    "ONE_LAUNCH", "PRIOR_CHECK_P", "QUICK_LOOK_ROUND_SD", "BOUND_DF", "Verdict", "ahead_gate", "combined_noise",
     "configuration_value", "contrast_interval", "decide", "fabric_time_reference", "fabric_time_sample",
     "night_variance", "one_launch_note", "one_launch_prior", "pooled_noise", "reference_term", "within_gate",
 ]
@@ -239,6 +239,8 @@ MIN_LEARNED_NIGHTS = 3
 # stays inconclusive, and the line says what would decide it.
 QUICK_LOOK_ROUND_SD = 0.15
 BOUND_DF = 1000.0
+# How the line of such a look begins its note (``one_launch_note``).
+ONE_LAUNCH = "one launch per side"
 # Tonight's rounds are checked against the prior (an F-test of their spread over the prior's
 # variance); beyond this one-sided p the prior is set aside and the interval rests on the rounds.
 PRIOR_CHECK_P = 0.01
@@ -264,7 +266,7 @@ def one_launch_note(prior: NoisePrior) -> str:
     """What the line of a contrast of one launch per side says of its noise ("" on a learned one)."""
     if prior.nights >= MIN_LEARNED_NIGHTS:
         return ""
-    return (f"one launch per side: judged against the noise bound, {QUICK_LOOK_ROUND_SD:.0%} per round (the "
+    return (f"{ONE_LAUNCH}: judged against the noise bound, {QUICK_LOOK_ROUND_SD:.0%} per round (the "
             f"largest measured on any cluster), so only large effects decide; a noise learned from "
             f"{MIN_LEARNED_NIGHTS} nights (pytest-fabric baseline, --fabric-baseline) or --repeats 2 decides "
             f"smaller ones")

@@ -12,7 +12,7 @@ from typing import Union
 import pytest
 
 from ..measuring.measurement import BandwidthMeasurement, Measurement
-from .stats import Interval, NoisePrior, Verdict, ahead_gate, within_gate
+from .stats import ONE_LAUNCH, QUICK_LOOK_ROUND_SD, Interval, NoisePrior, Verdict, ahead_gate, within_gate
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,13 @@ class GateOutcome:
                 f"{self.noise.source}, {self.noise.df:g} df; tonight {iv.data_df} df)")
         return text + (f"; {iv.noise_note}" if iv.noise_note else "")
 
+    def noise_source(self) -> str:
+        """Where the interval's noise came from, in a few words: the prior's source, or the noise bound
+        a look of one launch per side rests on (``contrasts.one_launch_prior``)."""
+        if self.interval.noise_note.startswith(ONE_LAUNCH):
+            return f"one launch per side: the noise bound, {QUICK_LOOK_ROUND_SD:.0%} per round"
+        return self.noise.source
+
     def line(self) -> str:
         """The full verdict line without its leading words (``render("full")`` adds them)."""
         iv = self.interval
@@ -187,8 +194,7 @@ class GateOutcome:
                     f"[{iv.low:.3f}, {iv.high:.3f}] over {launches} launches{aside}; required >= "
                     f"{self.threshold:.3f} ({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} "
                     f"{self.values[1]:.1f} {self.unit} {self.context}; noise {iv.sigma * 100:.1f}% on {iv.df:g} df "
-                    f"({self.noise.source})" + ("; one launch per side: the noise bound" if iv.noise_note.startswith(
-                        "one launch per side") else "")
+                    f"({self.noise_source()})"
                     + (f"; {self.extra}" if self.extra else ""))
         if detail == "headline":
             return (f"{self.a_name}/{self.b_name} = {iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}] vs threshold "
