@@ -135,15 +135,19 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_line(f"fabric: {session.resumed}")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Without a baseline the regression gates are not collected (the header says so once), rather
-    than skipped one by one among the comparisons."""
-    if config.stash[SESSION_KEY].options.baseline is not None:
-        return
-    off = [item for item in items if item.get_closest_marker("fabric_regression") is not None]
-    if off:
-        items[:] = [item for item in items if item.get_closest_marker("fabric_regression") is None]
-        config.hook.pytest_deselected(items=off)
+    than skipped one by one among the comparisons. The night's family of gates is what the suites
+    collected, counted here, before ``-k`` and ``-m`` select (tryfirst): the same launches get the
+    same verdict whichever gates a run selects."""
+    fabric = config.stash[SESSION_KEY]
+    if fabric.options.baseline is None:
+        off = [item for item in items if item.get_closest_marker("fabric_regression") is not None]
+        if off:
+            items[:] = [item for item in items if item.get_closest_marker("fabric_regression") is None]
+            config.hook.pytest_deselected(items=off)
+    fabric.gates = sum(1 for item in items if "fabric_compare" in getattr(item, "fixturenames", ()))
 
 
 # A test that asks for one of these may launch ranks: its session checks every node first.
@@ -151,12 +155,11 @@ LAUNCHING_FIXTURES = {"fabric_measure", "fabric_compare", "fabric_cluster"}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The night's family of gates: the comparison tests that remain selected. Where any selected test
-    launches, every node is checked now, before the first test (``FabricSession.check_nodes``): a
-    session its nodes refuse (a run directory no node sees) ends here in one line. Under xdist the
-    controller collects nothing, and the first worker to launch checks the nodes."""
+    """Where any selected test launches, every node is checked now, before the first test
+    (``FabricSession.check_nodes``): a session its nodes refuse (a run directory no node sees) ends
+    here in one line. Under xdist the controller collects nothing, and the first worker to launch
+    checks the nodes."""
     fabric = session.config.stash[SESSION_KEY]
-    fabric.gates = sum(1 for item in session.items if "fabric_compare" in getattr(item, "fixturenames", ()))
     launches = any(name in LAUNCHING_FIXTURES for item in session.items for name in getattr(item, "fixturenames", ()))
     if launches and not session.config.option.collectonly and not hasattr(session.config, "workerinput"):
         fabric.prepared_cluster()

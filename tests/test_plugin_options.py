@@ -428,3 +428,33 @@ def test_explicit_emulated_cluster_without_root_is_a_usage_error(pytester):
     result = run_as_non_root(pytester, "--cluster", "emulated")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --cluster emulated: the emulated cluster needs root*--cluster local*"])
+
+
+def test_the_familys_size_is_what_the_suites_collected_whatever_k_selects(pytester):
+    """The same launches must get the same verdict under any -k: m counts the comparison tests the
+    suites collected, before -k and -m select, and regression gates only where a baseline is given."""
+    pytester.makeconftest("""
+        from pytest_fabric.running.session import SESSION_KEY
+
+        def pytest_collection_finish(session):
+            print("GATES", session.config.stash[SESSION_KEY].gates)
+    """)
+    pytester.makepyfile(test_night_gates="""
+        import pytest
+
+        @pytest.mark.fabric_matrix(nodes=[2], fabrics=["eth"])
+        def test_one(fabric_case, fabric_compare):
+            pass
+
+        @pytest.mark.fabric_matrix(nodes=[2], fabrics=["eth"])
+        def test_two(fabric_case, fabric_compare):
+            pass
+
+        @pytest.mark.fabric_regression
+        @pytest.mark.fabric_matrix(nodes=[2], fabrics=["eth"])
+        def test_regression(fabric_case, fabric_compare):
+            pass
+    """)
+    for selection in ([], ["-k", "one"], ["-k", "not one and not two"]):
+        result = pytester.runpytest("--collect-only", "--models", "qwen2-tiny", *selection)
+        result.stdout.fnmatch_lines(["GATES 2"])

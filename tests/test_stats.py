@@ -906,3 +906,21 @@ def test_a_failure_the_family_cannot_confirm_is_inconclusive_and_shows_the_famil
     assert alone.verdict is Verdict.FAIL and alone.interval.high < 0.95
     assert family.verdict is Verdict.INCONCLUSIVE and family.interval.contains(0.95)
     assert family.interval.confidence > alone.interval.confidence
+
+
+def test_a_familys_failure_boundary_is_spent_over_the_looks_as_the_gates_own():
+    """The failing side's boundary comes from the same spending function at alpha / m: a single look is
+    Bonferroni's exactly, and looks spread over a budget spend the family's allowance as the gate
+    spends its own (not each look's level divided by m, which is slightly lenient)."""
+    single = SequentialGate(0.95, start=3, budget=3, family=7)
+    assert single.fail_confidence(3) == pytest.approx(1 - 0.10 / 7, abs=1e-9)
+    alone = SequentialGate(0.95, start=2, budget=6)
+    family = SequentialGate(0.95, start=2, budget=6, family=7)
+    for launches in range(2, 7):
+        own, fail = family.look_confidence(launches), family.fail_confidence(launches)
+        assert own == pytest.approx(alone.look_confidence(launches)) and fail > own
+        family._next(launches)  # the look taken: the next one spends its share given this one
+        alone._next(launches)
+        if launches == 2:
+            # The first look of five: O'Brien-Fleming spends almost nothing at alpha / 7 either.
+            assert fail > 1 - (1 - own) / 7

@@ -134,9 +134,9 @@ class SequentialGate:
     budget: int = 6
     confidence: float = CONFIDENCE
     prior: NoisePrior = DEFAULT_NOISE
-    # Gates judged in the same night: a failure must hold at the error allowance over this many
-    # (Bonferroni on the failing side; ``FAMILY_RULES``), so that a night of many gates keeps its
-    # chance of any false failure at the stated rate.
+    # Gates judged in the same night: a failure must hold at the error allowance over this many,
+    # spent over the looks by the same function (``_next``; ``FAMILY_RULES``), so that a night of many
+    # gates keeps its chance of any false failure at the stated rate.
     family: int = 1
     looks: list[Look] = field(default_factory=list)
     _times: tuple[float, ...] = field(default=(), init=False, repr=False)  # information fractions looked at
@@ -160,31 +160,42 @@ class SequentialGate:
         """Error allowance spent by all looks up to ``launches`` launches (per side)."""
         return obrien_fleming_spending(self._fraction(launches), 1.0 - self.confidence)
 
-    def _next(self, launches: int) -> tuple[float, tuple[float, ...]]:
+    def _next(self, launches: int) -> tuple[float, float, tuple[float, ...]]:
+        """This look's nominal confidences, (to decide, for a failure over the family), and the
+        information fractions looked at with it. A failure's boundary comes from the same spending
+        function at alpha / family (the family's allowance spent over the looks as the gate's is),
+        so that at the last look it is Bonferroni's and earlier it spends its share, no more."""
         t = self._fraction(launches)
         if self._times and t <= self._times[-1]:
-            return 1.0 - 1e-12, self._times  # the same information again: nothing left to spend on it
+            # The same information again: nothing left to spend on it.
+            return 1.0 - 1e-12, 1.0 - 1e-12, self._times
         times = (*self._times, t)
-        c, _ = _boundaries(1.0 - self.confidence, times)
-        return 2 * statistics.NormalDist().cdf(c) - 1, times
+        alpha = 1.0 - self.confidence
+        c, _ = _boundaries(alpha, times)
+        c_fail = c if self.family == 1 else _boundaries(alpha / self.family, times)[0]
+        return 2 * statistics.NormalDist().cdf(c) - 1, 2 * statistics.NormalDist().cdf(c_fail) - 1, times
 
     def look_confidence(self, launches: int) -> float:
         """The nominal confidence a look after ``launches`` launches uses (given the looks before it)."""
         return self._next(launches)[0]
+
+    def fail_confidence(self, launches: int) -> float:
+        """The nominal confidence a failure must hold at a look after ``launches`` launches: the gate's
+        own where it is judged alone, else the family's boundary (``_next``)."""
+        return self._next(launches)[1]
 
     def look(self, groups: Sequence[tuple[float, Sequence[tuple[float, float]]]],
              fixed: tuple[float, float] = (0.0, 0.0), blocked: bool = False, launches: int | None = None) -> Look:
         """Judge ``groups`` now; ``launches``: launches spent per side so far (default: the
         largest group), which decides this look's share of the error allowance."""
         spent = max(len(s) for _, s in groups) if launches is None else launches
-        confidence, self._times = self._next(spent)
+        confidence, fail_confidence, self._times = self._next(spent)
         interval = contrast_interval(groups, self.prior, min(confidence, 1 - 1e-12), fixed, blocked)
         verdict = decide(interval, self.threshold, self.direction)
         if verdict is Verdict.FAIL and self.family > 1:
-            # Bonferroni over the night's gates, on the failing side: a failure needs the interval
-            # whose error allowance is the look's over the number of gates to lie beyond the threshold.
-            wide = contrast_interval(groups, self.prior, min(1 - (1 - confidence) / self.family, 1 - 1e-12),
-                                     fixed, blocked)
+            # Over the night's gates, on the failing side: a failure needs the interval at the family's
+            # boundary (the spending function at alpha / family) to lie beyond the threshold.
+            wide = contrast_interval(groups, self.prior, min(fail_confidence, 1 - 1e-12), fixed, blocked)
             verdict = decide(wide, self.threshold, self.direction)
             if verdict is not Verdict.FAIL:
                 # Shown as judged: the family's interval, which straddles the threshold.

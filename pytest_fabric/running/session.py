@@ -58,7 +58,7 @@ class FabricSession:
     _measurer: Measurer | None = None
     _prepared: bool = False
     _refused: str | None = None  # why the session cannot launch (prepared_cluster), once known
-    gates: int = 0  # comparison tests collected this session (the night's family of gates)
+    gates: int = 0  # comparison tests the suites collected, before -k/-m select (the night's family of gates)
     resumed: str | None = None  # launches an earlier, killed session left for this one (store.resume)
     # The healthy nodes' facts from the node check before the first launch (check_nodes): their NICs'
     # rates are the links' (link_rate.py). Empty where no check ran (the local cluster).
