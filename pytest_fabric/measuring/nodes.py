@@ -42,7 +42,7 @@ from typing import Any
 from ..cluster.base import Cluster
 from ..core.fabrics import Fabric
 from .nccl_evidence import select_names
-from .preflight import ARPHRD_LOOPBACK, NodeFacts, check_node, read_node, visible_gpus
+from .preflight import NodeFacts, check_node, read_node, socket_names, visible_gpus
 
 # The probe's exit status where the run directory is not there on its node.
 NO_RUN_DIR = 3
@@ -158,7 +158,7 @@ def _judge(check: NodeCheck, report: Mapping[str, Any], fabrics: Sequence[Fabric
     check.gpus, check.mem_available_gib = report.get("gpus"), report.get("mem_available_gib")
     check.links = ", ".join(
         [f"{n} {facts.operstate.get(n, '?')}" + (f" {facts.speeds[n] / 1000:g}G" if n in facts.speeds else "")
-         for n in _socket_candidates(facts)]
+         for n in socket_names(facts)]
         + [f"{n} {p.state.split(':')[-1].strip()} {p.gbit:g}G" if p.gbit else f"{n} {p.state}"
            for n, p in facts.ports.items()])
     if on_gpus and (check.gpus or 0) < gpus_per_node:
@@ -169,14 +169,10 @@ def _judge(check: NodeCheck, report: Mapping[str, Any], fabrics: Sequence[Fabric
             check.problems += check_node(fabric, facts, {**facts.env, **fabric.nccl_env})
 
 
-def _socket_candidates(facts: NodeFacts) -> list[str]:
-    return sorted(n for n, kind in facts.interfaces.items() if kind != ARPHRD_LOOPBACK and n != "lo")
-
-
 def socket_problems(facts: NodeFacts) -> list[str]:
     """Whether the interface the ranks' sockets use is up: the one ``NCCL_SOCKET_IFNAME`` or
     ``GLOO_SOCKET_IFNAME`` names where the node's environment sets one, else any but loopback."""
-    candidates = _socket_candidates(facts)
+    candidates = socket_names(facts)
     for variable in SOCKET_IFNAME:
         spec = facts.env.get(variable)
         if not spec:

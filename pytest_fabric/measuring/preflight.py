@@ -155,7 +155,7 @@ def usable_ports(kind: str | None, facts: NodeFacts, env: Mapping[str, str]) -> 
     return {n: p for n, p in ports.items() if p.active}
 
 
-def _socket_names(facts: NodeFacts) -> list[str]:
+def socket_names(facts: NodeFacts) -> list[str]:
     """The interfaces ``NCCL_SOCKET_IFNAME`` can select from: every one but loopback."""
     return sorted(n for n, t in facts.interfaces.items() if t != ARPHRD_LOOPBACK and n != "lo")
 
@@ -170,8 +170,8 @@ def socket_interfaces(facts: NodeFacts, env: Mapping[str, str]) -> list[str]:
     refuses: that traffic rides the InfiniBand fabric, not this one)."""
     spec = env.get("NCCL_SOCKET_IFNAME")
     if spec:
-        return select_names(_socket_names(facts), spec)
-    return [n for n in _socket_names(facts) if not _ipoib(facts, n) and not n.startswith("docker")]
+        return select_names(socket_names(facts), spec)
+    return [n for n in socket_names(facts) if not _ipoib(facts, n) and not n.startswith("docker")]
 
 
 def inventory(fabric: Fabric, facts: NodeFacts) -> NicInventory | None:
@@ -225,7 +225,7 @@ def check_node(fabric: Fabric, facts: NodeFacts, env: Mapping[str, str] | None =
         if require_gdr:
             problems += _gdr(fabric, facts, on)
     elif kind == "eth":
-        names = _socket_names(facts)
+        names = socket_names(facts)
         spec = env.get("NCCL_SOCKET_IFNAME")
         chosen = socket_interfaces(facts, env)
         if spec and not chosen:
