@@ -541,6 +541,14 @@ def _drive(spec_path: str) -> None:
                              strict_host_key_checking="yes", connect_timeout_s=spec.get("connect_timeout_s", 10),
                              **launch)
     report: dict[str, Any] = {"describe": cluster.describe(), "max_nodes": cluster.max_nodes()}
+    if spec.get("node_check"):  # the session's node check (measuring/nodes.py), through this launcher
+        from pytest_fabric.measuring.nodes import check_nodes
+
+        checks = check_nodes(cluster, cluster.node_names(spec["nodes"]), Path(spec["workdir"]) / "session",
+                             [get_fabric("eth")], 1, "cpu")
+        report["checks"] = [check.to_dict() for check in checks]
+        Path(spec["out"]).write_text(json.dumps(report))
+        return
     if spec.get("orphan_step"):
         assert isinstance(cluster, SlurmCluster)
         report.update(_orphan_step(cluster, spec["job_id"]))

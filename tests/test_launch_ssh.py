@@ -308,3 +308,23 @@ def test_the_node_whose_ranks_failed_first_is_named_by_its_host(site, tmp_path: 
     report = launch_on_node0(site, _spec(site, failing_program(tmp_path, site.nodes[1].name),
                                          f"sshfail{secrets.token_hex(3)}", 60), tmp_path, timeout_s=120)
     assert not report["ok"] and report["failed_node"] == site.nodes[1].address, report["describe_outcome"]
+
+
+def test_every_host_is_checked_through_the_prefix_with_the_ranks_environment(site, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    """The node check runs on each host the way its ranks start: inside the launch prefix, with the
+    declared variables set inside it; each host is judged on its own host name and links."""
+    prefix = recording_prefix(tmp_path)
+    spec = _spec(site, [], "sshcheck", 60, node_check=True, launch_prefix=[str(prefix)], rank_env=["PF_PLUGIN_PATH"])
+    monkeypatch.setenv("PF_PLUGIN_PATH", "/opt/x")
+    report = launch_on_node0(site, spec, tmp_path, timeout_s=120)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert set(checks) == {node.address for node in site.nodes}
+    for node in site.nodes:
+        check = checks[node.address]
+        assert check["problems"] == [] and check["hostname"] == node.name, check
+    records = [r for r in prefix_records(tmp_path) if "pytest_fabric.measuring.nodes" in r["args"]]
+    assert sorted(r["host"] for r in records) == sorted(node.name for node in site.nodes)
+    assert {r["PF_PLUGIN_PATH"] for r in records} == {"(unset)"}  # the prefix saw none: set inside it
+    for record in records:
+        assert record["args"][0] == "env" and "PF_PLUGIN_PATH=/opt/x" in record["args"]

@@ -243,12 +243,13 @@ class SshCluster(Cluster):
 
     def run_on_each(self, args_of: Callable[[str], list[str]], names: Sequence[str], workdir: Path,
                     deadline_s: float) -> LaunchOutcome:
-        """One ssh per host, all at once, with the environment and prefix its ranks get."""
+        """One ssh per host, all at once, with the environment and prefix its ranks get: the variables
+        set inside the prefix, as ``remote_command`` sets the ranks' (a container may drop the rest)."""
         hosts = {host.address: host for host in self.hosts}
         specs = []
         for name in names:
             env = remote_env(program_env(name), self.rank_env_names)
-            command = shlex.join(["exec", "env", *(f"{k}={v}" for k, v in env.items()), *self.launch_prefix,
+            command = shlex.join(["exec", *self.launch_prefix, "env", *(f"{k}={v}" for k, v in env.items()),
                                   sys.executable, *args_of(name)])
             specs.append(ProcSpec(name, self.ssh_argv(hosts[name], command), dict(os.environ)))
         return supervise(specs, workdir, deadline_s, independent=True)
