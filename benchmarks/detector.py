@@ -126,7 +126,7 @@ def run_case(nodes: int, model: str, launches: int, planted: bool, hog_s: float,
             total_affected += sum(hit_mask)
             hit += sum(1 for a, f in zip(hit_mask, flags) if a and f)
         est = launch_value(m.result)
-        launch_notes.append(f"{m.tokens_per_s:.0f}" + (" [down-weighted]" if est.disturbed else ""))
+        launch_notes.append(f"{m.tokens_per_s:.0f}" + (" [disturbed]" if est.disturbed else ""))
     return {"nodes": nodes, "model": model, "planted": planted, "launches": launches, "steps": steps,
             "flagged": flagged, "affected": total_affected, "hit": hit, "causes": dict(causes),
             "launch_values": launch_notes}

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"night": name, **g})
             print(f"{name:8s} {g['gate']:34s} {g['outcome']:12s} ratio {g.get('ratio', '-'):>8s} "
                   f"[{g.get('ci_low', '-')}, {g.get('ci_high', '-')}] launches {g.get('launches', '-'):>5s} "
-                  f"down-weighted {g.get('down_weighted', g.get('set_aside', '-'))}  ({g['time']:.0f}s)", flush=True)
+                  f"re-run {g.get('reruns', '-')}  ({g['time']:.0f}s)", flush=True)
         shares.setdefault("fixed" if kind == "fixed" else "adaptive", []).extend(measured_share(out / f"{name}.json"))
         print(f"{name}: {wall:.0f}s", flush=True)
 

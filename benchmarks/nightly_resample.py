@@ -8,15 +8,14 @@ Ten real nights (`benchmarks/nightly_gates.py`) take ~100 minutes here and bound
 [0%, 31%] when nothing fails. This benchmark measures the same configurations as the nightly gates
 (the same `ib` copies and planted faults: a copy of ib, x1.10 slowdowns, 20% of steps stalling x1.6,
 x1.0526 at the parity threshold) in a few real pytest sessions of the throughput suite
-(--throughput-launches, the planted faults in PYTEST_FABRIC_FAULT, each launch measured under the
-plugin's own policy: a configuration's first launch 2x the window, later ones 1x, or once its steps
-stalled as long as their mean needs, up to 10x), then resamples nights from that pool:
+(--throughput-launches, the planted faults in PYTEST_FABRIC_FAULT, every launch over the same fixed
+window), then resamples nights from that pool:
 
-  a night draws, for every configuration, its first launch from the pool's first launches and its
-  later launches (without replacement) from the pool's later launches, writes them into a store
-  under their keys, and runs the nightly gates' pytest command on it with `-p replay_plugin`,
-  which makes the session judge that store instead of launching. Every verdict is the plugin's own:
-  prior, F-check, sequential looks, family-wise rule over the night's gates.
+  a night draws, for every configuration, its launches (without replacement) from the pool's,
+  writes them into a store under their keys, and runs the nightly gates' pytest command on it with
+  `-p replay_plugin`, which makes the session judge that store instead of launching. Every verdict
+  is the plugin's own: paired rounds (a disturbed round re-run from the store's next launch), the
+  noise, the sequential looks, the family-wise rule over the night's gates.
 
 What resampling leaves out, and which way it leans: a round's two launches are not back to back, so
 the machine's drift within a pool session is noise the blocked contrast would have cancelled (more
@@ -36,13 +35,11 @@ table: where they are off, the pool is, not the gate.
 --rounds R measures the pool as the gates measure a night, round by round: R sessions of the
 nightly gates' own pytest command (against --baseline), session r with --repeats r --max-repeats r
 and rounds 0..r-2 in its resume file, so each adds round r-1 of every comparison under the gates'
-own policy: windows planned from the earlier rounds, a stalled side's partner measuring the same
-window (the ``~Ws`` launches), the first side alternating by round, the suite's order rotated by
-round. A night then takes the first round and the later rounds in one drawn order, the same for
-every configuration, matched launches with their round: the launches the gates pair (reference and
-candidate, a regression's n1 and n2) were measured minutes apart, over the same window, as in a
-real night. R-1 later rounds give (R-1)!/(R-6)! orders of the five later launches a side may take,
-far fewer distinct nights than 200: read the table's intervals as the nights', not the machine's.
+own policy: the first side alternating by round, the suite's order rotated by round. A night then
+takes the rounds in one drawn order, the same for every configuration: the launches the gates pair
+(reference and candidate, a regression's n1 and n2) were measured minutes apart, as in a real night.
+R rounds give R!/(R-6)! orders of the six launches a side may take, far fewer distinct nights than
+200 for small R: read the table's intervals as the nights', not the machine's.
 Needs root for the pool sessions. Run alone.
 """
 
@@ -76,12 +73,13 @@ POOL = ["suites/test_throughput.py", "--models", "qwen2-tiny,llama-wide",
 ALL_GATES = " or ".join(SELECT.values())
 
 
-def pool(out: Path, sessions: int, launches: int, resume: bool) -> dict[str, dict[str, list[dict]]]:
-    """Run (or reuse) the pool sessions; their launches by configuration key: "first" and "later".
+def pool(out: Path, sessions: int, launches: int, resume: bool) -> dict[str, list[dict]]:
+    """Run (or reuse) the pool sessions; their launches by configuration key (every launch measured
+    the same window, so they are exchangeable).
     Every configuration is measured in every session: a pool that mixed one configuration's new
     launches with another's older ones would read the machine's drift between them as an effect
     (this machine ran 23% slower two hours after the first pool)."""
-    by_key: dict[str, dict[str, list[dict]]] = {}
+    by_key: dict[str, list[dict]] = {}
     for k in range(1, sessions + 1):
         wall = night(f"pool{k}", out, [*POOL, *FABRICS, "--throughput-launches", str(launches)], PLANTS, resume)
         print(f"pool session {k}: {wall:.0f}s", flush=True)
@@ -89,9 +87,7 @@ def pool(out: Path, sessions: int, launches: int, resume: bool) -> dict[str, dic
         for key, record in records.items():
             if "result" not in record:
                 continue
-            parsed = LaunchKey.parse(key)
-            by_key.setdefault(parsed.base, {"first": [], "later": []})["later" if parsed.number else "first"].append(
-                record)
+            by_key.setdefault(LaunchKey.parse(key).base, []).append(record)
     return by_key
 
 
@@ -113,9 +109,8 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool, baseline: Path) -> dict
     """Run (or reuse) ``rounds`` sessions of the nightly gates' own pytest command that each add one
     round: session r runs every gate with ``--repeats r --max-repeats r`` and finds rounds 0..r-2 in
     its resume file (the store's own resume, written here from session r-1's saved night), so it
-    measures round r-1 of every comparison exactly as a night's round r-1 is measured: its windows
-    planned from the earlier rounds, a stalled side's partner measuring the stalled window too
-    (``~Ws`` launches), which side launches first alternating by round. The suite's order is
+    measures round r-1 of every comparison exactly as a night's round r-1 is measured: which side
+    launches first alternating by round, a disturbed round re-run. The suite's order is
     rotated by round (``rotated``), so a slow phase of the machine lands on one round of every
     configuration, not on one configuration. Returns the store's records of every round by key."""
     from pytest_fabric.measuring.store import _resume_identity, resume_path
@@ -144,14 +139,12 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool, baseline: Path) -> dict
 
 
 def round_launches(records: dict[str, dict]) -> dict[str, list[dict]]:
-    """Each configuration's launch of each round, in round order: its own-window launch, or where it
-    measured only over its partners' window that round (every comparison it is in was matched), that
-    launch (one of them, where several). Its launch of the round's own, not one measured again for a
-    later comparison of the round (``+partners``), where it has one."""
-    chosen: dict[tuple[str, int], tuple[bool, bool, str]] = {}
+    """Each configuration's launch of each round, in round order: the round's own launch, not one
+    measured again for a later comparison of the round (``+partners``), where it has one."""
+    chosen: dict[tuple[str, int], tuple[bool, str]] = {}
     for key in records:
         parsed = LaunchKey.parse(key)
-        slot, rank = (parsed.base, parsed.number), (not parsed.window, not parsed.block, key)
+        slot, rank = (parsed.base, parsed.number), (not parsed.block, key)
         if slot not in chosen or rank > chosen[slot]:
             chosen[slot] = rank
     by_key: dict[str, list[dict]] = {}
@@ -162,9 +155,8 @@ def round_launches(records: dict[str, dict]) -> dict[str, list[dict]]:
 
 def night_store(records: dict[str, dict], order: Sequence[int]) -> dict[str, dict]:
     """The store of a night that takes the pool's rounds in ``order`` (``order[j]``: the pool round
-    its round j was measured in): every launch of a round, matched ones (``~Ws``) and ones measured
-    again for a later comparison (``+partners``) included, under the round's new number; rounds not
-    drawn are left out."""
+    its round j was measured in): every launch of a round, ones measured again for a later
+    comparison (``+partners``) included, under the round's new number; rounds not drawn are left out."""
     position = {r: j for j, r in enumerate(order)}
     store = {}
     for key, record in records.items():
@@ -174,21 +166,20 @@ def night_store(records: dict[str, dict], order: Sequence[int]) -> dict[str, dic
     return store
 
 
-def resampled_night(i: int, out: Path, by_key: dict[str, dict[str, list[dict]]], rng: random.Random,
+def resampled_night(i: int, out: Path, by_key: dict[str, list[dict]], rng: random.Random,
                     baseline: Path, select: str, by_round: dict[str, dict] | None = None) -> list[dict]:
     """One night drawn from the pool, judged by the plugin; its gates' rows. From a pool in rounds
-    (``by_round``): every configuration's first launch, then the later rounds in one order drawn for
-    the night and shared by every configuration, so that a night's launches that the gates pair
-    (a round's reference and candidate, a regression's n1 and n2) were measured together."""
+    (``by_round``): the rounds in one order drawn for the night and shared by every configuration,
+    so that a night's launches that the gates pair (a round's reference and candidate, a
+    regression's n1 and n2) were measured together."""
     directory = out / "replay" / f"night{i}"
     directory.mkdir(parents=True, exist_ok=True)
     store = {}
     if by_round is not None:
         rounds = len(next(iter(round_launches(by_round).values())))
-        store = night_store(by_round, [0, *rng.sample(range(1, rounds), rounds - 1)])
+        store = night_store(by_round, rng.sample(range(rounds), rounds))
     for base, drawn in by_key.items():
-        later = rng.sample(drawn["later"], len(drawn["later"]))
-        for j, record in enumerate([rng.choice(drawn["first"]), *later]):
+        for j, record in enumerate(rng.sample(drawn, len(drawn))):
             store[base + (f"@{j}" if j else "")] = record
     (directory / "measurements.json").write_text(json.dumps(store))
     junit = directory / "junit.xml"
@@ -211,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-launches", type=int, default=4, help="launches of each configuration per session")
     parser.add_argument("--rounds", type=int, default=0,
                         help="measure the pool in this many rounds instead (one launch of every configuration per "
-                             "session, as the gates interleave them); nights resample whole rounds")
+                             "session, round by round as the gates take them); nights resample whole rounds")
     parser.add_argument("--nights", type=int, default=200, help="nights resampled from the pool")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--baseline", required=True,
@@ -223,14 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     by_round = pool_in_rounds(out, args.rounds, args.resume, Path(args.baseline).resolve()) if args.rounds else None
     by_key = {} if by_round else pool(out, args.pool_sessions, args.pool_launches, args.resume)
-    # The pool as first and later launches of each configuration, for its ratios.
-    drawn_pool = ({base: {"first": launches[:1], "later": launches[1:]} for base, launches in
-                   round_launches(by_round).items()} if by_round else by_key)
+    drawn_pool = round_launches(by_round) if by_round else by_key
     if by_round:
-        print(f"pool in {args.rounds} rounds: {len(round_launches(by_round))} configurations, one launch of each "
-              f"per round ({len(by_round)} launches, matched ones included)", flush=True)
+        print(f"pool in {args.rounds} rounds: {len(drawn_pool)} configurations, one launch of each "
+              f"per round ({len(by_round)} launches)", flush=True)
     for base, drawn in sorted(by_key.items()):
-        print(f"pool {base}: {len(drawn['first'])} first launches, {len(drawn['later'])} later", flush=True)
+        print(f"pool {base}: {len(drawn)} launches", flush=True)
     rng = random.Random(args.seed)
     select = SELECT[args.only] if args.only else ALL_GATES
     rows = []
@@ -250,21 +239,21 @@ def main(argv: list[str] | None = None) -> int:
     for line in pool_ratios(drawn_pool):
         print(f"  {line}")
     if by_round:
-        print("\nthe pool's later rounds as the gates pair them (each round's ratio; its spread is the noise "
+        print("\nthe pool's rounds as the gates pair them (each round's ratio; its spread is the noise "
               "the gates judge against):")
         for line in round_noise(by_round):
             print(f"  {line}")
     return 0 if ok else 1
 
 
-def pool_ratios(by_key: dict[str, dict[str, list[dict]]]) -> list[str]:
+def pool_ratios(by_key: dict[str, list[dict]]) -> list[str]:
     """Each multi-node configuration's value over its model's n2 ib value, the number the gates show
     (``configuration_tokens_per_s``), from all of the pool's launches."""
     from pytest_fabric.measuring.measurement import LaunchRecord, Measurement, configuration_tokens_per_s
 
     values = {}
     for key, drawn in by_key.items():
-        records = [LaunchRecord.from_dict(r) for r in drawn["first"] + drawn["later"]]
+        records = [LaunchRecord.from_dict(r) for r in drawn]
         values[key.partition("#")[0]] = configuration_tokens_per_s([Measurement.from_record(r.case, r) for r in records])
     lines = []
     for name, value in sorted(values.items()):
@@ -282,18 +271,15 @@ def _value(record: dict) -> float:
     return Measurement.from_record(launch.case, launch).tokens_per_s
 
 
-def round_pairs(records: dict[str, dict]) -> dict[tuple[str, str], list[tuple[float, bool]]]:
-    """The pool's later rounds as its gates pair them: every n2 configuration with its model's n2 ib
-    (the parity pairs) and with its model's one-node launch (the regression pairs), per round the
-    ratio of their tokens/s over the launches the replay serves that comparison (``stored_match``:
-    a side measured over its partner's longer window where the partner was stretched that round;
-    then True). A side measured again for that comparison (``+partners``) is the one the round used."""
-    from replay_plugin import stored_match
-
+def round_pairs(records: dict[str, dict]) -> dict[tuple[str, str], list[float]]:
+    """The pool's rounds as its gates pair them: every n2 configuration with its model's n2 ib (the
+    parity pairs) and with its model's one-node launch (the regression pairs), per round the ratio
+    of their tokens/s. A side measured again for that comparison (``+partners``) is the one the
+    round used."""
     bases = {LaunchKey.parse(key).base: key.partition("#")[0] for key in records}
     by_name = {name: base for base, name in bases.items()}
-    rounds = sorted({LaunchKey.parse(key).number for key in records} - {0})
-    pairs: dict[tuple[str, str], list[tuple[float, bool]]] = {}
+    rounds = sorted({LaunchKey.parse(key).number for key in records})
+    pairs: dict[tuple[str, str], list[float]] = {}
     for base, name in sorted(bases.items()):
         model, _, fabric = name.rpartition("-n2-")
         for reference in (f"{model}-n2-ib", f"{model}-n1-any") if model else ():
@@ -303,27 +289,24 @@ def round_pairs(records: dict[str, dict]) -> dict[tuple[str, str], list[tuple[fl
             for k in rounds:
                 sides = []
                 for mine, partner in ((base, ref_base), (ref_base, base)):
-                    side = LaunchKey(mine, k, stored_match(records, mine, [partner], k))
+                    side = LaunchKey(mine, k)
                     again = str(replace(side, block=bases[partner]))
                     sides.append(again if again in records else str(side))
                 if all(side in records for side in sides):
-                    ratio = _value(records[sides[0]]) / _value(records[sides[1]])
-                    pairs.setdefault((name, reference), []).append((ratio, any("~" in side for side in sides)))
+                    pairs.setdefault((name, reference), []).append(_value(records[sides[0]]) / _value(records[sides[1]]))
     return pairs
 
 
 def round_noise(records: dict[str, dict]) -> list[str]:
-    """Per pair of ``round_pairs``: the ratio over the later rounds (geometric mean), and how much it
+    """Per pair of ``round_pairs``: the ratio over the rounds (geometric mean), and how much it
     varies from round to round (the standard deviation of its log): the noise the gates judge
-    against, blocked as they block it. Against a 5% threshold, rounds that vary 9% cannot decide in
-    6 launches a side (half-width ~1.8 x 9% / sqrt(6) > 5%)."""
+    against, paired as they pair it."""
     lines = []
-    for (candidate, reference), rounds in sorted(round_pairs(records).items()):
-        logs = [math.log(ratio) for ratio, _ in rounds]
-        matched = sum(m for _, m in rounds)
+    for (candidate, reference), ratios in sorted(round_pairs(records).items()):
+        logs = [math.log(ratio) for ratio in ratios]
         spread = f", varies {statistics.stdev(logs):.1%} between rounds" if len(logs) > 1 else ""
-        lines.append(f"{candidate} over {reference}: {math.exp(statistics.fmean(logs)):.3f} over {len(logs)} later "
-                     f"rounds{spread}" + (f" ({matched} of them over one side's matched launch)" if matched else ""))
+        lines.append(f"{candidate} over {reference}: {math.exp(statistics.fmean(logs)):.3f} over {len(logs)} "
+                     f"rounds{spread}")
     return lines
 
 

@@ -19,10 +19,10 @@ _EXPORTS = {
     "FABRICS": "core.fabrics", "REFERENCE_FABRIC": "core.fabrics", "Fabric": "core.fabrics",
     "assert_ahead": "deciding.gates", "assert_within": "deciding.gates",
     "assert_at_least": "deciding.gates", "ratio": "deciding.gates", "busbw": "deciding.gates",
-    "NamedValue": "deciding.gates", "Figure": "deciding.gates", "GateOutcome": "deciding.gates",
+    "NamedValue": "deciding.gates", "GateOutcome": "deciding.gates",
     "Case": "core.case", "Measurement": "measuring.measurement",
     "BandwidthMeasurement": "measuring.measurement", "MeasurementError": "measuring.measurement",
-    "LaunchSettings": "measuring.measure", "Settings": "measuring.measure", "MODELS": "core.models",
+    "LaunchSettings": "measuring.measure", "MODELS": "core.models",
     "ModelSpec": "core.models",
 }
 

@@ -18,7 +18,6 @@ import pytest
 from .running import options as fabric_options
 from .core.case import BANDWIDTH, Case
 from .cluster import Cluster, ClusterUnavailable, make_cluster
-from .cluster.base import OnThisMachine
 from .running.fixtures import CompareFixture, FabricDeprecationWarning, MeasureFixture, link_rate_or_skip
 from .history.junit import SECTION, gate_lines, measurement_lines, testcase_text
 from .running.matrix import expand
@@ -74,10 +73,6 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--nodes {nodes} x --gpus-per-node {opts.settings.gpus_per_node} = {ranks} ranks, but the "
             f"{cluster.name} cluster runs every rank on this machine and allows at most {max_ranks}; "
             f"lower --nodes or --gpus-per-node")
-    if opts.interleave == "on" and not isinstance(cluster, OnThisMachine):
-        raise pytest.UsageError(
-            f"--interleave on: the {cluster.name} cluster runs ranks on other machines, and interleaved launches "
-            f"take turns through a directory on this one; use --cluster emulated or local, or --interleave off")
     session = FabricSession(config, opts, nodes, cluster, note, session_directory(config, opts.run_dir))
     config.stash[SESSION_KEY] = session
     if not hasattr(config, "workerinput"):

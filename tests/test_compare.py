@@ -1,4 +1,4 @@
-"""Gates on repeated launches: interleaving, verdicts, launches set aside, and the inconclusive policy.
+"""Gates on paired rounds: verdicts, disturbed rounds launched again, the noise, and the inconclusive policy.
 
 The launches are synthetic here (known distributions, so the right verdict is known), but each is a
 real ``Measurement`` read from a typed rank result, so its value goes through
@@ -20,7 +20,7 @@ from pytest_fabric.measuring.measure import LaunchSettings
 from pytest_fabric.history.baselines import Baseline
 from pytest_fabric.running.fixtures import CompareFixture
 from pytest_fabric.running.session import NOTES_KEY, OUTCOMES_KEY, FabricSession
-from pytest_fabric.deciding.stats import Interval, NoisePrior, Verdict
+from pytest_fabric.deciding.stats import Interval, Verdict
 
 CAND, REF = Case("m", 2, "eth"), Case("m", 2, "ib")
 
@@ -37,7 +37,6 @@ class FakeLaunches:
         self.rng, self.disturbed, self.order, self.ids = random.Random(seed), set(disturbed), [], []
         self.made = {}  # case id -> its launches, in order
         self.partners = []  # (fabric, launch, the fabrics the round compares it with)
-        self.rounds = []  # interleaved rounds: (fabrics in turn order, launch)
 
     def __call__(self, case, launch=0, partners=()):
         self.order.append((case.fabric, launch))
@@ -52,15 +51,10 @@ class FakeLaunches:
         self.made.setdefault(case.id, []).append(m)
         return m
 
-    def round(self, cases, launch):
-        """A round whose launches take turns (``MeasureFixture.round``): one entry per round."""
-        self.rounds.append(([c.fabric for c in cases], launch))
-        return [self(case, launch) for case in cases]
-
 
 class StandInSession(SimpleNamespace):
-    # The real session's answers, on the stand-in's options and cluster: the launch-noise prior
-    # (--launch-noise, else the baseline's, else the default), link rates, floor and prediction.
+    # The real session's answers, on the stand-in's options and cluster: the learned launch noise
+    # (the baseline's, else none), link rates, floor and prediction.
     noise = FabricSession.noise
     link = FabricSession.link
     link_rate = FabricSession.link_rate
@@ -69,7 +63,6 @@ class StandInSession(SimpleNamespace):
     floor_line = FabricSession.floor_line
     predicted = FabricSession.predicted
     family = FabricSession.family
-    interleaved = FabricSession.interleaved
     gates = 0
 
 
@@ -79,9 +72,9 @@ def said(item) -> list[str]:
 
 
 def options(**kw):
-    defaults = dict(repeats=3, max_repeats=6, inconclusive="xfail", launch_noise=None, baseline=None,
+    defaults = dict(repeats=3, max_repeats=6, reruns=2, inconclusive="xfail", baseline=None,
                     regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=LaunchSettings(),
-                    floor_tolerance=0.10, family_wise="bonferroni", interleave="off")
+                    floor_tolerance=0.10, family_wise="bonferroni")
     return SimpleNamespace(**{**defaults, **kw})
 
 
@@ -92,7 +85,7 @@ def compare(means, noise=0.01, paired=False, disturbed=(), seed=1, lost=0.0, **k
     return CompareFixture(launches, StandInSession(options=options(**kw)), item), launches, item
 
 
-def test_equal_fabrics_pass_and_launches_are_interleaved():
+def test_equal_fabrics_pass_on_paired_rounds_in_alternating_order():
     fixture, launches, item = compare({"ib": 1000.0, "eth": 1000.0})
     result = fixture.within(CAND, REF, rel=0.05)
     rounds = len(launches.order) // 2
@@ -101,27 +94,14 @@ def test_equal_fabrics_pass_and_launches_are_interleaved():
     assert 2 < rounds < 6
     # Each launch index once per side; the reference first in rounds 1, 3, ..., the candidate in 2, 4, ...
     assert launches.order == [(f, i) for i in range(rounds) for f in (("ib", "eth") if i % 2 == 0 else ("eth", "ib"))]
-    # Each launch names the configuration its round compares it with (its window is matched to it).
+    # Each launch names the configuration its round compares it with (it must run next to it).
     assert launches.partners == [(f, i, ({"ib": "eth", "eth": "ib"}[f],)) for f, i in launches.order]
     (line,), (predicted,) = said(item), item.stash[NOTES_KEY]
     assert line.startswith("pass: eth/ib = ") and f"over {rounds}+{rounds} launches" in line and ">= 0.950" in line
-    # The noise the interval used, with its source and degrees of freedom, on a pass too.
-    assert re.search(r"launch noise \d\.\d% on \d+ df \(prior 2\.0%: declared default, 4 df; tonight \d+ df\)", line)
+    # The noise the interval used, with its source and degrees of freedom, on a pass too: no baseline,
+    # so tonight's rounds alone (paired t on rounds - 1 df).
+    assert "launch noise " in line and f"on {rounds - 1} df: tonight's {rounds} rounds" in line
     assert predicted.startswith("predicted: unavailable (")
-    assert launches.rounds == []  # --interleave off: one launch after the other
-
-
-def test_interleaved_rounds_launch_together_in_alternating_turn_order():
-    """--interleave on: each round is one ``round`` call, its first turn alternating as the launch
-    order does, and the gate judges the same launches."""
-    fixture, launches, item = compare({"ib": 1000.0, "eth": 1000.0}, interleave="on")
-    result = fixture.within(CAND, REF, rel=0.05)
-    rounds = len(launches.rounds)
-    assert result.verdict is Verdict.PASS and result.interval.launches == (rounds, rounds) and rounds >= 2
-    assert launches.rounds == [(["ib", "eth"] if i % 2 == 0 else ["eth", "ib"], i) for i in range(rounds)]
-    # The decided comparison itself goes to the report's machine lines.
-    assert item.stash[OUTCOMES_KEY] == [result]
-    assert (result.a_name, result.b_name, result.threshold) == ("eth", "ib", 0.95)
 
 
 def test_the_values_shown_are_the_configuration_values():
@@ -178,7 +158,7 @@ def test_inconclusive_warn_passes_with_a_warning():
 
 @pytest.mark.parametrize(("max_repeats", "rounds"), [(1, 1), (6, 1)])
 def test_one_launch_per_side_decides_a_wide_gap(max_repeats, rounds):
-    # One launch per side on the declared default: the interval rests on the noise bound (15% per
+    # One launch per side and no learned noise: the interval rests on the noise bound (15% per
     # round), and a 4x gap decides at the first look, whether the budget is one launch or six (the
     # first look of six spends almost none of the error allowance, and 4x is still far beyond it).
     fixture, launches, item = compare({"ib": 4000.0, "eth": 1000.0}, repeats=1, max_repeats=max_repeats)
@@ -188,15 +168,16 @@ def test_one_launch_per_side_decides_a_wide_gap(max_repeats, rounds):
     assert 1.2 < result.interval.low < result.interval.point < result.interval.high
     line = said(item)[0]
     assert re.match(r"pass: ib/eth = (3\.9|4\.0)", line)
-    assert "one launch per side: judged against the noise bound, 15% per round" in line
-    # The JUnit testcase line names the bound as the noise's source, not the declared prior.
-    assert "on 1000 df (one launch per side: the noise bound, 15% per round)" in result.render("testcase")
+    assert "too few rounds for tonight's own noise (1 of 3)" in line
+    assert "judged against the noise bound, 15% per round" in line
+    # The JUnit testcase line names the bound as the noise's source.
+    assert "on 1000 df (the noise bound, 15% per round)" in result.render("testcase")
 
 
 def test_one_launch_per_side_needs_a_learned_noise_for_a_small_effect():
-    # 8% apart, one launch per side: on the declared default it will not decide, and says why...
+    # 8% apart, one launch per side: with nothing learned it will not decide, and says why...
     fixture, _, item = compare({"ib": 1000.0, "eth": 920.0}, repeats=1, max_repeats=1, noise=0.0)
-    with pytest.raises(pytest.xfail.Exception, match="one launch per side: judged against the noise bound"):
+    with pytest.raises(pytest.xfail.Exception, match="judged against the noise bound"):
         fixture.within(CAND, REF, rel=0.05)
     # ... while a noise learned from three nights of these configurations decides it.
     learned = {"sigma": 0.01, "df": 12.0, "nights": 3,
@@ -229,75 +210,53 @@ def test_identical_a_a_launches_never_fail(noise, seed, repeats):
         assert result.verdict is Verdict.INCONCLUSIVE and result.interval.point == pytest.approx(1.0)
 
 
-def test_a_disturbed_launch_counts_down_weighted_and_a_large_effect_still_decides():
-    # Weight, not veto: eth's only launch is disturbed throughout (and a quarter as fast): it counts
-    # with a small weight, and a gap far beyond the threshold decides all the same.
-    fixture, launches, item = compare({"ib": 4000.0, "eth": 1000.0}, repeats=1, max_repeats=1,
-                                      disturbed={("eth", 0)})
-    result = fixture.ahead(REF, CAND, by=0.20)
-    assert result.verdict is Verdict.PASS
-    line = said(item)[0]
-    assert "(1 down-weighted: m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4))" in line
-    assert launches.order == [("eth", 0), ("ib", 0)]
-    assert result.fields()["down_weighted"] == "1"
-
-
-def test_a_disturbance_that_took_most_of_the_time_decides_nothing():
-    # The same, but the signals say other processes took 75% of every disturbed step: the launch
-    # may be 4x off, so a gap that disturbance could make (ib's 1200 over a disturbed eth measured at
-    # a quarter of its 1000) is not decided, though it looks 4.8x.
-    fixture, _, item = compare({"ib": 1200.0, "eth": 1000.0}, repeats=1, max_repeats=1, disturbed={("eth", 0)},
-                               lost=0.75)
-    with pytest.raises(pytest.xfail.Exception, match="inconclusive after the launch budget.*1 down-weighted"):
-        fixture.ahead(REF, CAND, by=0.20)
-
-
-def test_a_disturbed_launch_weighs_little_and_the_ratio_is_the_ratio_of_the_values():
-    # eth's first launch is disturbed (and a quarter as fast): it counts with weight ~0.04, so the
-    # value moves a few percent, not 4x; the ratio shown is the ratio of the values shown.
-    fixture, launches, item = compare({"ib": 1000.0, "eth": 1000.0}, repeats=2, disturbed={("eth", 0)})
-    result = fixture.within(CAND, REF, rel=0.15)
-    assert result.verdict is Verdict.PASS
-    eth = launches.made["m-n2-eth"]
-    assert [m.weight for m in eth][0] == pytest.approx(0.04, rel=0.05) and eth[1].weight == 1.0
-    assert result.values[0] == pytest.approx(1000.0, rel=0.06)
-    assert result.interval.point == pytest.approx(result.values[0] / result.values[1], rel=1e-9)
-    assert result.set_aside == ("m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4)",)
-
-
-def test_a_side_disturbed_throughout_spends_the_budget_then_is_inconclusive():
-    fixture, launches, _ = compare({"ib": 1000.0, "eth": 1000.0}, repeats=2, max_repeats=4, lost=0.75,
-                                   disturbed={("eth", i) for i in range(4)}, inconclusive="fail")
-    with pytest.raises(pytest.fail.Exception, match="inconclusive after the launch budget.*4 down-weighted"):
-        fixture.within(CAND, REF, rel=0.05)
-    assert len(launches.order) == 2 * 4
-
-
-# -- the launch-noise prior ---------------------------------------------------------------------------
-
-
-def test_declared_launch_noise_is_used_and_named():
-    declared = NoisePrior(0.05, 8.0, "declared --launch-noise 0.05")
-    fixture, _, item = compare({"ib": 1000.0, "eth": 1000.0}, launch_noise=declared, inconclusive="warn")
+def test_a_round_with_a_disturbed_launch_is_launched_again_and_not_counted():
+    # eth's first launch is disturbed throughout (and a quarter as fast): its whole round runs again
+    # (launch number 2), the round counted is the clean one, and the line says which ran again and why.
+    fixture, launches, item = compare({"ib": 1000.0, "eth": 1000.0}, repeats=1, max_repeats=1,
+                                      disturbed={("eth", 0)}, noise=0.0, inconclusive="warn")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = fixture.within(CAND, REF, rel=0.05)
-    assert result.noise == declared
-    assert "(prior 5.0%: declared --launch-noise 0.05, 8 df;" in said(item)[0]
+        result = fixture.within(CAND, REF, rel=0.15)
+    assert launches.order == [("ib", 0), ("eth", 0), ("eth", 1), ("ib", 1)]
+    assert result.interval.launches == (1, 1) and result.interval.point == pytest.approx(1.0)
+    assert result.values == pytest.approx((1000.0, 1000.0))
+    assert result.reruns == ("re-run: m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4)",)
+    assert "(re-run: m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4))" in said(item)[0]
+    assert result.fields()["reruns"] == "1"
 
 
-def test_more_declared_noise_widens_the_interval():
-    widths = []
-    for sigma in (0.01, 0.05):
-        fixture, _, _ = compare({"ib": 1000.0, "eth": 1000.0}, launch_noise=NoisePrior(sigma, 8.0), inconclusive="warn",
-                                repeats=3, max_repeats=3)  # one look each, at the same launches
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            widths.append(fixture.within(CAND, REF, rel=0.05).interval.width)
-    assert widths[1] > 2 * widths[0]
+def test_once_its_reruns_are_spent_a_disturbed_round_counts_and_the_line_says_so():
+    # Every eth launch disturbed (a quarter as fast): two re-runs, then the rounds count as they are,
+    # unweighted, and a 4x gap that the disturbance made is what the gate sees and names.
+    fixture, launches, item = compare({"ib": 1000.0, "eth": 1000.0}, repeats=2, max_repeats=2, reruns=2,
+                                      disturbed={("eth", i) for i in range(6)}, inconclusive="warn")
+    with pytest.raises(pytest.fail.Exception) as info:
+        fixture.within(CAND, REF, rel=0.05)
+    assert len(launches.order) == 2 * 4  # 2 rounds counted + 2 re-run
+    (outcome,) = item.stash[OUTCOMES_KEY]
+    assert [r.split(":")[0] for r in outcome.reruns] == ["re-run", "re-run", "counted although disturbed (re-runs spent)",
+                                                         "counted although disturbed (re-runs spent)"]
+    assert "counted although disturbed (re-runs spent): m-n2-eth launch 4" in str(info.value)
+    assert outcome.interval.point == pytest.approx(0.25, rel=0.05)
 
 
-def test_the_baseline_noise_is_used_unless_one_is_declared():
+# -- the learned launch noise -------------------------------------------------------------------------
+
+
+def test_a_learned_noise_decides_sooner_than_tonight_alone():
+    learned = {"sigma": 0.01, "df": 40.0, "nights": 5,
+               "cases": {REF.id: {"sigma": 0.01, "df": 20.0, "nights": 5}, CAND.id: {"sigma": 0.01, "df": 20.0,
+                                                                                     "nights": 5}}}
+    spent = {}
+    for name, baseline in (("tonight", None), ("learned", Baseline("b.json", {}, {}, {}, learned))):
+        fixture, launches, _ = compare({"ib": 1000.0, "eth": 1000.0}, baseline=baseline, repeats=2)
+        assert fixture.within(CAND, REF, rel=0.05).verdict is Verdict.PASS
+        spent[name] = len(launches.order)
+    assert spent["learned"] < spent["tonight"]
+
+
+def test_the_baseline_noise_is_the_one_used_and_none_without_a_baseline():
     # Learned per configuration: a gate takes its own configurations' noise, else the pooled one.
     learned = {"sigma": 0.03, "df": 12.0, "nights": 3,
                "cases": {REF.id: {"sigma": 0.01, "df": 6.0, "nights": 3},
@@ -310,9 +269,7 @@ def test_the_baseline_noise_is_used_unless_one_is_declared():
     other = session.noise((REF.with_fabric("roce").with_nodes(4),))
     assert (other.sigma, other.df) == (0.03, 12.0)
     assert session.noise().sigma == 0.03
-    declared = NoisePrior(0.05, 8.0, "declared --launch-noise 0.05")
-    assert StandInSession(options=options(baseline=baseline, launch_noise=declared)).noise((REF,)) == declared
-    assert StandInSession(options=options()).noise((REF,)).source == "declared default"
+    assert StandInSession(options=options()).noise((REF,)) is None
 
 
 def test_a_gate_uses_the_noise_learned_for_its_configurations():

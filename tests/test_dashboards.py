@@ -243,23 +243,23 @@ def test_an_output_in_a_missing_directory_is_a_usage_error(pytester, option):
     result.stderr.fnmatch_lines([f"*{option} /nonexistent/dir/out: the directory /nonexistent/dir does not exist*"])
 
 
-def test_a_down_weighted_launch_is_counted_and_weighed_the_same_in_every_dashboard():
+def test_a_disturbed_launch_is_left_out_the_same_way_in_every_dashboard():
     """One number and one count per configuration: the summary's 'launches' says how many were
-    down-weighted, the metrics carry both counts, and the interval is centred on the weighted value."""
+    disturbed (not counted), the metrics carry both counts, and the interval is around the value."""
     from pytest_fabric.history.night_model import CaseResult, SavedRun
     from pytest_fabric.deciding.stats import configuration_value
 
-    values, weights = [1000.0, 1100.0, 400.0], [1.0, 1.0, 0.04]
-    case = CaseResult("m", 2, "ib", 2, values, [v / 2 for v in values], weights)
+    values, counted = [1000.0, 1100.0, 400.0], [True, True, False]
+    case = CaseResult("m", 2, "ib", 2, values, [v / 2 for v in values], counted)
     run = SavedRun({"cluster_kind": "emulated"}, {case.id: case}, {}, [], [], Path("night.json"), "saved")
     (row,) = build_tables(run).configs
-    assert row.tokens_per_s == pytest.approx(configuration_value(values, weights)) == pytest.approx(case.mean)
+    assert row.tokens_per_s == pytest.approx(configuration_value(values[:2])) == pytest.approx(case.mean)
     assert row.low < row.tokens_per_s < row.high
-    assert (row.launch_count, row.down_weighted, row.launches) == (3, 1, "3 (1 dw)")
-    assert re.search(r"\| m \| 2 \| ib \| 2 \| [\d.]+ \| .* \| 3 \(1 dw\) \|", job_summary(build_tables(run)))
+    assert (row.launch_count, row.disturbed, row.launches) == (3, 1, "3 (1 disturbed)")
+    assert re.search(r"\| m \| 2 \| ib \| 2 \| [\d.]+ \| .* \| 3 \(1 disturbed\) \|", job_summary(build_tables(run)))
     metrics = openmetrics(build_tables(run))
     assert 'fabric_launches{model="m",nodes="2",fabric="ib"} 3' in metrics
-    assert 'fabric_launches_down_weighted{model="m",nodes="2",fabric="ib"} 1' in metrics
+    assert 'fabric_launches_disturbed{model="m",nodes="2",fabric="ib"} 1' in metrics
 
 
 def test_every_gate_shows_the_noise_it_used_in_the_summary_and_the_metrics():

@@ -102,8 +102,8 @@ class TestJudge:
         assert "required >= 0.950 (eth at most 5% slower)" in line
         assert "eth 981.0 vs ib 1000.0 tokens/s [m, 2 node(s)]" in line
         # The noise the interval used, its source and degrees of freedom: on a pass as on a failure.
-        assert "launch noise 1.6% on 8 df (prior 2.0%: declared default, 4 df; tonight 0 df)" in line
-        assert "predicted" not in line and "down-weighted" not in line
+        assert "launch noise 1.6% on 8 df: learned from 3 nights, pooled with tonight's 4 df" in line
+        assert "predicted" not in line and "re-run" not in line
 
     def test_failure_carries_the_line_and_the_note_below_it(self):
         msg = failure_message(apply_verdict, gate_outcome(Verdict.FAIL), note="predicted: eth 20% slower")
@@ -111,11 +111,11 @@ class TestJudge:
         assert first.startswith("interval wholly below the threshold: eth/ib = 0.981, ")
         assert second == "predicted: eth 20% slower"
 
-    def test_down_weighted_launches_are_named_in_the_line(self):
-        aside = ("m-n2-eth launch 1: 3 of 4 steps disturbed (cpu steal: 3)",)
-        line = apply_verdict(gate_outcome(Verdict.PASS, set_aside=aside))
-        assert ("over 3+4 launches (1 down-weighted: m-n2-eth launch 1: 3 of 4 steps disturbed (cpu steal: 3))"
-                in line)
+    def test_rounds_run_again_are_named_in_the_line(self):
+        again = ("re-run: m-n2-eth launch 1: 3 of 4 steps disturbed (cpu steal: 3)",)
+        line = apply_verdict(gate_outcome(Verdict.PASS, reruns=again))
+        assert "over 3+4 launches (re-run: m-n2-eth launch 1: 3 of 4 steps disturbed (cpu steal: 3))" in line
+        assert ", 1 re-run;" in gate_outcome(Verdict.PASS, reruns=again).render("testcase")
 
     def test_extra_figure_follows_the_line(self):
         from dataclasses import replace
@@ -137,14 +137,9 @@ class TestJudge:
         assert line.startswith("inconclusive after the launch budget: eth/ib") and "predicted" not in line
 
     def test_fields_are_what_scripts_read(self):
-        fields = gate_outcome(Verdict.FAIL, set_aside=("a", "b")).fields()
-        assert fields["verdict"] == "fail" and fields["down_weighted"] == "2" and fields["launches"] == "3+4"
-        assert fields["noise_df"] == "8" and fields["noise_source"] == "declared default"
+        fields = gate_outcome(Verdict.FAIL, reruns=("a", "b")).fields()
+        assert fields["verdict"] == "fail" and fields["reruns"] == "2" and fields["launches"] == "3+4"
+        assert fields["noise_df"] == "8" and fields["noise_source"] == "learned from 3 nights"
         assert all(isinstance(v, str) for v in fields.values())
 
 
-def test_the_names_of_0_1_still_import():
-    # Suites written against 0.1 import Figure and Settings: the renamed classes answer to them.
-    from pytest_fabric import Figure, LaunchSettings, NamedValue, Settings
-
-    assert Figure is NamedValue and Settings is LaunchSettings

@@ -8,7 +8,6 @@ They are built in ``helpers.py`` (``train_record``, ``train_measurement``), whic
 
 from __future__ import annotations
 
-import math
 import re
 import textwrap
 
@@ -34,9 +33,9 @@ def test_one_launch_gives_its_own_figures():
     assert lines[f"{p}.tokens_per_s"] == "800.000"
     assert lines[f"{p}.tokens_per_s_per_gpu"] == "400.000"
     assert lines[f"{p}.step_s"] == "0.250000"
-    assert lines[f"{p}.launches"] == "1" and lines[f"{p}.launches_down_weighted"] == "0"
+    assert lines[f"{p}.launches"] == "1" and lines[f"{p}.launches_disturbed"] == "0"
     assert lines[f"{p}.launch_tokens_per_s"] == "800.000"
-    assert lines[f"{p}.launch_weight"] == "1"
+    assert lines[f"{p}.launch_counted"] == "1"
     assert lines[f"{p}.steps"] == "4"
     assert lines[f"{p}.gpus"] == "2"
     assert lines[f"{p}.cluster"] == "emulated"
@@ -61,31 +60,29 @@ def test_the_configuration_figure_is_the_geometric_mean_of_its_launches():
     assert float(lines[f"{p}.tokens_per_s_per_gpu"]) == pytest.approx(value / 2, abs=1e-3)
     assert float(lines[f"{p}.step_s"]) == pytest.approx(128 / value, abs=1e-6)
     assert lines[f"{p}.launch_tokens_per_s"] == "1000.000,1100.000,900.000"
-    assert lines[f"{p}.launch_weight"] == "1,1,1"
-    assert lines[f"{p}.launches"] == "3" and lines[f"{p}.launches_down_weighted"] == "0"
+    assert lines[f"{p}.launch_counted"] == "1,1,1"
+    assert lines[f"{p}.launches"] == "3" and lines[f"{p}.launches_disturbed"] == "0"
     assert lines[f"{p}.steps"] == "4,5,6"
 
 
-def test_disturbed_launches_are_listed_counted_and_weighed_down_in_the_figure():
+def test_disturbed_launches_are_listed_and_left_out_of_the_figure():
     ms = [train_measurement("m", 2, "ib", 1000.0, launch=0),
-          train_measurement("m", 2, "ib", 500.0, launch=1, disturbed=3),  # 3 of 4 steps: down-weighted
-          train_measurement("m", 2, "ib", 1210.0, launch=2, disturbed=1)]  # 1 of 4: counts fully
-    assert [bool(m.down_weighted) for m in ms] == [False, True, False]
+          train_measurement("m", 2, "ib", 500.0, launch=1, disturbed=3),  # 3 of 4 steps: disturbed as a whole
+          train_measurement("m", 2, "ib", 1210.0, launch=2, disturbed=1)]  # 1 of 4: counts
+    assert [m.counted for m in ms] == [True, False, True]
     lines = measurement_lines(ms)
     p = "fabric.m-n2-ib"
-    assert lines[f"{p}.launches_down_weighted"] == "1"
+    assert lines[f"{p}.launches_disturbed"] == "1"
     assert lines[f"{p}.launches"] == "3"
     assert lines[f"{p}.launch_tokens_per_s"] == "1000.000,500.000,1210.000"  # every launch
-    weights = [float(w) for w in lines[f"{p}.launch_weight"].split(",")]
-    assert weights[0] == weights[2] == 1.0 and 0 < weights[1] < 0.05  # ...and which one weighs little
-    expected = math.exp((math.log(1000.0) + weights[1] * math.log(500.0) + math.log(1210.0)) / (2 + weights[1]))
-    assert float(lines[f"{p}.tokens_per_s"]) == pytest.approx(expected, abs=1e-3)
+    assert lines[f"{p}.launch_counted"] == "1,0,1"  # ...and which one does not count
+    assert float(lines[f"{p}.tokens_per_s"]) == pytest.approx(geomean([1000.0, 1210.0]), abs=1e-3)
 
 
 def test_when_every_launch_is_disturbed_the_figure_is_their_mean():
     ms = [train_measurement("m", 2, "ib", v, launch=i, disturbed=4) for i, v in enumerate([400.0, 900.0])]
     lines = measurement_lines(ms)
-    assert lines["fabric.m-n2-ib.launches_down_weighted"] == "2"
+    assert lines["fabric.m-n2-ib.launches_disturbed"] == "2"
     assert float(lines["fabric.m-n2-ib.tokens_per_s"]) == pytest.approx(600.0, abs=1e-3)
 
 
@@ -103,7 +100,7 @@ def test_bandwidth_lines_per_collective_and_payload():
 
 
 def test_gate_lines_name_the_comparison_and_carry_every_field():
-    lines = gate_lines(outcome(Verdict.INCONCLUSIVE, set_aside=("m-n2-eth launch 2: 3 of 4 steps disturbed",)))
+    lines = gate_lines(outcome(Verdict.INCONCLUSIVE, reruns=("re-run: m-n2-eth launch 2: 3 of 4 steps disturbed",)))
     p = "fabric.gate.eth_vs_ib"
     assert lines == {
         f"{p}.verdict": "inconclusive",
@@ -113,10 +110,10 @@ def test_gate_lines_name_the_comparison_and_carry_every_field():
         f"{p}.confidence": "0.9875",
         f"{p}.threshold": "0.95",
         f"{p}.launches": "3+4",
-        f"{p}.down_weighted": "1",
+        f"{p}.reruns": "1",
         f"{p}.launch_noise": "0.0158",
         f"{p}.noise_df": "8",
-        f"{p}.noise_source": "declared default",
+        f"{p}.noise_source": "learned from 3 nights",
         f"{p}.family": "1",
     }
 
@@ -147,11 +144,11 @@ def test_a_gate_shows_its_verdict_lines_then_figures_and_gate_fields_after_a_bla
     # The verdict line carries both fabrics' numbers: no per-configuration sentence repeats them.
     assert human == ["pass: eth/ib = 0.981, 98.75% CI [0.962, 1.001] over 3+4 launches; required >= 0.950 (eth at "
                      "most 5% slower); eth 981.0 vs ib 1000.0 tokens/s [m, 2 node(s)]; noise 1.6% on 8 df "
-                     "(declared default)", predicted]
+                     "(learned from 3 nights)", predicted]
     assert machine and all(MACHINE_LINE.match(line) for line in machine), machine
     assert machine[:2] == ["fabric.m-n2-ib.tokens_per_s=1000.000", "fabric.m-n2-eth.tokens_per_s=800.000"]
     gate = {line.partition("=")[0].rpartition(".")[2] for line in machine[2:]}
-    assert gate == {"verdict", "ratio", "ci_low", "ci_high", "confidence", "threshold", "launches", "down_weighted"}
+    assert gate == {"verdict", "ratio", "ci_low", "ci_high", "confidence", "threshold", "launches", "reruns"}
     # Run-wide facts are suite properties, not repeated per testcase.
     props = suite_properties(ms, {"fabric.nodes": "2"})
     assert props["fabric.m-n2-ib.gpus"] == "2" and props["fabric.version.torch"] == "2.13.0"
@@ -180,17 +177,15 @@ def test_repeated_launches_give_one_human_line_with_the_value_and_each_launch():
           for i, v in enumerate([1000.0, 400.0, 1210.0])]
     ms.append(train_measurement("m", 2, "eth", 880.0))
     human, machine = split_text(text_of(ms))
-    w = ms[1].weight  # the disturbed launch's small weight
-    value = math.exp((math.log(1000.0) + w * math.log(400.0) + math.log(1210.0)) / (2 + w))
-    assert 0 < w < 0.05
-    assert human[0] == (f"m-n2-ib: {value:.1f} tokens/s over 3 launches (1000.0, 400.0, 1210.0; 1 down-weighted), "
-                        "2 GPU(s)")
+    value = geomean([1000.0, 1210.0])  # the disturbed launch is not counted
+    assert human[0] == (f"m-n2-ib: {value:.1f} tokens/s over 3 launches (1000.0, 400.0, 1210.0; 1 disturbed, "
+                        "not counted), 2 GPU(s)")
     # The ratio line uses the configuration's value, the one the gates judged.
     assert f"eth/ib tokens/s ratio (m, 2 nodes): {880.0 / value:.3f}" in "\n".join(human)
     assert machine == [f"fabric.m-n2-ib.tokens_per_s={value:.3f}", "fabric.m-n2-eth.tokens_per_s=880.000"]
     props = suite_properties(ms, {})
     assert props["fabric.m-n2-ib.launch_tokens_per_s"] == "1000.000,400.000,1210.000"
-    assert props["fabric.m-n2-ib.launches_down_weighted"] == "1"
+    assert props["fabric.m-n2-ib.launches_disturbed"] == "1"
 
 
 def test_without_the_reference_fabric_there_is_no_ratio():
@@ -306,9 +301,9 @@ def test_a_testcase_text_added_to_junit_stays_valid_and_reads_back(pytester, jun
     assert case.find("system-out").text.endswith(text)  # escaped on the way in, whole on the way out
 
     night = load_junit(xml)
-    # Every launch, with its weight: the disturbed one counts, weighed down (launch_weight).
+    # Every launch, with whether it counts: the disturbed one is kept, not counted (launch_counted).
     assert night.cases["m-n2-ib"].tokens_per_s == [1000.0, 1020.0, 300.0]
-    assert night.cases["m-n2-ib"].weights[:2] == [1.0, 1.0] and 0 < night.cases["m-n2-ib"].weights[2] < 0.05
+    assert night.cases["m-n2-ib"].counted == [True, True, False]
     assert night.cases["m-n2-ib"].mean == pytest.approx(configuration_tokens_per_s(ib), rel=1e-4)
     assert night.cases["m-n2-eth"].tokens_per_s == [981.0, 979.5, 990.25]
     assert night.cases["m-n2-eth"].gpus == 2
@@ -342,16 +337,18 @@ def tiny_junit(path, text: str, props: dict | None = None) -> None:
                     '</testsuite></testsuites>')
 
 
-def test_when_every_launch_was_set_aside_a_reader_keeps_them_all(tmp_path, junit_schema):
+def test_when_every_launch_was_disturbed_a_reader_keeps_them_all(tmp_path, junit_schema):
     ms = [train_measurement("m", 2, "eth", v, launch=i, disturbed=4) for i, v in enumerate([400.0, 900.0])]
     tiny_junit(tmp_path / "j.xml", text_of(ms, ["pass: eth"]), suite_properties(ms, {}))
     assert_valid_junit(junit_schema, tmp_path / "j.xml")
-    assert load_junit(tmp_path / "j.xml").cases["m-n2-eth"].tokens_per_s == [400.0, 900.0]
+    night = load_junit(tmp_path / "j.xml")
+    assert night.cases["m-n2-eth"].tokens_per_s == [400.0, 900.0]
+    assert night.cases["m-n2-eth"].mean == pytest.approx(600.0)
 
 
-def test_a_file_without_set_aside_flags_reads_every_launch(tmp_path):
+def test_a_file_without_counted_flags_counts_every_launch(tmp_path):
     ms = [train_measurement("m", 2, "eth", v, launch=i) for i, v in enumerate([400.0, 900.0])]
-    props = {k: v for k, v in suite_properties(ms, {}).items() if not k.endswith(".launch_set_aside")}
+    props = {k: v for k, v in suite_properties(ms, {}).items() if not k.endswith(".launch_counted")}
     tiny_junit(tmp_path / "j.xml", text_of(ms), props)
     assert load_junit(tmp_path / "j.xml").cases["m-n2-eth"].tokens_per_s == [400.0, 900.0]
 
@@ -367,7 +364,7 @@ def test_a_gate_reads_back_as_fields_not_prose(tmp_path):
     (fields,) = verdict["gates"]
     assert fields == {"a": "roce.v2", "b": "ib", "outcome": "inconclusive", "ratio": 0.981, "ci_low": 0.962,
                       "ci_high": 1.0013, "confidence": 0.9875, "threshold": 0.95, "launches": [3, 4],
-                      "down_weighted": 0.0}
+                      "reruns": 0.0}
 
 
 def test_machine_lines_carry_mfu_peak_memory_and_the_convention():

@@ -14,7 +14,6 @@ from helpers import FakeCluster, train_record
 from pytest_fabric import Case, MeasurementError, LaunchSettings
 from pytest_fabric.cluster import Cluster
 from pytest_fabric.cluster.base import OnThisMachine
-from pytest_fabric.deciding.stats import FIRST_LAUNCH_FACTOR
 from pytest_fabric.measuring.measure import Measurer
 from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.workload.config import TrainConfig
@@ -36,7 +35,7 @@ def test_each_configuration_is_launched_once(tmp_path):
     assert [r.fabric.name for r in cluster.requests] == ["ib", "eth"]
     assert first.tokens_per_s == again.tokens_per_s == 2 * 16 * 2 / 0.5
     assert first.gpus == 2 and first.step_s == 0.5
-    assert first.estimate.steps == first.estimate.used == 3 and not first.set_aside
+    assert first.estimate.steps == first.estimate.used == 3 and not first.disturbed
     assert first.result.hosts == ["node0", "node1"] and first.result.version == RESULT_VERSION
     assert eth.case == Case("qwen2-tiny", 2, "eth") and eth.shared_with is None
 
@@ -62,7 +61,7 @@ def test_one_node_is_measured_once_for_every_fabric(tmp_path):
 
 
 @pytest.mark.parametrize("changed", [{"steps": 4}, {"warmup_steps": 0}, {"batch_size": 1}, {"seq_len": 32},
-                                     {"gpus_per_node": 2}, {"measure_s": 0.0}, {"step_precision": 0.02},
+                                     {"gpus_per_node": 2}, {"measure_s": 0.0},
                                      {"max_steps": 50}, {"device": "cpu"}, {"fsdp": 1}])
 def test_a_setting_that_changes_the_measurement_changes_the_key(tmp_path, changed):
     case = Case("qwen2-tiny", 2, "eth")
@@ -128,15 +127,12 @@ def test_machine_lines_are_flat_strings_named_after_the_case(tmp_path):
 
 def test_the_measured_steps_and_their_bounds_reach_the_rank_program(tmp_path):
     cluster = FakeCluster()
-    m = measurer(tmp_path, cluster, steps=5, measure_s=2.5, step_precision=0.02, max_steps=40)
+    m = measurer(tmp_path, cluster, steps=5, measure_s=2.5, max_steps=40)
     for launch in (0, 1):
         m.measure(Case("qwen2-tiny", 2, "eth"), launch)
-    first, second = (TrainConfig.load(r.program[-1]) for r in cluster.requests)
-    assert (second.steps, second.measure_s, second.step_precision, second.max_steps) == (5, 2.5, 0.02, 40)
-    # A configuration's first launch measures the whole of twice the window (stats.measure_window),
-    # with twice the steps allowed, so that the window ends it.
-    assert (first.steps, first.measure_s, first.step_precision, first.max_steps) == (5, 2.5 * FIRST_LAUNCH_FACTOR,
-                                                                                     0.0, 40 * FIRST_LAUNCH_FACTOR)
+    # Every launch, the first too, measures the same window: fixed before it starts.
+    configs = [TrainConfig.load(r.program[-1]) for r in cluster.requests]
+    assert [(c.steps, c.measure_s, c.max_steps) for c in configs] == [(5, 2.5, 40)] * 2
 
 
 def test_a_result_of_the_first_version_is_still_read(tmp_path):
@@ -157,7 +153,7 @@ def test_a_result_of_the_first_version_is_still_read(tmp_path):
 
     m = measurer(tmp_path, FirstVersionCluster()).measure(Case("qwen2-tiny", 2, "eth"))
     assert m.result.hosts == ["node0", "node1"]  # "nodes" in version 1
-    assert m.tokens_per_s == 2 * 16 * 2 / 0.5 and not m.set_aside
+    assert m.tokens_per_s == 2 * 16 * 2 / 0.5 and not m.disturbed
 
 
 def test_a_result_from_a_newer_harness_is_an_error_that_says_so(tmp_path):
@@ -183,7 +179,7 @@ def test_a_disturbed_launch_is_measured_and_marked_set_aside(tmp_path):
             return outcome
 
     m = measurer(tmp_path, DisturbedCluster()).measure(Case("qwen2-tiny", 2, "eth"))
-    assert m.set_aside.startswith("3 of 3 steps disturbed (cpu steal: 3)")
+    assert m.disturbed.startswith("3 of 3 steps disturbed (cpu steal: 3)")
     assert m.tokens_per_s == 2 * 16 * 2 / 0.5  # a figure all the same: the output shows it
 
 
@@ -277,13 +273,13 @@ def test_a_slow_phase_is_judged_against_the_same_configurations_usual_launch(tmp
         return Measurement.from_record(case, record)
 
     fast, slow = Case("qwen2-tiny", 2, "ib"), Case("qwen2-tiny", 1, "ib")
-    assert not launch(fast, 0.00014).down_weighted
+    assert not launch(fast, 0.00014).disturbed
     phase = launch(fast, 0.00024)
-    assert "machine slow 71%" in phase.down_weighted and phase.weight < 0.2
+    assert "machine slow 71%" in phase.disturbed
     # Another configuration's first launch is its own reference, however slow.
-    assert not launch(slow, 0.00024).down_weighted
+    assert not launch(slow, 0.00024).disturbed
     # Steps that idled (a communication-bound launch): their probes are not judged at all.
-    assert not launch(fast, 0.00030, busy=0.3).down_weighted
+    assert not launch(fast, 0.00030, busy=0.3).disturbed
 
 
 def test_a_launch_is_judged_by_its_typical_probe_against_its_configurations_usual_one_either_way(tmp_path):
@@ -307,17 +303,17 @@ def test_a_launch_is_judged_by_its_typical_probe_against_its_configurations_usua
         return Measurement.from_record(case, record)
 
     usual = [0.00025, 0.00026, 0.00024, 0.00025, 0.00026, 0.00025]
-    assert not launch(usual).down_weighted
-    assert not launch(usual * 10 + [0.00016]).down_weighted  # 61 probes, one of them at the fast level
-    assert not launch(usual).down_weighted  # before: 56% slower than that one probe, "machine slow"
+    assert not launch(usual).disturbed
+    assert not launch(usual * 10 + [0.00016]).disturbed  # 61 probes, one of them at the fast level
+    assert not launch(usual).disturbed  # before: 56% slower than that one probe, "machine slow"
     fast = launch([0.00017] * 6)
-    assert "machine fast 47%" in fast.down_weighted and fast.weight < 0.2
-    assert "machine slow" in launch([0.00033] * 6).down_weighted
+    assert "machine fast 47%" in fast.disturbed
+    assert "machine slow" in launch([0.00033] * 6).disturbed
 
 
 def test_a_slow_phase_is_judged_against_the_launches_the_store_holds_from_other_processes(tmp_path):
     """A session that resumed a killed one, or another xdist worker, shares the store: its launch is
-    judged against every stored launch of its configuration (matched-window ones too, the same job),
+    judged against every stored launch of its configuration (those launched again for a round too, the same job),
     not only against the ones this process measured; other configurations' and idle launches' probes
     set no reference."""
     from pytest_fabric.measuring.measure import Measurement
@@ -342,7 +338,7 @@ def test_a_slow_phase_is_judged_against_the_launches_the_store_holds_from_other_
     later._judge_speed(case, result)
     assert result.signals.probe_usual_s == 0.00014
     phase = Measurement.from_record(case, {**stored, "result": result.to_dict()})
-    assert "machine slow 71%" in phase.down_weighted
+    assert "machine slow 71%" in phase.disturbed
     # With none of its configuration stored, a launch is its own reference.
     alone = measurer(tmp_path / "elsewhere", FakeCluster())
     stored, result = record(case, 0.00024)

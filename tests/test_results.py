@@ -256,8 +256,8 @@ def test_the_junit_reader_ignores_the_human_sentences(tmp_path):
 
 
 def disturbed_record(model: str, nodes: int, fabric: str, tokens_per_s: float) -> dict:
-    """A training record whose every step the node's signals marked disturbed: the gates set the
-    whole launch aside (``Measurement.set_aside``)."""
+    """A training record whose every step the node's signals marked disturbed: the launch is
+    disturbed as a whole (``Measurement.disturbed``), its round runs again, and it is not counted."""
     record = training_record(model, nodes, fabric, tokens_per_s)
     signals, n = record["result"]["signals"], len(record["result"]["step_s"])
     signals.update(steal_s=[0.04] * n, foreign_s=[0.0] * n, probe_s=[0.0] * n, sm_clock_mhz=[None] * n,
@@ -265,23 +265,18 @@ def disturbed_record(model: str, nodes: int, fabric: str, tokens_per_s: float) -
     return record
 
 
-def test_a_down_weighted_launch_counts_with_its_weight_in_the_value_read_back(tmp_path):
-    """CaseResult.mean is documented as 'the number the gates judged and the terminal and JUnit
-    showed': a launch the gates weighed down moves it by its weight alone, read from JUnit or from
-    a saved night."""
+def test_a_disturbed_launch_is_left_out_of_the_value_read_back(tmp_path):
+    """CaseResult.mean is documented as 'the number the terminal and JUnit showed': a launch
+    disturbed as a whole is not counted in it, read from JUnit or from a saved night."""
     from pytest_fabric.history.junit import add_to_junit
     from pytest_fabric.measuring.measure import configuration_tokens_per_s
 
     ms = launches("qwen2-tiny", 2, "ib", IB_LAUNCHES)
     aside = Measurement.from_record(Case("qwen2-tiny", 2, "ib"), disturbed_record("qwen2-tiny", 2, "ib", 900.0),
                                     launch=3)
-    assert aside.down_weighted and not any(m.down_weighted for m in ms)
+    assert not aside.counted and all(m.counted for m in ms)
     judged = configuration_tokens_per_s([*ms, aside])
-    w = aside.weight
-    assert 0 < w < 0.05
-    expected = math.exp((sum(math.log(v) for v in IB_LAUNCHES) + w * math.log(aside.tokens_per_s))
-                        / (len(IB_LAUNCHES) + w))
-    assert judged == pytest.approx(expected, rel=1e-12) and judged != pytest.approx(geomean(IB_LAUNCHES), rel=1e-4)
+    assert judged == pytest.approx(geomean(IB_LAUNCHES), rel=1e-12)
     path = tmp_path / "junit.xml"
     path.write_text(junit_skeleton("test_x[qwen2-tiny-n2-ib]"))
     add_to_junit(path, {"suites/test_x.py::test_x[qwen2-tiny-n2-ib]": text_of([*ms, aside])}, {})

@@ -9,10 +9,10 @@ from pytest_fabric.reporting.tables import (Table, aligned_lines, bandwidth_tabl
                                   reference, throughput_tables)
 
 
-def case(model: str, nodes: int, fabric: str, values: list[float], weights: list[float] | None = None,
+def case(model: str, nodes: int, fabric: str, values: list[float], counted: list[bool] | None = None,
          gpus: int | None = None) -> CaseResult:
     gpus = gpus or nodes
-    return CaseResult(model, nodes, fabric, gpus, values, [v / gpus for v in values], weights)
+    return CaseResult(model, nodes, fabric, gpus, values, [v / gpus for v in values], counted)
 
 
 def night() -> SavedRun:
@@ -56,9 +56,9 @@ def test_throughput_tables_the_report_columns_with_intervals_launches_and_verdic
     assert two[-2:] == ["ib 3, eth 1", "test_x (eth): fail"]
 
 
-def test_a_down_weighted_launch_is_counted_in_the_terminal_cell():
-    (table,) = throughput_tables([case("m", 2, "ib", [200.0, 50.0], [1.0, 0.04])], ["ib"])
-    assert table.rows[0][2].endswith(" (2, 1 dw)")
+def test_a_disturbed_launch_is_named_in_the_terminal_cell_and_left_out_of_the_value():
+    (table,) = throughput_tables([case("m", 2, "ib", [200.0, 50.0], [True, False])], ["ib"])
+    assert table.rows[0][2] == "200.0 (2, 1 disturbed)"
 
 
 def test_bandwidth_table_at_the_largest_payload_in_order():

@@ -204,9 +204,9 @@ def test_undecided_night_reasons():
     assert undecided_night(["inconclusive", "pass"], 0, None) is None
     assert undecided_night([], 0, None) is None
     assert undecided_night(["inconclusive"], 0, None).startswith("all 1 gate(s) inconclusive")
-    # One launch per side: the night says what would decide, not "lower the noise".
+    # Fewer than 3 rounds: the night says what would decide, not "lower the noise".
     one = undecided_night(["inconclusive", "inconclusive"], 0, None, one_launch=True)
-    assert one.startswith("all 2 gate(s) inconclusive: one launch per side") and "--fabric-baseline" in one
+    assert one.startswith("all 2 gate(s) inconclusive: fewer than 3 rounds") and "--fabric-baseline" in one
     assert "noise bound (15% per round)" in one
     why = undecided_night(["pass"], 3, "emulated cluster unavailable (needs root)")
     assert why.startswith("3 fabric comparison(s) skipped: emulated cluster unavailable (needs root)")

@@ -12,7 +12,7 @@ from typing import Union
 import pytest
 
 from ..measuring.measurement import BandwidthMeasurement, Measurement
-from .stats import ONE_LAUNCH, QUICK_LOOK_ROUND_SD, Interval, NoisePrior, Verdict, ahead_gate, within_gate
+from .stats import Interval, NoisePrior, Verdict, ahead_gate, within_gate
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,6 @@ Value = Union[Measurement, NamedValue, float, int]
 # 20% ahead (advantage). The fixtures, the suites and the suite file's fallbacks use these names.
 DEFAULT_WITHIN = 0.05
 DEFAULT_AHEAD = 0.20
-# The name of 0.1, kept for suites written against it.
-Figure = NamedValue
 
 
 def busbw(m: BandwidthMeasurement, op: str = "all_reduce") -> NamedValue:
@@ -131,8 +129,9 @@ class GateOutcome:
 
     ``interval`` is of ``a_name`` / ``b_name`` (tokens/s, or the regression gate's measure for a regression
     gate); ``values`` are the two sides' estimates (``stats.configuration_value`` of the same launches,
-    with the same weights, so that the ratio shown is the ratio of the values shown); ``set_aside``
-    lists the launches counted with a small weight (disturbed as a whole), and why.
+    so that the ratio shown is the ratio of the values shown); ``reruns`` lists the rounds launched
+    again (a launch disturbed as a whole) and any disturbed round counted, and why
+    (``rounds.Rounds.notes``); ``noise``: the noise a baseline learned, None where none was.
     """
 
     a_name: str
@@ -144,30 +143,25 @@ class GateOutcome:
     values: tuple[float, float]
     unit: str
     context: str  # "[qwen2-tiny, 2 node(s)]"
-    noise: NoisePrior
-    set_aside: tuple[str, ...] = ()  # the launches counted with a small weight, and why
+    noise: NoisePrior | None
+    reruns: tuple[str, ...] = ()  # rounds launched again, disturbed rounds counted, and why
     extra: str = ""  # a second figure shown beside the gated one (raw tokens/s of a regression)
     family: int = 1  # gates sharing the night's allowance for false failures (Bonferroni)
 
     def noise_text(self) -> str:
         """The noise the interval used, its source and degrees of freedom: on every verdict line."""
         iv = self.interval
-        text = (f"launch noise {iv.sigma * 100:.1f}% on {iv.df:g} df (prior {self.noise.sigma * 100:.1f}%: "
-                f"{self.noise.source}, {self.noise.df:g} df; tonight {iv.data_df} df)")
-        return text + (f"; {iv.noise_note}" if iv.noise_note else "")
+        return f"launch noise {iv.sigma * 100:.1f}% on {iv.df:g} df: {iv.noise_note}"
 
     def noise_source(self) -> str:
-        """Where the interval's noise came from, in a few words: the prior's source, or the noise bound
-        a look of one launch per side rests on (``contrasts.one_launch_prior``)."""
-        if self.interval.noise_note.startswith(ONE_LAUNCH):
-            return f"one launch per side: the noise bound, {QUICK_LOOK_ROUND_SD:.0%} per round"
-        return self.noise.source
+        """Where the interval's noise came from, in a few words (``Interval.source``)."""
+        return self.interval.source
 
     def line(self) -> str:
         """The full verdict line without its leading words (``render("full")`` adds them)."""
         iv = self.interval
         launches = "+".join(map(str, iv.launches))
-        aside = (f" ({len(self.set_aside)} down-weighted: {'; '.join(self.set_aside)})" if self.set_aside else "")
+        aside = f" ({'; '.join(self.reruns)})" if self.reruns else ""
         family = f"; failures judged over {self.family} gates (Bonferroni)" if self.family > 1 else ""
         return (f"{self.a_name}/{self.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, "
                 f"{iv.high:.3f}] over {launches} launches{aside}; required >= {self.threshold:.3f} "
@@ -181,7 +175,7 @@ class GateOutcome:
         ``full``: the terminal's and the failure message's sentence (``VERDICT_WORDS`` of the verdict,
         then ``line()``; ``note``, the model's prediction, on a line of its own below it);
         ``testcase``: the JUnit testcase output's line, short enough for a dashboard (how many
-        launches were down-weighted, not why; the noise with its source); ``headline``: the
+        rounds were re-run, not why; the noise with its source); ``headline``: the
         one-line JUnit message part (ratio, interval, threshold, verdict, launches).
         """
         iv = self.interval
@@ -189,7 +183,7 @@ class GateOutcome:
         if detail == "full":
             return f"{VERDICT_WORDS[self.verdict]}: {self.line()}" + (f"\n{note}" if note else "")
         if detail == "testcase":
-            aside = f", {len(self.set_aside)} down-weighted" if self.set_aside else ""
+            aside = f", {len(self.reruns)} re-run" if self.reruns else ""
             return (f"{self.verdict}: {self.a_name}/{self.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI "
                     f"[{iv.low:.3f}, {iv.high:.3f}] over {launches} launches{aside}; required >= "
                     f"{self.threshold:.3f} ({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} "
@@ -206,8 +200,8 @@ class GateOutcome:
         iv = self.interval
         return {"verdict": str(self.verdict), "ratio": f"{iv.point:.6g}", "ci_low": f"{iv.low:.6g}",
                 "ci_high": f"{iv.high:.6g}", "confidence": f"{iv.confidence:.6g}", "threshold": f"{self.threshold:.6g}",
-                "launches": "+".join(map(str, iv.launches)), "down_weighted": str(len(self.set_aside)),
-                "launch_noise": f"{iv.sigma:.6g}", "noise_df": f"{iv.df:g}", "noise_source": self.noise.source,
+                "launches": "+".join(map(str, iv.launches)), "reruns": str(len(self.reruns)),
+                "launch_noise": f"{iv.sigma:.6g}", "noise_df": f"{iv.df:g}", "noise_source": iv.source,
                 "family": str(self.family)}
 
 

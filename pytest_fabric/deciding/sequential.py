@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .contrasts import _AT_LEAST, _AT_MOST, DEFAULT_NOISE, Interval, NoisePrior, Verdict, contrast_interval, decide
+from .contrasts import _AT_LEAST, _AT_MOST, Interval, NoisePrior, Verdict, contrast_interval, decide
 
 __all__ = ["CONFIDENCE", "FAMILY_RULES", "Look", "SequentialGate", "obrien_fleming_spending"]
 
@@ -133,7 +133,7 @@ class SequentialGate:
     start: int = 2
     budget: int = 6
     confidence: float = CONFIDENCE
-    prior: NoisePrior = DEFAULT_NOISE
+    prior: NoisePrior | None = None  # a noise learned from earlier nights (contrast_interval)
     # Gates judged in the same night: a failure must hold at the error allowance over this many,
     # spent over the looks by the same function (``_next``; ``FAMILY_RULES``), so that a night of many
     # gates keeps its chance of any false failure at the stated rate.

@@ -1,13 +1,16 @@
 """One launch's steps -> its value: steady window, disturbed steps set aside, the mean and its precision.
 
 Part of the statistics (``stats`` re-exports every name; its docstring gives the whole design).
-Inside a launch (``launch_estimate``): leading warm-up-like steps are dropped (``steady_window``),
-steps the node's signals mark as disturbed are set aside, and the launch's value is the **mean** of
-the clean steps: tokens over the time they took, what a training job pays; the 25% quantile is kept
-as the fast-steps diagnostic (``fast_step_s``). Its precision comes from batch means of the
-successive steps (``mean_standard_error``), and the rank program measures until that precision is
-reached, within a time cap (``measuring_done``). A launch disturbed as a whole is weighed down
-(``DISTURBED_SIGMA``), never dropped. How long a launch measures: ``measure_window``.
+Every launch measures one window fixed before it starts (``measuring_done``: at least --steps
+steps, then until --measure-seconds of measured steps, at most the step cap), the same for every
+launch of every configuration: a window that depended on what a launch or its partner measured
+would bias its mean (a stop on precision ends on a run of fast steps). Inside a launch
+(``launch_estimate``): leading warm-up-like steps are dropped (``steady_window``), steps the node's
+signals mark as disturbed are set aside, and the launch's value is the **mean** of the clean steps:
+tokens over the time they took, what a training job pays. Its precision (batch means,
+``mean_standard_error``) and the 25% quantile (``fast_step_s``: the mean far above it says steps
+stall) are diagnostics, shown and recorded. A launch disturbed as a whole is flagged
+(``LaunchEstimate.disturbed``): its round is launched again (``rounds.run_rounds``).
 
 A leaf, no pytest: the rank programs import ``measuring_done``. scipy only where a quantile's
 interval is computed.
@@ -22,10 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "DISTURBED_SIGMA", "FAST_QUANTILE", "FIRST_LAUNCH_FACTOR", "LOCATION_QUANTILE", "LaunchEstimate",
-    "MAD_TO_SIGMA", "MAX_DISTURBED_SHARE", "MIN_CLEAN_STEPS", "STALL_DEADLINE_SHARE", "STALL_MARGIN", "STALL_MAX_FACTOR",
-    "STALL_TARGET_SE",
-    "WEIGHT_SIGMA", "launch_estimate", "location_interval", "mean_standard_error", "measure_window",
+    "FAST_QUANTILE", "LOCATION_QUANTILE", "LaunchEstimate", "MAD_TO_SIGMA", "MAX_DISTURBED_SHARE",
+    "MIN_CLEAN_STEPS", "STALL_MARGIN", "launch_estimate", "location_interval", "mean_standard_error",
     "measuring_done", "steady_window",
 ]
 
@@ -142,28 +143,20 @@ def _reason_kind(reason: str) -> str:
     return " ".join(words[:cut]) or reason
 
 
-def measuring_done(step_s: Sequence[float], disturbed: Sequence[str] | None, *, min_steps: int, max_steps: int,
-                   measure_s: float, precision: float, q: float | None = None) -> str:
+def measuring_done(step_s: Sequence[float], *, min_steps: int, max_steps: int, measure_s: float) -> str:
     """Why measuring may stop now ("" to go on): the rank programs call this after every step.
 
-    "precision": at least ``min_steps`` clean steady steps and the launch's value (their mean) known
-    to ``precision`` (half-width of its 95% interval over the value); "time cap": ``measure_s``
-    seconds of measured steps spent (with at least ``min_steps`` steps); "step cap": ``max_steps``.
-    ``precision`` 0: no stop on precision, the whole window is measured (``measure_window``).
-    Deterministic in its inputs, so every rank, given the same all-reduced step times, stops at
-    the same step. (``q`` is ignored: the value is the mean since 0.2.)
+    "time cap": at least ``min_steps`` steps and ``measure_s`` seconds of measured steps spent;
+    "step cap": ``max_steps`` steps; ``measure_s`` 0: exactly ``min_steps`` steps. The window is
+    fixed before the launch and never depends on the step times' spread. Deterministic in its
+    inputs, so every rank, given the same all-reduced step times, stops at the same step.
     """
     n = len(step_s)
     if n >= max_steps:
         return "step cap"
     if n < min_steps:
         return ""
-    clean, _, _ = _clean(step_s, disturbed)
-    if precision > 0 and len(clean) >= max(min_steps, 2):  # one step says nothing of its own precision
-        mean = statistics.fmean(clean)
-        if _Z95 * mean_standard_error(clean) <= precision * mean:
-            return "precision"
-    if sum(step_s) >= measure_s:
+    if not measure_s or sum(step_s) >= measure_s:
         return "time cap"
     return ""
 
@@ -201,91 +194,6 @@ def mean_standard_error(values: Sequence[float]) -> float:
 STALL_MARGIN = 0.05
 # The fast-steps diagnostic: this quantile of the clean steady steps.
 FAST_QUANTILE = 0.25
-# Weight, not veto: a launch disturbed as a whole counts, as a launch with extra launch-to-launch
-# noise (log scale) would: at least this much, or as much as the disturbance measured (what other
-# processes and steal took of its steps, a slowed CPU, a slow phase): next to clean launches (2%
-# noise) it weighs 4% as much or less; alone, it still decides an effect far beyond its threshold
-# and beyond what disturbed it, never a small one.
-DISTURBED_SIGMA = 0.10
-# The noise against which a launch's weight is set (its weight: WEIGHT_SIGMA^2 / (WEIGHT_SIGMA^2 +
-# extra)): a property of the launch alone, so every output weighs a configuration's launches alike.
-WEIGHT_SIGMA = 0.02
-
-
-# How long a launch measures, decided before it starts (never on its own steps: a launch that
-# measured longer because its own first steps stalled, or stopped early because its first steps
-# happened not to, would on average end with fewer stalls than it should have, its value biased
-# toward the fast steps):
-# - a configuration's first launch this session measures its whole window of FIRST_LAUNCH_FACTOR x
-#   --measure-seconds (no stop on precision): it is where the session learns whether the
-#   configuration's steps stall;
-# - a configuration whose earlier launch stalled (its mean at least ``STALL_MARGIN`` above its fast
-#   steps, beyond what the session's other configurations show: the machine's own wobble, which
-#   on this VM put clean launches' means 7-9% above their fast steps for an hour) measures its next
-#   launches whole, as long as that launch's steps say the mean needs to be
-#   known to ``STALL_TARGET_SE`` (its standard error scales as 1 / sqrt(time): seconds x (se /
-#   target)^2), at least --measure-seconds and at most STALL_MAX_FACTOR x --measure-seconds and half the
-#   launch deadline;
-# - any other launch stops at --step-precision or after --measure-seconds.
-# Why: a mean over steps of which some stall varies from launch to launch with how many happened to
-# stall (20% of 12 steps stalling x1.6: about 7% between launches; of 120: about 2%), and a gate over
-# 6 launches per side then cannot tell an 11% loss from a 5% one. Simulated with this module's gate
-# (5 gates a night, Bonferroni, a prior of 1.1% on 6 df as a 3-night baseline learns it): such stalls
-# fail 71% of nights with later launches of 3 windows, 92% with the window their steps ask for (10
-# windows for these stalls; fewer where the stalled launch's mean was already well known). And a precision stop is
-# biased where steps stall: 10 steps without a stall (11% of launches at p = 0.2) reach 1% and stop,
-# valued at the fast steps.
-FIRST_LAUNCH_FACTOR = 2.0
-STALL_TARGET_SE = 0.01
-STALL_MAX_FACTOR = 10.0
-# The share of the launch deadline (--launch-timeout) a stretched window may take: the rest is for
-# start-up, warm-up and the ranks' exit.
-STALL_DEADLINE_SHARE = 0.5
-
-
-@dataclass(frozen=True)
-class Window:
-    """How long one launch measures (``measure_window``)."""
-
-    seconds: float  # of measured steps, at most (0: exactly --steps steps)
-    whole: bool  # measure the whole window: no stop on --step-precision
-    why: str = ""  # why it is longer than --measure-seconds because steps stall ("" otherwise)
-
-
-def measure_window(measure_s: float, launch: int, earlier: Sequence[LaunchEstimate],
-                   deadline_s: float | None = None, machine_stall: float = 0.0) -> Window:
-    """The window of launch number ``launch`` of a configuration.
-
-    ``earlier``: the ``LaunchEstimate`` of the configuration's earlier launches this session;
-    ``deadline_s``: the launch deadline, half of which a stretched window may take at most;
-    ``machine_stall``: how far the machine puts a launch's mean above its fast steps (the least any
-    other configuration's launches this session show, ``Measurer._earlier``): a configuration stalls when its mean sits
-    ``STALL_MARGIN`` beyond that, since a machine whose speed wobbles puts every configuration's mean
-    above its fast steps, and that is no reason to measure one of them longer.
-    ``measure_s`` 0 (exactly --steps steps) stays 0.
-    """
-    if not measure_s:
-        return Window(measure_s, False)
-    machine = max(machine_stall, 0.0)
-    stalled = [e for e in earlier if e.stall - machine >= STALL_MARGIN]
-    if stalled:
-        worst = max(e.stall for e in stalled)
-        # What each stalled launch's steps say its next one needs: its clean steps' time x (se / target)^2.
-        need = max(e.used * e.step_s * (e.log_se / STALL_TARGET_SE) ** 2 for e in stalled)
-        cap = measure_s * STALL_MAX_FACTOR
-        if deadline_s:
-            cap = max(min(cap, deadline_s * STALL_DEADLINE_SHARE), measure_s)
-        seconds = min(max(need, measure_s), cap)
-        capped = " (the most it may)" if need > cap else ""
-        return Window(seconds, True,
-                      f"an earlier launch's mean sat {worst:.0%} above its fast steps"
-                      + (f" (the session's other configurations: {machine:.0%})" if machine else "")
-                      + f" (steps stall): measuring "
-                      f"all of {seconds:.3g} s{capped} for the mean to {STALL_TARGET_SE:.0%}, instead of up to "
-                      f"{measure_s:g} s")
-    if launch == 0:
-        return Window(measure_s * FIRST_LAUNCH_FACTOR, True)
-    return Window(measure_s, False)
 
 
 @dataclass(frozen=True)
@@ -298,27 +206,14 @@ class LaunchEstimate:
     used: int  # clean steady steps the value rests on
     warmup_like: int  # leading steps the steady window dropped
     set_aside: dict[str, int] = field(default_factory=dict)  # disturbed steps by cause
-    # Why the whole launch is down-weighted ("" when it is not): too few clean steps, most steps
-    # disturbed, or the machine in a slow phase for the whole launch.
+    # Why the whole launch is disturbed ("" when it is not): too few clean steps, most steps
+    # disturbed, or the machine in a slow phase for the whole launch. Its round is re-run.
     disturbed: str = ""
     fast_step_s: float = 0.0  # the 25% quantile of the same steps: the fast steps, a diagnostic
-    # How far the disturbance may have moved the value (log scale), when disturbed as a whole.
-    disturbance: float = 0.0
 
     @property
     def set_aside_steps(self) -> int:
         return sum(self.set_aside.values())
-
-    @property
-    def extra_var(self) -> float:
-        """Extra variance (log scale) the gates give this launch when disturbed as a whole: the larger
-        of ``DISTURBED_SIGMA`` and the measured disturbance, squared."""
-        return max(DISTURBED_SIGMA, self.disturbance) ** 2 if self.disturbed else 0.0
-
-    @property
-    def weight(self) -> float:
-        """The launch's weight in its configuration's value: 1 clean, about 0.04 disturbed."""
-        return WEIGHT_SIGMA ** 2 / (WEIGHT_SIGMA ** 2 + self.extra_var)
 
     @property
     def stall(self) -> float:
@@ -331,29 +226,23 @@ class LaunchEstimate:
     def describe(self) -> str:
         """How the value was taken, in words (the measurement summary)."""
         if self.disturbed:
-            return f"mean of {self.used} of {self.steps} steps; launch down-weighted: {self.disturbed}"
+            return f"mean of {self.used} of {self.steps} steps; launch disturbed: {self.disturbed}"
         aside = f", {self.set_aside_steps} disturbed set aside" if self.set_aside_steps else ""
         return f"mean of {self.used} of {self.steps} steps{aside}; fast steps {self.fast_step_s * 1000:.1f} ms"
 
 
 def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = None,
-                    q: float | None = None, slow_phase: float = 0.0,
-                    loss: Sequence[float] | None = None) -> LaunchEstimate:
+                    slow_phase: float = 0.0) -> LaunchEstimate:
     """The launch's value (the mean of its clean steady steps: tokens over the time they took, what
     the job pays) and its own precision (``mean_standard_error``, in logs).
 
     A launch with fewer than ``MIN_CLEAN_STEPS`` clean steps, more than half of its steps
     disturbed, or run in another phase of the machine (``slow_phase`` off 0: its CPU probe that much
     slower, or faster where negative, than its configuration's usual launch's, as
-    ``workload.signals.slow_phase`` judged) is marked ``disturbed``:
-    its value falls back to all steady steps when too few are clean, and the gates weigh it down
-    (``DISTURBED_SIGMA``) instead of dropping it. The 25% quantile (``fast_step_s``) is kept as a
-    diagnostic: the mean far above it says some steps stall.
-
-    ``loss``: per step, the share of its time the disturbance took (0..1; ``measure.result_estimate``
-    reads it from the signals). A launch disturbed as a whole carries as ``disturbance`` how far
-    that may have moved its value: the log ratio of all steady steps' mean to the clean steps' mean
-    where enough are clean, else -log(1 - mean loss of the disturbed steps), and |log(1 + slow_phase)|.
+    ``workload.signals.slow_phase`` judged) is marked ``disturbed``: its value falls back to all
+    steady steps when too few are clean, and its round is launched again (``rounds.run_rounds``).
+    The 25% quantile (``fast_step_s``) is kept as a diagnostic: the mean far above it says some steps
+    stall.
     """
     if not step_s:
         raise ValueError("a launch with no step times has no value")
@@ -377,16 +266,4 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
     mean = statistics.fmean(clean)
     log_se = mean_standard_error(clean) / mean
     fast = _quantile(sorted(clean), FAST_QUANTILE)
-    magnitude = 0.0
-    if why:
-        steady_times = [float(t) for t in step_s[start:]]
-        flags = (list(disturbed) if disturbed else [""] * len(step_s))[start:]
-        clean_only = [t for t, d in zip(steady_times, flags) if not d]
-        if len(clean_only) >= MIN_CLEAN_STEPS:
-            magnitude = abs(math.log(statistics.fmean(steady_times) / statistics.fmean(clean_only)))
-        elif loss:
-            lost = [min(max(float(x), 0.0), 0.95) for x, d in zip(list(loss)[start:], flags) if d]
-            magnitude = -math.log(1 - statistics.fmean(lost)) if lost else 0.0
-        magnitude = max(magnitude, abs(math.log1p(slow_phase)))
-    return LaunchEstimate(mean, log_se, len(step_s), len(clean), start, dict(reasons), "; ".join(why), fast,
-                          magnitude)
+    return LaunchEstimate(mean, log_se, len(step_s), len(clean), start, dict(reasons), "; ".join(why), fast)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .gates import GateOutcome
-from .stats import MIN_LEARNED_NIGHTS, QUICK_LOOK_ROUND_SD, Verdict
+from .stats import MIN_LEARNED_NIGHTS, MIN_ROUNDS, QUICK_LOOK_ROUND_SD, Verdict
 
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED = "pass", "fail", "inconclusive", "error", "skipped"
 OUTCOMES = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED)
@@ -65,8 +65,8 @@ def gate_record(g: GateOutcome) -> dict[str, Any]:
     return {"a": g.a_name, "b": g.b_name, "context": g.context, "outcome": str(g.verdict), "ratio": iv.point,
             "ci_low": iv.low, "ci_high": iv.high, "confidence": iv.confidence, "threshold": g.threshold,
             "requirement": g.requirement, "a_value": g.values[0], "b_value": g.values[1], "unit": g.unit,
-            "launches": list(iv.launches), "down_weighted": len(g.set_aside), "launch_noise": iv.sigma,
-            "noise_df": iv.df, "noise_source": g.noise.source, "noise_note": iv.noise_note, "family": g.family}
+            "launches": list(iv.launches), "reruns": len(g.reruns), "launch_noise": iv.sigma,
+            "noise_df": iv.df, "noise_source": iv.source, "noise_note": iv.noise_note, "family": g.family}
 
 
 def counts(words: Iterable[str]) -> dict[str, int]:
@@ -81,18 +81,18 @@ def undecided_night(gate_outcomes: Sequence[str], comparisons_without_fabrics: i
 
     A night decides nothing when every gate it ran was inconclusive, or when comparisons were
     skipped because the run had no distinct fabrics (``auto`` fell back to local processes).
-    ``one_launch``: the night allowed one launch per side (--max-repeats 1), which without a learned
-    noise decides only effects beyond the noise bound (``contrasts.one_launch_prior``).
+    ``one_launch``: the night allowed fewer than ``contrasts.MIN_ROUNDS`` rounds (--max-repeats), which
+    without a learned noise decide only effects beyond the noise bound (``contrasts.bound_prior``).
     """
     if comparisons_without_fabrics:
         why = note or "the cluster runs every fabric over the same links"
         return (f"{comparisons_without_fabrics} fabric comparison(s) skipped: {why}; run as root (the emulated "
                 f"cluster needs network namespaces) or on a real cluster")
     if gate_outcomes and all(o == INCONCLUSIVE for o in gate_outcomes) and one_launch:
-        return (f"all {len(gate_outcomes)} gate(s) inconclusive: one launch per side (--max-repeats 1) decides only "
-                f"effects beyond the noise bound ({QUICK_LOOK_ROUND_SD:.0%} per round) unless the noise was learned "
+        return (f"all {len(gate_outcomes)} gate(s) inconclusive: fewer than {MIN_ROUNDS} rounds (--max-repeats) decide "
+                f"only effects beyond the noise bound ({QUICK_LOOK_ROUND_SD:.0%} per round) unless the noise was learned "
                 f"from {MIN_LEARNED_NIGHTS} nights of the configurations (pytest-fabric baseline, --fabric-baseline); "
-                f"or raise --max-repeats")
+                f"or raise --max-repeats to {MIN_ROUNDS} or more")
     if gate_outcomes and all(o == INCONCLUSIVE for o in gate_outcomes):
         return (f"all {len(gate_outcomes)} gate(s) inconclusive: raise --max-repeats, or lower the launch noise "
                 f"(a quieter machine, a --fabric-baseline that learned it)")

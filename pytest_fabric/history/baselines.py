@@ -39,11 +39,14 @@ def build_baseline(runs: Sequence[SavedRun]) -> dict[str, Any]:
         latest = nights[-1][1]
         dropped = list(b.dropped)
         marked = []
-        for label, value in zip([label for label, _ in nights], values):
+        for (label, c), value in zip(nights, values):
             kept = value not in dropped
             if not kept:
                 dropped.remove(value)
-            marked.append({"night": label, "tokens_per_s": value, "kept": kept})
+            # Launches behind the nightly value: what the night-to-night variance is told apart by.
+            marked.append({"night": label, "tokens_per_s": value, "kept": kept,
+                           "launches": len([v for v, counted in zip(c.tokens_per_s, c.counted or [True] * c.launches)
+                                            if counted]) or c.launches})
         cases[cid] = {"model": latest.model, "nodes": latest.nodes, "fabric": latest.fabric, "gpus": latest.gpus,
                       "center": b.center, "spread": b.spread, "kept": len(b.kept), "dropped": len(b.dropped),
                       "nights": marked}
@@ -109,11 +112,12 @@ def launch_noise(runs: Sequence[SavedRun]) -> dict[str, Any] | None:
     per_case: dict[str, list[list[float]]] = {}
     for run in runs:
         for cid, c in run.cases.items():
-            if len(c.tokens_per_s) >= 2:
-                per_case.setdefault(cid, []).append([math.log(v) for v in c.tokens_per_s])
-    contributing = [run for run in runs if any(c.nodes > 1 and len(c.tokens_per_s) >= 2 for c in run.cases.values())]
-    groups = [[math.log(v) for v in c.tokens_per_s] for run in contributing for c in run.cases.values()
-              if c.nodes > 1 and len(c.tokens_per_s) >= 2]
+            if len(c.counted_tokens_per_s) >= 2:
+                per_case.setdefault(cid, []).append([math.log(v) for v in c.counted_tokens_per_s])
+    contributing = [run for run in runs
+                    if any(c.nodes > 1 and len(c.counted_tokens_per_s) >= 2 for c in run.cases.values())]
+    groups = [[math.log(v) for v in c.counted_tokens_per_s] for run in contributing for c in run.cases.values()
+              if c.nodes > 1 and len(c.counted_tokens_per_s) >= 2]
     variance, df = pooled_noise(groups)
     cases = {}
     for cid, case_groups in sorted(per_case.items()):
@@ -177,6 +181,12 @@ class Baseline:
     learned_noise: dict | None = None  # the built baseline's ``launch_noise``, as stored
     # A built baseline's kept value of each case per night (night label -> tokens/s).
     nights: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Launches behind each case's nightly values (their harmonic mean); absent: one value per launch.
+    launches: dict[str, float] = field(default_factory=dict)
+
+    def per_night(self, case_id: str) -> float:
+        """How many launches each of ``case_id``'s values rests on (``contrasts.reference_term``)."""
+        return self.launches.get(case_id, 1.0)
 
     def paired(self, a: str, b: str) -> list[tuple[float, float]]:
         """(a, b) tokens/s of each night of a built baseline that kept a value of both."""
@@ -191,14 +201,27 @@ class Baseline:
     @classmethod
     def load(cls, path: str) -> Baseline:
         run = load_results(path)
-        learned, nights = None, {}
+        learned, nights, launches = None, {}, {}
         if run.kind == "baseline":
             # A built baseline keeps one value per kept night: those are its samples.
             data = load_baseline(path)
             values = {cid: list(b.kept) for cid in run.cases if (b := baseline_for(data, cid)) is not None}
             learned = data.get("launch_noise") if isinstance(data.get("launch_noise"), dict) else None
             nights = baseline_nights(data)
+            launches = _launches_per_night(data)
         else:
             values = run.measurements
         return cls(str(path), {cid: v for cid, v in values.items() if v},
-                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), learned, nights)
+                   {cid: c.gpus for cid, c in run.cases.items()}, dict(run.identity), learned, nights, launches)
+
+
+def _launches_per_night(baseline: Mapping[str, Any]) -> dict[str, float]:
+    """Each case's launches per kept night (harmonic mean: the mean's variance goes as its 1 / n),
+    where the baseline recorded them."""
+    out: dict[str, float] = {}
+    for cid, c in baseline.get("cases", {}).items():
+        counts = [n["launches"] for n in c.get("nights", []) if n.get("kept", True)
+                  and isinstance(n.get("launches"), int) and n["launches"] > 0]
+        if counts:
+            out[cid] = len(counts) / sum(1 / k for k in counts)
+    return out

@@ -13,8 +13,8 @@ What the testsuite carries (properties, which every JUnit family allows): run-wi
 cluster, nodes, repeats policy, device, project version, the count of each outcome) and, over
 every launch of the run, each configuration's machine lines ``fabric.<case id>.<name>``: its
 figure (the one the gate judged, ``stats.configuration_value`` of the launches that counted),
-``launch_tokens_per_s`` per launch and ``launch_weight`` (1, or small for a launch disturbed as a
-whole, which counts down-weighted). A reader reads the machine lines (suite properties first, then testcases), never the
+``launch_tokens_per_s`` per launch and ``launch_counted`` (1, or 0 for a launch disturbed as a
+whole, whose round ran again). A reader reads the machine lines (suite properties first, then testcases), never the
 sentences. Per-testcase properties are added where the family allows them (xunit1/legacy:
 Jenkins ``keepProperties``); the xunit2 schema (pytest's default, junit-10.xsd) has none.
 
@@ -74,9 +74,9 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
             f"{p}.tokens_per_s_per_gpu": f"{value / first.gpus:.3f}",
             f"{p}.step_s": f"{r.tokens_per_step / value:.6f}",
             f"{p}.launches": str(len(ms)),
-            f"{p}.launches_down_weighted": str(sum(1 for m in ms if m.down_weighted)),
+            f"{p}.launches_disturbed": str(sum(1 for m in ms if not m.counted)),
             f"{p}.launch_tokens_per_s": ",".join(f"{m.tokens_per_s:.3f}" for m in ms),
-            f"{p}.launch_weight": ",".join(f"{m.weight:.4g}" for m in ms),
+            f"{p}.launch_counted": ",".join("1" if m.counted else "0" for m in ms),
             f"{p}.steps": ",".join(str(m.estimate.steps) for m in ms),
             f"{p}.gpus": str(first.gpus),
             f"{p}.cluster": first.cluster,
@@ -144,10 +144,10 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], no
                 value = configuration_tokens_per_s(group)
                 values[(first.case.model, first.case.nodes, first.case.fabric)] = value
                 if len(group) > 1:
-                    aside = sum(1 for m in group if m.down_weighted)
+                    aside = sum(1 for m in group if not m.counted)
                     lines.append(f"{first.case.id}: {value:.1f} tokens/s over {len(group)} launches "
                                  f"({', '.join(f'{m.tokens_per_s:.1f}' for m in group)}"
-                                 + (f"; {aside} down-weighted" if aside else "") + f"), {first.gpus} GPU(s)")
+                                 + (f"; {aside} disturbed, not counted" if aside else "") + f"), {first.gpus} GPU(s)")
                     continue
             lines.append(first.summary())
         for (model, nodes, fabric), value in values.items():
@@ -365,22 +365,18 @@ def load_junit(path: Path) -> SavedRun:
     return SavedRun(identity, cases, links, verdicts, [], path, "junit")
 
 
-def _launch_values(lines: Mapping[str, str], path: Path) -> tuple[list[float], list[float]] | None:
-    """(each launch's tokens/s, its weight) from one testcase's machine lines. Files written before
-    0.4 flag launches the gates set aside (``launch_set_aside``): weight 0, left out."""
+def _launch_values(lines: Mapping[str, str], path: Path) -> tuple[list[float], list[bool]] | None:
+    """(each launch's tokens/s, whether it counts) from one testcase's machine lines (all count
+    where ``launch_counted`` is absent)."""
     text = lines.get("launch_tokens_per_s")
     if text is None:
         return None
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
-        weights = [float(w) for w in lines.get("launch_weight", "").split(",") if w.strip()]
     except ValueError:
-        raise ResultsError(f"{path}: launch_tokens_per_s={text!r} or launch_weight is not a comma-separated list "
-                           f"of numbers") from None
-    if len(weights) != len(values) or not all(w > 0 for w in weights):
-        flags = [f.strip() == "1" for f in lines.get("launch_set_aside", "").split(",") if f.strip()]
-        weights = [0.0 if a else 1.0 for a in flags] if len(flags) == len(values) else [1.0] * len(values)
-    return values, weights
+        raise ResultsError(f"{path}: launch_tokens_per_s={text!r} is not a comma-separated list of numbers") from None
+    flags = [f.strip() != "0" for f in lines.get("launch_counted", "").split(",") if f.strip()]
+    return values, flags if len(flags) == len(values) else [True] * len(values)
 
 
 def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, tuple[list[float], list[bool]]],
@@ -406,13 +402,10 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
                                             max(size for size, _ in busbw.values()), mbit_to_gbit(mbit) if mbit else None)
             elif "tokens_per_s" in m:
                 gpus = int(m.get("gpus", "1"))
-                values, weights = launches.get(cid) or ([float(m["tokens_per_s"])], [1.0])
-                # A weight of 0: a launch a file before 0.2 set aside (all of them when every one was).
-                kept = [(v, w) for v, w in zip(values, weights) if w > 0] or [(v, 1.0) for v in values]
-                values, weights = [v for v, _ in kept], [w for _, w in kept]
+                values, counted = launches.get(cid) or ([float(m["tokens_per_s"])], [True])
                 # The step's figures; "n/a" (a CPU run) and files written before them: None.
                 cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values],
-                                        weights, _known(m, "mfu", float), _known(m, "mfu_peak", str),
+                                        counted if not all(counted) else None, _known(m, "mfu", float), _known(m, "mfu_peak", str),
                                         _known(m, "peak_memory_gib", float))
         except ValueError as exc:
             raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "

@@ -40,9 +40,9 @@ class CaseResult:
     gpus: int
     tokens_per_s: list[float]
     tokens_per_s_per_gpu: list[float]
-    # Each launch's weight (``stats.LaunchEstimate.weight``: 1, small for a launch disturbed as a
-    # whole); None: all 1 (files written before 0.2, which left disturbed launches out instead).
-    weights: list[float] | None = None
+    # Whether each launch counts in the value (``Measurement.counted``: not disturbed as a whole, its
+    # round launched again); None: all count.
+    counted: list[bool] | None = None
     # The step's figures (``hostbound.py``), as the terminal and JUnit show them: the MFU at the
     # configuration's value (``models.MFU_CONVENTION``) against ``mfu_peak`` ("H200 SXM 989 TFLOP/s
     # dense bf16"), and the largest per-rank peak memory over the launches, GiB. None: a CPU run (MFU
@@ -60,24 +60,34 @@ class CaseResult:
         return len(self.tokens_per_s)
 
     @property
-    def down_weighted(self) -> int:
-        """Launches that counted with a small weight (disturbed as a whole)."""
-        return sum(1 for w in self.weights or () if w < 1.0)
+    def disturbed(self) -> int:
+        """Launches not counted (disturbed as a whole: their rounds were launched again)."""
+        return sum(1 for c in self.counted or () if not c)
 
     @property
     def count_text(self) -> str:
-        """"6", or "6 (1 dw)" with one of them down-weighted: the count every output shows."""
-        return f"{self.launches}" + (f" ({self.down_weighted} dw)" if self.down_weighted else "")
+        """"6", or "6 (1 disturbed)" with one of them not counted: the count every output shows."""
+        return f"{self.launches}" + (f" ({self.disturbed} disturbed)" if self.disturbed else "")
+
+    def counted_of(self, values: list[float]) -> list[float]:
+        """``values`` (one per launch) of the launches that count (all, where none does)."""
+        kept = [v for v, c in zip(values, self.counted or [True] * len(values)) if c]
+        return kept or values
+
+    @property
+    def counted_tokens_per_s(self) -> list[float]:
+        """The values of the launches that count (all, where none does)."""
+        return self.counted_of(self.tokens_per_s)
 
     @property
     def mean(self) -> float:
-        """The configuration's value: ``stats.configuration_value`` of its launches with their
-        weights (the number the gates judged and the terminal and JUnit showed)."""
-        return configuration_value(self.tokens_per_s, self.weights)
+        """The configuration's value: ``stats.configuration_value`` of its counted launches (the
+        number the terminal and JUnit showed)."""
+        return configuration_value(self.counted_tokens_per_s)
 
     @property
     def mean_per_gpu(self) -> float:
-        return configuration_value(self.tokens_per_s_per_gpu, self.weights)
+        return configuration_value(self.counted_of(self.tokens_per_s_per_gpu))
 
 
 @dataclass

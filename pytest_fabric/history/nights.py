@@ -158,7 +158,7 @@ def case_result(launches: Sequence[Measurement]) -> CaseResult:
     first = launches[0]
     return CaseResult(first.case.model, first.case.nodes, first.case.fabric, first.gpus,
                       [m.tokens_per_s for m in launches], [m.tokens_per_s_per_gpu for m in launches],
-                      [m.weight for m in launches],
+                      [m.counted for m in launches] if not all(m.counted for m in launches) else None,
                       configuration_mfu(launches, configuration_tokens_per_s(launches)), mfu_peak(launches),
                       peak_memory_gib(launches))
 
@@ -244,7 +244,7 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
         "identity": full,
         "cases": {cid: {"model": c.model, "nodes": c.nodes, "fabric": c.fabric, "gpus": c.gpus,
                         "tokens_per_s": c.tokens_per_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu,
-                        **({"weights": c.weights} if c.weights else {}),
+                        **({"counted": c.counted} if c.counted else {}),
                         # absent where unknown: a CPU run has no MFU
                         **{k: v for k in _STEP_FIGURES if (v := getattr(c, k)) is not None}}
                   for cid, c in sorted(cases.items())},
@@ -358,6 +358,13 @@ def _field(obj: Any, name: str, kind: type | tuple[type, ...], where: str) -> An
     return value
 
 
+def _flags(obj: Any, name: str, n: int, where: str) -> list[bool]:
+    values = _field(obj, name, list, where)
+    if len(values) != n or not all(isinstance(v, bool) for v in values):
+        raise ResultsError(f"{where}: \"{name}\" must be a list of true/false, one per launch")
+    return values
+
+
 def _numbers(obj: Any, name: str, where: str) -> list[float]:
     values = _field(obj, name, list, where)
     if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in values):
@@ -390,7 +397,7 @@ def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
         cases[cid] = CaseResult(_field(c, "model", str, where), _field(c, "nodes", int, where),
                                 _field(c, "fabric", str, where), _field(c, "gpus", int, where),
                                 _numbers(c, "tokens_per_s", where), _numbers(c, "tokens_per_s_per_gpu", where),
-                                _numbers(c, "weights", where) if "weights" in c else None,
+                                _flags(c, "counted", len(c.get("tokens_per_s") or []), where) if "counted" in c else None,
                                 _optional(c, "mfu", (int, float), where), _optional(c, "mfu_peak", str, where),
                                 _optional(c, "peak_memory_gib", (int, float), where))
     links = {}

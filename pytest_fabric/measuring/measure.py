@@ -11,18 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import platform
 import re
-import shutil
-import signal
-import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -34,13 +28,10 @@ from . import preflight
 from ..core.case import BANDWIDTH, Case
 from ..cluster import Cluster, ClusterUnavailable, LaunchRequest
 from ..cluster.base import OnThisMachine
-from ..cluster.supervisor import interrupt_on_sigterm
 from ..core.fabrics import Fabric, get_fabric
 from ..core.models import get_model
 from .measurement import (BandwidthMeasurement, LaunchKey, LaunchRecord, Measurement, MeasurementError,  # noqa: F401 (public names)
-                          block_name, launch_number, configuration_tokens_per_s, counted, launch_value, result_estimate, step_loss)
-from ..deciding.stats import (FIRST_LAUNCH_FACTOR, STALL_MAX_FACTOR, STALL_TARGET_SE, LaunchEstimate, Window,
-                              measure_window)
+                          block_name, launch_number, configuration_tokens_per_s, launch_value)
 from ..core.storage import is_storage_error, storage_problem
 from .store import ResultStore
 from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
@@ -48,7 +39,6 @@ from ..workload import faults
 from ..workload.signals import launch_probe, usual_probe
 from ..workload.config import CollectivesConfig, TrainConfig
 from ..workload.result import CollectivesResult, TrainResult
-from ..workload.turnstile import CHUNK_S, TurnConfig, mark_done
 
 
 # Launches that must fail first on one node before it is left out for the session (_node_failed).
@@ -62,10 +52,9 @@ class LaunchSettings:
     gpus_per_node: int = 1
     steps: int = 10  # measured steps at least
     warmup_steps: int = 2
-    # Then measuring goes on until the launch's step time is known to `step_precision`, for at most
-    # `measure_s` seconds of measured steps (0: exactly `steps` steps) and `max_steps` steps.
+    # Then measuring goes on until `measure_s` seconds of measured steps (0: exactly `steps` steps),
+    # at most `max_steps` steps: one window for every launch, fixed before it starts.
     measure_s: float = 6.0
-    step_precision: float = 0.01
     max_steps: int = 200
     batch_size: int | None = None  # None: the model's own default shape
     seq_len: int | None = None
@@ -92,7 +81,7 @@ class LaunchSettings:
                 "activation_checkpointing": self.activation_checkpointing, "compile": self.compile,
                 "model_path": self.model_path,
                 "steps": self.steps, "warmup_steps": self.warmup_steps, "max_steps": self.max_steps,
-                "measure_s": self.measure_s, "step_precision": self.step_precision}
+                "measure_s": self.measure_s}
 
     def fabric(self, name: str) -> Fabric:
         return get_fabric(name, self.fabric_table)
@@ -101,10 +90,8 @@ class LaunchSettings:
         """How long a launch measures, in words (the session's header line)."""
         if not self.measure_s:
             return f"{self.steps} measured steps"
-        return (f"at least {self.steps} measured steps, then to {self.step_precision:.0%} precision within "
-                f"{self.measure_s:g} s (a configuration's first launch: all of {self.measure_s * FIRST_LAUNCH_FACTOR:g} s; "
-                f"after its steps stall: as long as their mean needs to be known to {STALL_TARGET_SE:.0%}, "
-                f"up to {self.measure_s * STALL_MAX_FACTOR:g} s)")
+        return (f"at least {self.steps} measured steps, then until {self.measure_s:g} s of measured steps "
+                f"(at most {self.max_steps} steps), the same window for every launch")
 
     def shape(self, model: str, ranks: int = 1) -> tuple[int, int]:
         """(batch, seq) per rank: the user's, else the model's default. A CPU-sized model has one
@@ -115,10 +102,6 @@ class LaunchSettings:
             return self.batch_size or spec.batch_size, self.seq_len or spec.seq_len
         return memory.default_gpu_shape(spec, ranks, self.activation_checkpointing, self.compile != "off",
                                         seq=self.seq_len)
-
-
-# The name of 0.1, kept for suites written against it.
-Settings = LaunchSettings
 
 
 Progress = Callable[[str], None]
@@ -136,17 +119,6 @@ def _timed(launch: Callable[[], LaunchRecord], clock: Callable[[], float]) -> di
     return replace(record, started=round(started, 3), ended=round(clock(), 3)).to_dict()
 
 
-def _cancellable(tick: Callable[[float], None] | None, cancel: threading.Event) -> Callable[[float], None]:
-    """``tick``, raising KeyboardInterrupt once ``cancel`` is set: the supervisor's loop unwinds as on
-    Ctrl-C (its ``finally`` kills the ranks), in a thread that no signal reaches."""
-    def cancellable(elapsed: float) -> None:
-        if cancel.is_set():
-            raise KeyboardInterrupt("the launch's interleaved round was interrupted")
-        if tick is not None:
-            tick(elapsed)
-    return cancellable
-
-
 def _span(stored: Any) -> tuple[float, float] | None:
     """When a stored launch ran, (started, ended); None where the record does not say."""
     try:
@@ -159,17 +131,6 @@ def _span(stored: Any) -> tuple[float, float] | None:
 def _gap(a: tuple[float, float], b: tuple[float, float]) -> float:
     """Seconds between two time spans (0.0 where they overlap)."""
     return max(0.0, max(a[0], b[0]) - min(a[1], b[1]))
-
-
-def _stored_value(stored: Any) -> LaunchEstimate | None:
-    """The launch value of a stored record; None for a failed, unreadable or non-training one."""
-    try:
-        record = LaunchRecord.from_dict(stored) if stored else None
-    except (KeyError, TypeError, ValueError):
-        return None
-    if record is None or not isinstance(record.result, TrainResult) or not record.result.step_s:
-        return None
-    return launch_value(record.result)
 
 
 class Measurer:
@@ -191,8 +152,6 @@ class Measurer:
         # Launches whose ranks failed first on each node, by case, and who hears of a node left out for it.
         self._first_failures: dict[str, list[str]] = {}
         self.on_left_out: Callable[[str, str], None] | None = None
-        # Launch values of stored records by store key, for the windows (a stored launch never changes).
-        self._values: dict[str, LaunchEstimate | None] = {}
         # The typical judged CPU probe of stored records by store key (0.0: fewer than 3 judged).
         self._probes: dict[str, float] = {}
 
@@ -210,93 +169,27 @@ class Measurer:
     def measure(self, case: Case, launch: int = 0, partners: Sequence[Case] = ()) -> Measurement:
         """Launch number ``launch`` (0, 1, ...) of ``case``: each is an independent launch, cached.
 
-        ``partners``: the configurations the same round compares ``case`` with. Where one of them
-        measures a longer window this round (its steps stalled), ``case`` measures that window too,
-        as a launch of its own (key ``...@N~Ws``): a launch's mean depends on how long it ran (here
-        a 60 s launch's steps averaged 5-15% slower than its own first 6 s), so the two sides of a
-        comparison must measure alike, and a launch measured shorter for another comparison serves
-        that one only.
-
-        A round's launches run back to back (``in_round``): a stored launch serves this round only
-        where it ran next to the round's other launches. One measured for an earlier comparison
-        (the reference every gate shares, minutes of other gates ago) is launched again for this
-        round (key ``...+partners``), so that a drift of the machine between two gates never reads as
-        a difference between the fabrics."""
-        key = LaunchKey(self.key(case), launch, self.matched_window(case, launch, partners))
+        ``partners``: the configurations the same round compares ``case`` with. A round's launches
+        run back to back (``in_round``): a stored launch serves this round only where it ran next to
+        the round's other launches. One measured for an earlier comparison (the reference every gate
+        shares, minutes of other gates ago) is launched again for this round (key ``...+partners``),
+        so that a drift of the machine between two gates never reads as a difference between the
+        fabrics. Every launch measures the same window (``LaunchSettings.measure_s``)."""
+        key = LaunchKey(self.key(case), launch)
         if partners:
             again = replace(key, block=block_name(partners))  # once launched again, it serves its round
-            # Only a stored launch can have run apart from its round: the partners' keys (their
-            # windows, from the store) are looked up for those alone.
+            # Only a stored launch can have run apart from its round.
             if self.store.get(str(again)) is not None or (self.store.get(str(key)) is not None and not self.in_round(
                     key, [self._round_key(p, case, launch, partners) for p in partners])):
                 key = again
-        return Measurement.from_record(
-            case, self._cached(case, str(key), lambda: self._launch(case, launch, key.window)), launch)
-
-    def measure_round(self, cases: Sequence[Case], launch: int) -> list[Measurement]:
-        """Launch number ``launch`` of every case of a round, interleaved (``workload/turnstile.py``):
-        the launches start together, warm up, and then their measured steps take turns, a chunk of
-        about ``turnstile.CHUNK_S`` seconds each, in the order given (``cases[0]`` first), so that
-        a drift of the machine hits every side alike instead of the side that ran in its slow
-        minute. Every side measures the round's longest window whole (no stop on precision: sides
-        that stopped apart would not be paired to the end). Keyed ``...@N[~Ws]&partners``: such a
-        launch serves its round alone. Where some of the round is stored already (a resumed
-        session), the rest launches interleaved with each other, or on its own where one is left."""
-        windows = [self.window(case, launch) for case in cases]
-        seconds = max(w.seconds for w in windows)
-        keys = [LaunchKey(self.key(case), launch, round(seconds, 1) if round(seconds, 1) > w.seconds else 0.0,
-                          block_name([c for c in cases if c is not case]), interleaved=True)
-                for case, w in zip(cases, windows)]
-        missing = [i for i, key in enumerate(keys) if self.store.get(str(key)) is None]
-        if len(missing) > 1:
-            with self._machine_slot(cases[missing[0]]):
-                records = self._launch_together([cases[i] for i in missing], launch, seconds)
-            for i, record in zip(missing, records):
-                self.store.get_or_compute(str(keys[i]), lambda record=record: record)
-        return [Measurement.from_record(case, self._cached(
-                    case, str(key), lambda case=case: self._launch(case, launch, seconds, whole=True)), launch)
-                for case, key in zip(cases, keys)]
-
-    def _launch_together(self, cases: Sequence[Case], launch: int, seconds: float) -> list[dict[str, Any]]:
-        """Launch ``cases`` at once, taking turns (``measure_round``): their stored records, in order.
-        A side that ends, however it ends, is marked done in the turnstile, so that no other side
-        waits for it; an interrupt of the session stops every side's ranks."""
-        s = self.settings
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        directory = Path(tempfile.mkdtemp(prefix="turns-", dir=self.workdir))
-        worlds = tuple(case.nodes * s.gpus_per_node for case in cases)
-        cancel = threading.Event()
-
-        def side(i: int) -> dict[str, Any]:
-            turns = TurnConfig(str(directory), i, worlds, CHUNK_S)
-            try:
-                return _timed(lambda: self._launch(cases[i], launch, seconds, whole=True, turns=turns, cancel=cancel),
-                              self.clock)
-            finally:
-                mark_done(directory, i, worlds[i])
-
-        # The sides' supervisors run in threads, where no signal handler can be set: SIGTERM (a CI
-        # job cancelled) unwinds this thread as Ctrl-C does, and the sides with it.
-        previous = interrupt_on_sigterm()
-        try:
-            with ThreadPoolExecutor(len(cases), thread_name_prefix="round") as pool:
-                futures = [pool.submit(side, i) for i in range(len(cases))]
-                try:
-                    return [f.result() for f in futures]
-                except BaseException:
-                    cancel.set()  # every side's supervisor unwinds at its next tick: ranks killed, links gone
-                    raise
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
-            shutil.rmtree(directory, ignore_errors=True)
+        return Measurement.from_record(case, self._cached(case, str(key), lambda: self._launch(case)), launch)
 
     def _round_key(self, partner: Case, case: Case, launch: int, partners: Sequence[Case]) -> LaunchKey | None:
         """The stored launch ``partner`` measured for this round: the one it measured again for
         this round's cases where it did (``measure``), else its launch of that number; None where
         it has not launched yet this round."""
         others = [case, *(p for p in partners if p != partner)]
-        key = LaunchKey(self.key(partner), launch, self.matched_window(partner, launch, others))
+        key = LaunchKey(self.key(partner), launch)
         for candidate in (replace(key, block=block_name(others)), key):
             if self.store.get(str(candidate)) is not None:
                 return candidate
@@ -317,51 +210,6 @@ class Measurer:
         return all(_gap(span, other) <= max(ROUND_GAP_S, span[1] - span[0], other[1] - other[0])
                    for other in (spans or [(now, now)]))
 
-    def window(self, case: Case, launch: int) -> Window:
-        """The window launch number ``launch`` of ``case`` measures on its own (``measure_window``)."""
-        s = self.settings
-        earlier, machine_stall = self._earlier(case, launch)
-        return measure_window(s.measure_s, launch, earlier, s.launch_timeout_s, machine_stall)
-
-    def matched_window(self, case: Case, launch: int, partners: Sequence[Case]) -> float:
-        """The longer window a partner measures this round, where it is longer than ``case``'s own
-        (rounded to 0.1 s, as it is keyed); 0.0 where ``case``'s own window is as long."""
-        if not partners or not launch or not self.settings.measure_s:
-            return 0.0
-        own = self.window(case, launch).seconds
-        longest = max(self.window(p, launch).seconds for p in partners)
-        return round(longest, 1) if round(longest, 1) > own else 0.0
-
-    def _earlier(self, case: Case, launch: int) -> tuple[list[LaunchEstimate], float]:
-        """The values of ``case``'s configuration's earlier launches this session (how far each sat
-        above its fast steps, how well its mean was known), and how far the machine puts a mean above
-        its fast steps: the least any other configuration shows (its launches' median; 0 with none:
-        a configuration that stalls itself never hides another's), for ``stats.measure_window``.
-        Only launches numbered below ``launch`` count, so that a round's windows (``measure``, which
-        matches a comparison's sides) are the same whichever of its launches has already run."""
-        if not launch:
-            return [], 0.0
-        key, mine, others = self.key(case), {}, {}
-        for stored_key, stored in self.store.all().items():  # one read of the store, not one per launch
-            if stored_key not in self._values:
-                self._values[stored_key] = _stored_value(stored)
-            value = self._values[stored_key]
-            if value is None:  # failed, unreadable, or not a training launch: says nothing of stalls
-                continue
-            parsed = LaunchKey.parse(stored_key)
-            base, number = parsed.base, parsed.number
-            # This round's launches: its windows are planned before any of them lands. A launch
-            # measured over its partner's longer window (``~``) is not a window of its own: a long
-            # window's mean sits further above its fast steps on a machine that slows under load.
-            if number >= launch or parsed.window:
-                continue
-            if base == key:
-                mine[number] = value
-            else:
-                others.setdefault(base, []).append(value.stall)
-        machine = min((statistics.median(stalls) for stalls in others.values()), default=0.0)
-        return [mine[j] for j in sorted(mine)], machine
-
     def _cached(self, case: Case, key: str, launch: Callable[[], LaunchRecord]) -> LaunchRecord:
         """The store's record of ``key``, launched if absent; MeasurementError for a failed launch, and
         for a disk that cannot take the launch's files (one line saying what to do, storage.py)."""
@@ -376,22 +224,11 @@ class Measurer:
             raise MeasurementError(record.error)
         return record
 
-    def _launch(self, case: Case, launch: int = 0, at_least: float = 0.0, whole: bool = False,
-                turns: TurnConfig | None = None, cancel: threading.Event | None = None) -> LaunchRecord:
+    def _launch(self, case: Case) -> LaunchRecord:
         s = self.settings
         batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
         if problem := self._memory_refusal(case, batch, seq):  # before launching, not a CUDA OOM mid-run
             return LaunchRecord.failure(case, problem)
-        # A configuration's first launch, and one whose steps stalled earlier, measure longer (stats.py);
-        # so does one compared in this round with a configuration that measures longer (``measure``).
-        window = self.window(case, launch)
-        if at_least > window.seconds:
-            window = Window(at_least, True, f"its comparison partner measures all of {at_least:g} s this round "
-                                            f"(its steps stall): measuring as long, so that both sides measure alike")
-        elif whole and not window.whole:
-            window = replace(window, whole=True)  # interleaved: every side to the end of the window
-        if window.why and self.progress is not None:
-            self.progress(f"{case.id}: {window.why}")
         run_dir = self._run_dir(case)
         config = TrainConfig(
             model=get_model(case.model).to_dict(),
@@ -400,24 +237,10 @@ class Measurer:
             result_path=str(run_dir / "result.json"),
             progress_path=str(run_dir / "progress.jsonl"),
             collective_timeout_s=s.launch_timeout_s,
-            **{**s.workload_knobs(), "measure_s": window.seconds,
-               "step_precision": 0.0 if window.whole else s.step_precision, "max_steps": self._step_cap(window.seconds)},
+            **s.workload_knobs(),
             fabric=self._fabric_record(case),
-            turnstile=turns.to_dict() if turns is not None else None,
         )
-        record = self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path),
-                           slot=turns is None, cancel=cancel)
-        return replace(record, measured_longer=window.why) if window.why else record
-
-    def _step_cap(self, seconds: float) -> int:
-        """The most steps a launch measuring ``seconds`` may take: the settings' cap bounds the usual
-        window (--measure-seconds) of very short steps, and a window stretched to N times it may take
-        N times the steps, so that the window, not the cap, ends it: a side matched to its partner's
-        60 s must measure 60 s even where its steps are short (a 70 ms step hit 200 steps after 14 s)."""
-        s = self.settings
-        if not s.measure_s:
-            return s.max_steps
-        return max(s.max_steps, math.ceil(s.max_steps * seconds / s.measure_s - 1e-9))
+        return self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
 
     def _memory_refusal(self, case: Case, batch: int, seq: int) -> str:
         """One line naming what to change when the shape cannot fit the GPU (memory.refusal); "" on
@@ -458,11 +281,8 @@ class Measurer:
         fabric = self.settings.fabric(case.fabric).for_launch(case.crosses_fabric)
         return {**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric), "crosses_fabric": case.crosses_fabric}
 
-    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None,
-             slot: bool = True, cancel: threading.Event | None = None) -> LaunchRecord:
-        """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error.
-        ``slot``: hold the machine's launch lock (an interleaved round holds it for all its sides);
-        ``cancel``: set, the launch stops at its supervisor's next tick (its round was interrupted)."""
+    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None) -> LaunchRecord:
+        """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error."""
         s = self.settings
         fabric = s.fabric(case.fabric)
         config.dump(run_dir / "config.json")
@@ -491,9 +311,7 @@ class Measurer:
         )
         self.launched.append(case)
         ticker = self._ticker(case, progress_file) if progress_file else None
-        if cancel is not None:
-            ticker = _cancellable(ticker, cancel)
-        with self._machine_slot(case) if slot else nullcontext():
+        with self._machine_slot(case):
             try:
                 outcome = self.cluster.launch(request, on_tick=ticker)
             except ClusterUnavailable as exc:  # too few healthy nodes; nodes held by another session too long

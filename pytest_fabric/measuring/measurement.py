@@ -24,32 +24,26 @@ from ..core.case import BANDWIDTH, Case
 from ..deciding.stats import LaunchEstimate, configuration_value, launch_estimate
 from ..core.units import MIB
 from ..workload.result import CollectiveRow, CollectivesResult, TrainResult
-from ..workload.signals import probe_judged, slow_phase, typical_probe
+from ..workload.signals import slow_phase
 
-__all__ = ["BandwidthMeasurement", "LaunchKey", "LaunchRecord", "Measurement", "MeasurementError", "configuration_tokens_per_s",
-           "block_name", "counted", "launch_number", "launch_value", "result_estimate", "step_loss"]
+__all__ = ["BandwidthMeasurement", "LaunchKey", "LaunchRecord", "Measurement", "MeasurementError",
+           "configuration_tokens_per_s", "block_name", "launch_number", "launch_value"]
 
 
-_KEY_TAIL = re.compile(r"^(?P<hash>[^@~+&]+)(?:@(?P<number>\d+))?(?:~(?P<window>\d+(?:\.\d+)?)s)?"
-                       r"(?:(?P<join>[+&])(?P<block>.+))?$")
+_KEY_TAIL = re.compile(r"^(?P<hash>[^@+]+)(?:@(?P<number>\d+))?(?:\+(?P<block>.+))?$")
 
 
 @dataclass(frozen=True)
 class LaunchKey:
-    """A store key, ``<case>#<set-up>[@N][~Ws][+partners|&partners]``, read in one place (``parse``)
-    and written in one (``str``): the configuration (``base``: the case and every setting that
-    changes it), the launch number (0 is the first), the window it measured where it matched a
-    comparison partner's longer one (``window``, seconds; 0.0: its own), and, for a launch measured
-    again for a round whose other launches ran later than its first one (``Measurer.measure``: a
-    round's launches run back to back), the partners of that round (``block``, their case ids, ","
-    between). ``&`` instead of ``+``: the launch took turns with those partners, interleaved
-    (``Measurer.measure_round``)."""
+    """A store key, ``<case>#<set-up>[@N][+partners]``, read in one place (``parse``) and written in
+    one (``str``): the configuration (``base``: the case and every setting that changes it), the
+    launch number (0 is the first), and, for a launch measured again for a round whose other
+    launches ran later than its first one (``Measurer.measure``: a round's launches run back to
+    back), the partners of that round (``block``, their case ids, "," between)."""
 
     base: str
     number: int = 0
-    window: float = 0.0
     block: str = ""
-    interleaved: bool = False
 
     @classmethod
     def parse(cls, key: str) -> LaunchKey:
@@ -57,12 +51,10 @@ class LaunchKey:
         match = _KEY_TAIL.match(tail) if hashed else None
         if match is None:
             return cls(key.partition("@")[0])
-        return cls(f"{head}#{match['hash']}", int(match["number"] or 0), float(match["window"] or 0.0),
-                   match["block"] or "", match["join"] == "&")
+        return cls(f"{head}#{match['hash']}", int(match["number"] or 0), match["block"] or "")
 
     def __str__(self) -> str:
-        return (self.base + (f"@{self.number}" if self.number else "") + (f"~{self.window:g}s" if self.window else "")
-                + (f"{'&' if self.interleaved else '+'}{self.block}" if self.block else ""))
+        return self.base + (f"@{self.number}" if self.number else "") + (f"+{self.block}" if self.block else "")
 
 
 def block_name(partners: Sequence[Case]) -> str:
@@ -71,9 +63,8 @@ def block_name(partners: Sequence[Case]) -> str:
 
 
 def launch_number(key: str) -> int:
-    """The launch number a store key names: ``...#hash`` 0, ``...#hash@3`` 3, ``...#hash@3~60s``
-    (launch 3 measured over a window matched to its comparison partner's, ``Measurer.measure``) 3,
-    and ``...#hash@3+partner`` (launch 3 measured again for a later round's partner) 3."""
+    """The launch number a store key names: ``...#hash`` 0, ``...#hash@3`` 3, and
+    ``...#hash@3+partner`` (launch 3 measured again for a later round's partner) 3."""
     return LaunchKey.parse(key).number
 
 
@@ -87,18 +78,14 @@ class LaunchRecord:
     (``cluster``, the launcher's name), and the rank program's typed result, or why there is none
     (``error``, a launch that produced no result; ``result`` is then None).
 
-    Its JSON (``to_dict``) is the store's record, ``{"case", "cluster", "result"}`` (and
-    ``"measured_longer"`` when it measured longer) or ``{"case", "error"}``, the keys a saved night
-    keeps under ``"records"``.
+    Its JSON (``to_dict``) is the store's record, ``{"case", "cluster", "result"}`` or
+    ``{"case", "error"}``, the keys a saved night keeps under ``"records"``.
     """
 
     case: Case
     cluster: str = ""
     result: TrainResult | CollectivesResult | None = field(default=None, repr=False)
     error: str | None = None
-    # Why the launch measured longer than --measure-seconds (its configuration's steps stalled in an
-    # earlier launch: ``stats.measure_window``); "" when it did not.
-    measured_longer: str = ""
     # When the launch ran on this harness's clock (seconds since the epoch; 0.0: a record from before
     # they were kept): whether a stored launch ran back to back with its round's others (``Measurer``).
     started: float = 0.0
@@ -122,8 +109,7 @@ class LaunchRecord:
         if self.error is not None:
             return {"case": asdict(self.case), "error": self.error, **when}
         assert self.result is not None, "a launch record holds a result or an error"
-        longer = {"measured_longer": self.measured_longer} if self.measured_longer else {}
-        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict(), **longer, **when}
+        return {"case": asdict(self.case), "cluster": self.cluster, "result": self.result.to_dict(), **when}
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any]) -> LaunchRecord:
@@ -136,8 +122,7 @@ class LaunchRecord:
         if "error" in record:
             return cls(case, error=str(record["error"]) if record["error"] else "", **when)
         kind = CollectivesResult if case.model == BANDWIDTH else TrainResult
-        return cls(case, str(record.get("cluster", "")), kind.from_dict(record["result"], f"result of {case.id}"),
-                   measured_longer=str(record.get("measured_longer") or ""), **when)
+        return cls(case, str(record.get("cluster", "")), kind.from_dict(record["result"], f"result of {case.id}"), **when)
 
 
 @dataclass
@@ -147,7 +132,8 @@ class Measurement:
     The value is ``launch_value`` of the result (the measured steps' mean once warm-up-like and
     disturbed steps are set aside: what the job pays), and every figure here (tokens/s, per GPU,
     MFU) derives from it: one number per launch, computed in one place. A launch disturbed as a
-    whole counts with a small weight (``down_weighted`` says why), never silently in or out.
+    whole (``disturbed`` says why) has its round launched again by the gates (``rounds.run_rounds``)
+    and is not counted in its configuration's value (``counted``).
     """
 
     case: Case
@@ -180,22 +166,19 @@ class Measurement:
         return self.result.mfu(self.tokens_per_s)
 
     @property
-    def down_weighted(self) -> str:
-        """Why the whole launch counts with a small weight ("" when it counts fully)."""
+    def disturbed(self) -> str:
+        """Why the whole launch is disturbed ("" when it is not): its round is launched again."""
         return self.estimate.disturbed
 
-    # The name before 0.2, when a disturbed launch was left out.
-    set_aside = down_weighted
-
     @property
-    def weight(self) -> float:
-        return self.estimate.weight
+    def counted(self) -> bool:
+        """Whether the launch counts in its configuration's value: not disturbed as a whole."""
+        return not self.estimate.disturbed
 
-    def sample(self, per_gpu: bool = False) -> tuple[float, float, float]:
-        """(log tokens/s, its within-launch variance, its extra variance as a disturbed launch):
-        what a launch contributes to a contrast."""
+    def sample(self, per_gpu: bool = False) -> tuple[float, float]:
+        """(log tokens/s, its within-launch variance): what a launch contributes to a contrast."""
         value = self.tokens_per_s_per_gpu if per_gpu else self.tokens_per_s
-        return math.log(value), self.estimate.log_se ** 2, self.estimate.extra_var
+        return math.log(value), self.estimate.log_se ** 2
 
     @property
     def label(self) -> str:
@@ -230,43 +213,15 @@ def launch_value(result: TrainResult) -> LaunchEstimate:
     benchmarks)."""
     sig = result.signals
     return launch_estimate(result.step_s, sig.disturbed or None,
-                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s, sig.cpu_busy, sig.probe_usual_s),
-                           loss=step_loss(result))
+                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s, sig.cpu_busy, sig.probe_usual_s))
 
 
-# The name before the launch record: the same function.
-result_estimate = launch_value
-
-
-def step_loss(result: TrainResult) -> list[float]:
-    """Per measured step, the share of its time a disturbance took: steal and other processes' CPU
-    time over the step (the worst node's cores, counted as if one core: an upper bound), or a CPU
-    probe slower than the launch's median (1 - median / probe); 0 where nothing was recorded."""
-    sig, n = result.signals, len(result.step_s)
-    busy = sig.cpu_busy or [None] * n
-    median = typical_probe(sig.probe_s, busy)
-    out = []
-    for i, step in enumerate(result.step_s):
-        cpu = ((sig.steal_s[i] if i < len(sig.steal_s) else 0.0)
-               + (sig.foreign_s[i] if i < len(sig.foreign_s) else 0.0)) / step
-        probe = sig.probe_s[i] if i < len(sig.probe_s) and probe_judged(sig.probe_s[i], busy[i]) else 0.0
-        slowed = 1 - median / probe if median and probe > median else 0.0
-        out.append(min(1.0, max(cpu, slowed)))
-    return out[:n]
-
-
-def counted(launches: Sequence[Measurement]) -> list[Measurement]:
-    """The launches a configuration's value rests on: all of them (a disturbed one with its small
-    weight). Kept for suites written against 0.1, when disturbed launches were left out."""
-    return list(launches)
-
-
-def configuration_tokens_per_s(launches: Sequence[Measurement], per_gpu: bool = False) -> float:
-    """A configuration's tokens/s (per GPU) from its launches: ``stats.configuration_value``, each
-    launch weighted by ``Measurement.weight``. The one number the gates, the terminal, JUnit and
-    saved nights show."""
-    return configuration_value([m.tokens_per_s_per_gpu if per_gpu else m.tokens_per_s for m in launches],
-                               [m.weight for m in launches])
+def configuration_tokens_per_s(launches: Sequence[Measurement], per_gpu: bool = False, every: bool = False) -> float:
+    """A configuration's tokens/s (per GPU) from its launches: ``stats.configuration_value`` of the
+    counted ones (``Measurement.counted``; all where none is), or of ``every`` one (a gate's rounds:
+    what it counted). The one number the gates, the terminal, JUnit and saved nights show."""
+    chosen = list(launches) if every else ([m for m in launches if m.counted] or list(launches))
+    return configuration_value([m.tokens_per_s_per_gpu if per_gpu else m.tokens_per_s for m in chosen])
 
 
 @dataclass

@@ -236,11 +236,10 @@ def openmetrics(tables: Tables) -> str:
 
     for c in tables.configs:
         where = {"model": c.model, "nodes": c.nodes, "fabric": c.fabric}
-        add("fabric_tokens_per_second", "tokens/s of the whole job (weighted geometric mean of the launches)",
+        add("fabric_tokens_per_second", "tokens/s of the whole job (geometric mean of the counted launches)",
             where, c.tokens_per_s)
-        add("fabric_launches", "launches the configuration's value rests on", where, c.launch_count)
-        add("fabric_launches_down_weighted", "of those, launches disturbed as a whole, counted with a small weight",
-            where, c.down_weighted)
+        add("fabric_launches", "launches the configuration measured", where, c.launch_count)
+        add("fabric_launches_disturbed", "of those, launches disturbed as a whole, not counted", where, c.disturbed)
         add("fabric_tokens_per_second_low", f"lower bound of the {CONFIDENCE:.0%} interval of tokens/s", where, c.low)
         add("fabric_tokens_per_second_high", f"upper bound of the {CONFIDENCE:.0%} interval of tokens/s", where,
             c.high)

@@ -156,8 +156,8 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     if not by_model:
         doc.para("No training measurements.")
     else:
-        doc.para(f"tokens/s of the whole job, mean over launches (a launch disturbed as a whole counts with a small "
-                 f"weight: 'dw'); deltas against {ref}. "
+        doc.para(f"tokens/s of the whole job, mean over launches (a launch disturbed as a whole is not counted: "
+                 f"'disturbed'); deltas against {ref}. "
                  "One node never crosses the fabric: its measurement serves every fabric (n/a).")
     if by_model and Figure is None:
         notes.append(NO_MATPLOTLIB)

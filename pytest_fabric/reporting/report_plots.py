@@ -33,7 +33,7 @@ def plot_per_gpu(Figure, png: Path, model: str, rows: dict[int, dict[str, CaseRe
         xs = [nodes * (1 + shift[fabric]) for nodes, _ in cases]
         for x, (_, c) in zip(xs, cases):
             ax.scatter([x] * len(c.tokens_per_s_per_gpu), c.tokens_per_s_per_gpu, s=12, alpha=0.45, color=color)
-        ivs = [configuration_interval(c.tokens_per_s_per_gpu, c.weights) for _, c in cases]
+        ivs = [configuration_interval(c.counted_of(c.tokens_per_s_per_gpu)) for _, c in cases]
         ax.errorbar(xs, [iv.point for iv in ivs], yerr=[[iv.point - iv.low for iv in ivs], [iv.high - iv.point for iv in ivs]],
                     marker="o", capsize=4, color=color, label=fabric)
     ax.set_title(f"{model}: tokens/s per GPU")

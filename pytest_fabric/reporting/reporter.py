@@ -22,6 +22,7 @@ from ..history.nights import SessionNight, save_results, session_night
 from ..running.session import FabricSession
 from ..core.storage import is_storage_error, storage_problem
 from ..deciding.verdicts import INCONCLUSIVE, counts, undecided_night
+from ..deciding.contrasts import MIN_ROUNDS, QUICK_LOOK_ROUND_SD
 
 REPORTER_NAME = "fabric-reporter"
 
@@ -91,7 +92,7 @@ class FabricReporter:
         # --undecided-night fail: a night that decided no gate exits 1 (the summary says why).
         gates = [word for word, _, gate in self.outcomes.values() if gate]
         self.undecided = undecided_night(gates, self.no_fabrics, self.fabric.note,
-                                         one_launch=self.fabric.options.max_repeats == 1)
+                                         one_launch=self.fabric.options.max_repeats < MIN_ROUNDS)
         if self.undecided and self.fabric.options.undecided_night == "fail" and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         # Each file on its own: a disk that refuses one still gets the others.
@@ -180,8 +181,10 @@ class FabricReporter:
                  "fabric.gpus_per_node": str(o.settings.gpus_per_node),
                  "fabric.repeats": f"{o.repeats} to {o.max_repeats} launches per side",
                  "fabric.inconclusive": o.inconclusive,
-                 "fabric.launch_noise": f"{noise.sigma:.6g}",
-                 "fabric.launch_noise_source": noise.source, "fabric.project_version": __version__}
+                 "fabric.launch_noise": f"{noise.sigma:.6g}" if noise else "none learned",
+                 "fabric.launch_noise_source": noise.source if noise else (
+                     f"tonight's rounds (from {MIN_ROUNDS}); fewer: the noise bound, {QUICK_LOOK_ROUND_SD:.0%} per round"),
+                 "fabric.project_version": __version__}
         facts.update({f"fabric.outcome.{word}": str(n)
                       for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
         if self.undecided:

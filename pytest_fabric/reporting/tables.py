@@ -18,7 +18,7 @@ from ..physics.cost import break_even_premium, cost_per_million_tokens
 from ..core.fabrics import REFERENCE_FABRIC
 from ..physics.hostbound import gib_text, mfu_text
 from ..history.night_model import CaseResult, LinkResult, SavedRun
-from ..deciding.stats import DEFAULT_NOISE, WEIGHT_SIGMA, Interval, contrast_interval
+from ..deciding.stats import Interval, contrast_interval
 from ..core.units import MIB
 
 __all__ = ["CONFIDENCE", "ConfigRow", "Table", "aligned_lines", "bandwidth_table", "by_model", "config_rows",
@@ -47,14 +47,11 @@ def aligned_lines(table: Table, title: str | None = None) -> list[str]:
     return head + ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [table.header, *table.rows]]
 
 
-def configuration_interval(values: Sequence[float], weights: Sequence[float] | None = None) -> Interval:
-    """95% interval of a configuration's value (the weighted geometric mean of its launches, each
-    down-weighted launch with the extra noise its weight stands for), with the declared launch
-    noise as prior: one launch is known no better than launches differ."""
-    w = list(weights) if weights else [1.0] * len(values)
-    extra = [WEIGHT_SIGMA ** 2 * (1 / x - 1) for x in w]
-    return contrast_interval([(+1.0, [(math.log(v), 0.0, e) for v, e in zip(values, extra)])], DEFAULT_NOISE,
-                             CONFIDENCE)
+def configuration_interval(values: Sequence[float]) -> Interval:
+    """95% interval of a configuration's value (the geometric mean of its counted launches): the
+    launches' own spread from 3 launches on, else the stated noise bound
+    (``contrasts.contrast_interval``): one launch is known no better than launches differ."""
+    return contrast_interval([(+1.0, [(math.log(v), 0.0) for v in values])], None, CONFIDENCE)
 
 
 def reference(fabrics: Sequence[str]) -> str | None:
@@ -81,15 +78,15 @@ def delta_text(row: Mapping[str, CaseResult], fabric: str, ref: str | None, node
 
 
 def _count(c: CaseResult) -> str:
-    """" (6)", " (6, 1 dw)" (one launch down-weighted: disturbed as a whole), "" for a single clean launch."""
-    if c.launches == 1 and not c.down_weighted:
+    """" (6)", " (6, 1 disturbed)" (one launch disturbed as a whole, not counted), "" for a single clean launch."""
+    if c.launches == 1 and not c.disturbed:
         return ""
-    return f" ({c.launches}" + (f", {c.down_weighted} dw" if c.down_weighted else "") + ")"
+    return f" ({c.launches}" + (f", {c.disturbed} disturbed" if c.disturbed else "") + ")"
 
 
 def with_interval(c: CaseResult) -> str:
     """The configuration's value with its 95% interval: "200.0 [180.2, 221.9]"."""
-    iv = configuration_interval(c.tokens_per_s, c.weights)
+    iv = configuration_interval(c.counted_tokens_per_s)
     return f"{c.mean:.1f} [{iv.low:.1f}, {iv.high:.1f}]"
 
 
@@ -99,7 +96,7 @@ def throughput_tables(cases: Iterable[CaseResult], fabrics: Sequence[str], *, de
     """Per model: nodes, GPUs, tokens/s per fabric, the change against the reference, tokens/s per
     GPU, MFU and peak GiB per fabric.
 
-    The terminal's (``detail`` False): each value with its launch count, "(3)" or "(3, 1 dw)". The
+    The terminal's (``detail`` False): each value with its launch count, "(3)" or "(3, 1 disturbed)". The
     report's (``detail`` True): each value with its 95% interval, each change with the gate's
     interval (``delta_interval(model, nodes, fabric, ref)``), then the launches and the verdicts.
     """
@@ -153,7 +150,7 @@ def _cheapest(row: Mapping[str, CaseResult], cost: Mapping[str, float], prices: 
     best = min(cost, key=cost.__getitem__)
 
     def bounds(f: str) -> tuple[float, float]:
-        iv = configuration_interval(row[f].tokens_per_s, row[f].weights)
+        iv = configuration_interval(row[f].counted_tokens_per_s)
         return (cost_per_million_tokens(iv.high, row[f].gpus, prices[f]),
                 cost_per_million_tokens(iv.low, row[f].gpus, prices[f]))
 
@@ -209,19 +206,19 @@ class ConfigRow:
     tokens_per_s: float
     low: float
     high: float
-    launches: int | str  # "6", or "6 (1 dw)" with one down-weighted
+    launches: int | str  # "6", or "6 (1 disturbed)" with one not counted
     mfu: float | None = None
     mfu_peak: str | None = None
     peak_memory_gib: float | None = None
-    launch_count: int = 0  # the launches the value rests on...
-    down_weighted: int = 0  # ...and how many of them counted with a small weight
+    launch_count: int = 0  # the launches measured...
+    disturbed: int = 0  # ...and how many of them were disturbed as a whole (not counted)
 
 
 def config_rows(run: SavedRun) -> list[ConfigRow]:
     """Every configuration of the night, by model, nodes and fabric, with its interval, MFU and memory."""
     rows = []
     for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
-        iv = configuration_interval(c.tokens_per_s, c.weights)
+        iv = configuration_interval(c.counted_tokens_per_s)
         rows.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, c.count_text,
-                              c.mfu, c.mfu_peak, c.peak_memory_gib, c.launches, c.down_weighted))
+                              c.mfu, c.mfu_peak, c.peak_memory_gib, c.launches, c.disturbed))
     return rows

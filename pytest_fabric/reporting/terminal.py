@@ -1,8 +1,8 @@
 """The terminal's tables: throughput per model x nodes x fabric, collective bandwidth, and cost.
 
-Each configuration shows its value (``measure.configuration_tokens_per_s``: the weighted geometric
-mean of its launches), the number its gates judged and JUnit records (``junit.py``), with its launch
-count and how many of them were down-weighted. The rows are ``tables.py``'s; this module lays them
+Each configuration shows its value (``measure.configuration_tokens_per_s``: the geometric mean of
+its counted launches), the number JUnit records (``junit.py``), with its launch count and how many
+of them were disturbed as a whole (not counted: their rounds ran again). The rows are ``tables.py``'s; this module lays them
 out as text.
 """
 
@@ -34,8 +34,8 @@ def summary_tables(measurements: Iterable[Measurement], fabrics: Sequence[str]) 
     out = [line for table in throughput_tables(cases, cols) for line in aligned_lines(table)]
     if out:
         out.append(f"MFU: {MFU_CONVENTION}; peak GiB: per rank")
-    if any(c.down_weighted for c in cases):
-        out.append("(n, k dw): n launches, k of them disturbed as a whole and counted with a small weight")
+    if any(c.disturbed for c in cases):
+        out.append("(n, k disturbed): n launches, k of them disturbed as a whole, not counted (their rounds ran again)")
     return out
 
 

@@ -3,8 +3,8 @@
 ``MeasureFixture`` launches a configuration (or serves it from the session's cache) and refuses a
 result that is not of the fabric asked for: a failed launch, a wrong transport, a step faster than
 the link can carry. ``CompareFixture`` decides the gates (``within``, ``ahead``, ``no_regression``)
-on repeated, interleaved launches with ``stats``' sequential intervals, and records each verdict
-with its prediction and floor for the reporter.
+on paired rounds of launches (``rounds.run_rounds``) with ``stats``' sequential intervals, and
+records each verdict with its prediction and floor for the reporter.
 """
 
 from __future__ import annotations
@@ -19,15 +19,16 @@ import pytest
 
 from ..core.case import Case
 from ..deciding.gates import DEFAULT_AHEAD, DEFAULT_WITHIN, GateOutcome, apply_verdict
+from ..deciding.rounds import Rounds, run_rounds
 from ..physics.hostbound import host_bound
 from ..measuring.measure import (BandwidthMeasurement, Measurement, MeasurementError,
                                  configuration_tokens_per_s)
 from ..history.nights import identity_from_records, identity_mismatch
 from ..measuring.link_rate import LinkRate, missing_rate
 from .session import ERRORED_KEY, MEASURED_KEY, NOTES_KEY, OUTCOMES_KEY, FabricSession
-from ..deciding.stats import (STALL_MARGIN, Interval, Look, NoisePrior, SequentialGate, Verdict, ahead_gate,
-                    configuration_value, contrast_interval, fabric_time_reference, fabric_time_sample,
-                    reference_term, within_gate)
+from ..deciding.stats import (STALL_MARGIN, Interval, NoisePrior, SequentialGate, Verdict, ahead_gate,
+                              configuration_value, contrast_interval, fabric_time_reference, fabric_time_sample,
+                              reference_term, within_gate)
 
 
 class MeasureFixture:
@@ -39,16 +40,11 @@ class MeasureFixture:
 
     def __call__(self, case: Case, launch: int = 0, partners: Sequence[Case] = ()) -> Measurement:
         """Launch number ``launch`` of ``case``; ``partners``: the configurations a round compares it
-        with, whose longer window (steps that stall) it then measures too (``Measurer.measure``)."""
+        with, next to whose launches it must have run (``Measurer.measure``)."""
         return self._record(lambda: self._session.measurer().measure(case, launch, partners))
 
-    def round(self, cases: Sequence[Case], launch: int) -> list[Measurement]:
-        """Launch number ``launch`` of every case of a round, taking turns (``Measurer.measure_round``),
-        ``cases[0]`` first."""
-        return self._record(lambda: self._session.measurer().measure_round(cases, launch))
-
     def _record(self, measure):
-        """``measure()``'s measurement (or list of them, a round's), each checked and recorded."""
+        """``measure()``'s measurement, checked and recorded."""
         try:
             got = measure()
         except MeasurementError as exc:
@@ -58,14 +54,13 @@ class MeasureFixture:
             message = None
         if message is not None:  # outside the except: the report shows the launch's failure once, unchained
             pytest.fail(message, pytrace=False)
-        for m in got if isinstance(got, list) else [got]:
-            self._item.stash.setdefault(MEASURED_KEY, []).append(m)
-            if m.result.transport_problem:
-                # The numbers are real, but not of the fabric that was asked for.
-                pytest.fail(f"wrong transport: {m.result.transport_problem}", pytrace=False)
-            impossible = self._session.impossible(m)
-            if impossible:
-                pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
+        self._item.stash.setdefault(MEASURED_KEY, []).append(got)
+        if got.result.transport_problem:
+            # The numbers are real, but not of the fabric that was asked for.
+            pytest.fail(f"wrong transport: {got.result.transport_problem}", pytrace=False)
+        impossible = self._session.impossible(got)
+        if impossible:
+            pytest.fail(f"faster than physically possible: {impossible}", pytrace=False)
         return got
 
     def bandwidth(self, case: Case) -> BandwidthMeasurement:
@@ -87,15 +82,15 @@ def link_rate_or_skip(session: FabricSession, name: str) -> LinkRate:
 
 
 class CompareFixture:
-    """Gates decided on repeated, interleaved launches (reference, candidate, reference, ...).
+    """Gates decided on paired rounds of launches (reference, candidate; candidate, reference; ...).
 
-    ``--repeats`` launches per side first, then one pair more while the interval of the ratio
-    straddles the threshold, up to ``--max-repeats`` per side (a launch disturbed as a whole counts
-    with a small weight, so a large effect decides even then, and a small one buys more launches).
-    Launches are cached per index: a reference measured for one comparison serves another whose
-    round ran next to it, and is launched again for a round that runs later (``Measurer.measure``:
-    a round's launches run back to back). The interval is ``stats.contrast_interval`` of the launches' values (each a
-    robust value of its steps, with its own precision), with the session's launch-noise prior.
+    ``--repeats`` rounds first, then one round more while the interval of the ratio straddles the
+    threshold, up to ``--max-repeats`` rounds (``rounds.run_rounds``; a round with a launch
+    disturbed as a whole is launched again, at most ``--reruns`` times a gate). Launches are cached
+    per number: a reference measured for one comparison serves another whose round ran next to it,
+    and is launched again for a round that runs later (``Measurer.measure``: a round's launches run
+    back to back). The interval is ``stats.contrast_interval`` of the rounds' log ratios, with the
+    noise a --fabric-baseline learned where it has one.
     """
 
     def __init__(self, measure: MeasureFixture, session: FabricSession, item: pytest.Item) -> None:
@@ -118,54 +113,30 @@ class CompareFixture:
         return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats,
                               prior=prior or self._session.noise(cases), family=self._session.family())
 
-    def _launch_until_decided(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate,
-                              per_gpu: bool = False, fixed: tuple[float, float] = (0.0, 0.0),
-                              combine: Callable[[Sequence[Measurement]], tuple[float, float, float]] | None = None,
-                              interleave: bool = True) -> tuple[list[list[Measurement]], Look]:
-        """Launch every case once per round until ``--repeats`` rounds are in and a look decides, or
-        the budget is spent.
+    def _rounds(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate, per_gpu: bool = False,
+                fixed: tuple[float, float] = (0.0, 0.0),
+                combine: Callable[[Sequence[Measurement]], tuple[float, float]] | None = None) -> Rounds[Measurement]:
+        """Paired rounds of ``cases`` until a look decides or the budget is spent (``run_rounds``): the
+        gate judges sum_j signs[j] x log tokens/s of cases[j] (per GPU with ``per_gpu``) plus
+        ``fixed``, blocked by round; ``combine``: instead, each round's launches make one sample."""
+        def launch(j: int, number: int) -> Measurement:
+            return self._measure(cases[j], launch=number, partners=[c for k, c in enumerate(cases) if k != j])
 
-        The gate judges sum_j signs[j] x log tokens/s of cases[j] (per GPU with ``per_gpu``) plus
-        ``fixed``, blocked by round: launches of one round ran back to back, so a drift of the
-        machine that hits both cancels. Which case launches first alternates by round (``round_order``),
-        so an order effect (the second launch of a round warmer, or colder) cancels too. Every launch
-        counts: one disturbed as a whole with its small weight (``stats.contrast_interval``).
-        ``combine``: instead of the signed sum, each round's launches make one sample.
-        ``interleave``: the round's launches may take turns (``FabricSession.interleaved``); False
-        where tonight's launches are judged against values measured one launch at a time (a
-        baseline), which they must then be measured like."""
-        o = self._session.options
-        runs: list[list[Measurement]] = [[] for _ in cases]
-        interleaved = interleave and len({c.id for c in cases}) > 1 and self._session.interleaved()
-        while True:
-            index = len(runs[0])
-            order = round_order(index, len(cases))
-            if interleaved:  # the round's launches take turns, the first in round order first
-                for j, m in zip(order, self._measure.round([cases[j] for j in order], index)):
-                    runs[j].append(m)
-            else:
-                for j in order:
-                    partners = [c for k, c in enumerate(cases) if k != j]
-                    runs[j].append(self._measure(cases[j], launch=index, partners=partners))
-            spent = index + 1 >= o.max_repeats
-            if not spent and index + 1 < o.repeats:
-                continue
-            groups = ([(+1.0, [combine(r) for r in zip(*runs)])] if combine else
-                      [(sign, [m.sample(per_gpu) for m in launches]) for sign, launches in zip(signs, runs)])
-            result = gate.look(groups, fixed, blocked=True, launches=index + 1)
-            if result.verdict is not Verdict.INCONCLUSIVE or spent:
-                return runs, result
+        return run_rounds(launch, len(cases), gate, signs=signs, sample=lambda m: m.sample(per_gpu),
+                          disturbed=lambda m: m.disturbed, fixed=fixed, reruns=self._session.options.reruns,
+                          combine=combine, name=lambda j, m: m.case.id)
 
     def _compare(self, a: Case, b: Case, gate_spec: tuple[float, str], requirement: str,
                  parity: bool = False) -> GateOutcome:
         threshold, direction = gate_spec
         gate = self._gate(threshold, direction, (a, b))
-        # b first: interleaved b a b a ...
-        (runs_b, runs_a), look = self._launch_until_decided((b, a), (-1, +1), gate)
+        # b first: b a, a b, b a, ...
+        rounds = self._rounds((b, a), (-1, +1), gate)
+        (runs_b, runs_a), look = rounds.runs, rounds.look
         outcome = GateOutcome(
             a.fabric, b.fabric, threshold, requirement, look.interval, look.verdict,
-            (configuration_tokens_per_s(runs_a), configuration_tokens_per_s(runs_b)), "tokens/s",
-            f"[{a.model}, {a.nodes} node(s)]", gate.prior, _down_weighted(runs_a + runs_b),
+            (configuration_tokens_per_s(runs_a, every=True), configuration_tokens_per_s(runs_b, every=True)),
+            "tokens/s", f"[{a.model}, {a.nodes} node(s)]", gate.prior, rounds.notes(),
             stall_note([(a.fabric, runs_a), (b.fabric, runs_b)]), gate.family)
         if parity and outcome.verdict is Verdict.PASS and (reason := host_bound(runs_a + runs_b)):
             outcome = replace(outcome, verdict=Verdict.INCONCLUSIVE,  # hostbound.py's rule
@@ -210,7 +181,7 @@ class CompareFixture:
         if case.nodes == 1 or not baseline.values.get(one.id):
             mode = "tokens"
         noise_n = self._session.noise([case])
-        past = reference_term(baseline.values[case.id], noise_n)
+        past = reference_term(baseline.values[case.id], noise_n, baseline.per_night(case.id))
         gpus_n, gpus_1 = baseline.gpus.get(case.id, 1), baseline.gpus.get(one.id, 1)
         nights = [(math.log(multi / gpus_n), math.log(single / gpus_1))
                   for multi, single in baseline.paired(case.id, one.id)]
@@ -226,27 +197,27 @@ class CompareFixture:
             else:
                 past_eff = (statistics.fmean(math.log(v / gpus_n) for v in baseline.values[case.id])
                             - statistics.fmean(math.log(v / gpus_1) for v in baseline.values[one.id]))
-            return (configuration_tokens_per_s(tonight, per_gpu=True)
-                    / configuration_tokens_per_s(runs_one, per_gpu=True), math.exp(past_eff))
+            return (configuration_tokens_per_s(tonight, per_gpu=True, every=True)
+                    / configuration_tokens_per_s(runs_one, per_gpu=True, every=True), math.exp(past_eff))
 
         def raw_line(tonight: list[Measurement], confidence: float) -> str:
             tokens = raw(tonight, confidence)
             return (f"raw tokens/s tonight/baseline = {tokens.point:.3f} [{tokens.low:.3f}, {tokens.high:.3f}]: "
-                    f"tonight {configuration_tokens_per_s(tonight):.1f} vs baseline {math.exp(past[0]):.1f}")
+                    f"tonight {configuration_tokens_per_s(tonight, every=True):.1f} vs baseline {math.exp(past[0]):.1f}")
 
         if mode == "fabric-time":
             # A single saved night, or nights that measured only one of the two: the values apart.
             apart = None if len(nights) >= 2 else ([v / gpus_n for v in baseline.values[case.id]],
                                                    [v / gpus_1 for v in baseline.values[one.id]])
-            reference, one_reference, prior = fabric_time_reference(noise_n, self._session.noise([one]),
-                                                                    nights, apart)
+            reference, one_reference, prior = fabric_time_reference(
+                noise_n, self._session.noise([one]), nights, apart,
+                min(baseline.per_night(case.id), baseline.per_night(one.id)))
             gate = self._gate(threshold, direction, (case, one), prior=prior)
-            # One launch after the other, as the baseline's nights measured (a launch taking turns
-            # pays a wake-up per turn that the baseline's did not).
-            (runs_one, tonight), result = self._launch_until_decided(
+            rounds = self._rounds(
                 (one, case), (-1, +1), gate, per_gpu=True, fixed=(-reference[0], reference[1]),
                 combine=lambda r: fabric_time_sample(r[1].sample(per_gpu=True), r[0].sample(per_gpu=True),
-                                                     one_reference), interleave=False)
+                                                     one_reference))
+            (runs_one, tonight), result = rounds.runs, rounds.look
             values = (math.exp(reference[0]) * result.interval.point, math.exp(reference[0]))
             what = "fabric time"
             unit = (f"n{case.nodes} tokens/s/GPU at the baseline's one-node speed (tonight's n{case.nodes} "
@@ -254,33 +225,32 @@ class CompareFixture:
             eff = efficiency(runs_one, tonight)
             extra = (f"scaling efficiency tonight/baseline = {eff[0] / eff[1]:.3f} ({eff[0]:.3f} vs {eff[1]:.3f}); "
                      + raw_line(tonight, result.interval.confidence))
-            launches = runs_one + tonight
         elif mode == "scaling":
             # log efficiency = log(multi / gpus) - log(one / gpus_one); tonight's launches give it per GPU.
             gate = self._gate(threshold, direction, (case, one))
             if len(nights) >= 2:
                 # Each night's own efficiency: what moved both of a night's values (the machine's speed
                 # that night) cancels, as it does in tonight's rounds.
-                past_eff = reference_term([math.exp(m - s) for m, s in nights], gate.prior)
+                past_eff = reference_term([math.exp(m - s) for m, s in nights], gate.prior,
+                                          min(baseline.per_night(case.id), baseline.per_night(one.id)))
                 fixed = (-past_eff[0], past_eff[1])
             else:  # a single saved night, or nights that measured only one of the two: the values apart
-                past_one = reference_term(baseline.values[one.id], gate.prior)
+                past_one = reference_term(baseline.values[one.id], gate.prior, baseline.per_night(one.id))
                 gpus = math.log(gpus_n) - math.log(gpus_1)
                 fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
-            (runs_one, tonight), result = self._launch_until_decided((one, case), (-1, +1), gate, per_gpu=True,
-                                                                     fixed=fixed, interleave=False)
+            rounds = self._rounds((one, case), (-1, +1), gate, per_gpu=True, fixed=fixed)
+            (runs_one, tonight), result = rounds.runs, rounds.look
             values = efficiency(runs_one, tonight)
             what, unit = "scaling", f"scaling efficiency (n{case.nodes} over n1 tokens/s/GPU)"
             extra = raw_line(tonight, result.interval.confidence)
-            launches = runs_one + tonight
         else:
             gate = self._gate(threshold, direction, (case,))
-            (tonight,), result = self._launch_until_decided((case,), (+1,), gate, fixed=(-past[0], past[1]))
-            values = (configuration_tokens_per_s(tonight), math.exp(past[0]))
+            rounds = self._rounds((case,), (+1,), gate, fixed=(-past[0], past[1]))
+            (tonight,), result = rounds.runs, rounds.look
+            values = (configuration_tokens_per_s(tonight, every=True), math.exp(past[0]))
             what, unit = "tokens/s", "tokens/s"
             extra = ("" if case.nodes == 1 or o.regression_on == "tokens"
                      else f"judged on raw tokens/s: the baseline has no one-node measurement of {case.model}")
-            launches = tonight
         mismatch = identity_mismatch(baseline.identity, identity_from_records(self._session.store.all()),
                                      ("baseline", "tonight"))
         if mismatch:
@@ -289,23 +259,11 @@ class CompareFixture:
             extra = "; ".join(filter(None, [extra, f"DIFFERENT SET-UP: {'; '.join(mismatch)}"]))
         outcome = GateOutcome("tonight", "baseline", threshold, f"{what} at most {rel:.0%} below the baseline",
                               result.interval, result.verdict, values, unit, f"[{case.id}]", gate.prior,
-                              _down_weighted(launches),
+                              rounds.notes(),
                               "; ".join(filter(None, [stall_note([("tonight", tonight)]), extra])), gate.family)
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
         apply_verdict(outcome, o.inconclusive)
         return outcome
-
-
-def round_order(index: int, n: int) -> list[int]:
-    """The order the ``n`` cases of round ``index`` (0-based) launch in: as given in even rounds,
-    reversed in odd ones (the reference first in rounds 1, 3, 5, the candidate in 2, 4, 6)."""
-    order = list(range(n))
-    return order[::-1] if index % 2 else order
-
-
-def _down_weighted(launches: Sequence[Measurement]) -> tuple[str, ...]:
-    """One description per launch the gate counted with a small weight, and why."""
-    return tuple(f"{m.case.id} launch {m.launch + 1}: {m.down_weighted}" for m in launches if m.down_weighted)
 
 
 def stall_note(sides: Sequence[tuple[str, Sequence[Measurement]]]) -> str:
@@ -316,9 +274,8 @@ def stall_note(sides: Sequence[tuple[str, Sequence[Measurement]]]) -> str:
     for name, launches in sides:
         if not launches:
             continue
-        mean = configuration_tokens_per_s(launches)
-        fast = configuration_value([m.result.tokens_per_step / m.estimate.fast_step_s for m in launches],
-                                   [m.weight for m in launches])
+        mean = configuration_tokens_per_s(launches, every=True)
+        fast = configuration_value([m.result.tokens_per_step / m.estimate.fast_step_s for m in launches])
         if 1 - mean / fast > STALL_MARGIN:
             notes.append(f"{name} steps stall: mean {1 - mean / fast:.0%} below the fast steps")
     return "; ".join(notes)

@@ -26,7 +26,8 @@ from ..measuring.measure import LaunchSettings
 from ..core.models import DEFAULT_CPU_MODELS, MODELS
 from ..deciding.references import References
 from ..history.baselines import Baseline
-from ..deciding.stats import DEFAULT_NOISE, FAMILY_RULES, NoisePrior
+from ..deciding.stats import FAMILY_RULES
+from ..deciding.rounds import RERUNS
 from ..workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from ..measuring.nic_inventory import parse_inventory
 from ..core.units import GIB
@@ -34,8 +35,6 @@ from ..core.units import GIB
 # Where the launches' files go unless --run-dir says: under the rootdir, which on a cluster is
 # usually a checkout on shared storage (each node's token proves it; session.check_nodes).
 DEFAULT_RUN_DIR = "fabric-runs"
-# --interleave: the default first (FabricSession.interleaved says what auto means).
-INTERLEAVE = ("off", "auto", "on")
 
 
 # name, help, default (as the ini string)
@@ -69,24 +68,21 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("exclude-nodes", "comma-separated nodes never to launch on (Slurm node names, hostfile hosts), as srun "
                       "--exclude; nodes that fail the node check at session start are left out too", None),
     ("steps", "measured training steps per launch at least, after warm-up (default 10)", "10"),
-    ("measure-seconds", "after --steps, each launch measures until its step time is known to --step-precision, "
-                        "for at most this many seconds of measured steps (default 6; 0: exactly --steps steps)",
-     "6"),
-    ("step-precision", "the precision a launch measures to: half-width of its step time's 95%% interval, as a "
-                       "fraction (default 0.01)", "0.01"),
+    ("measure-seconds", "after --steps, each launch measures until this many seconds of measured steps, the same "
+                        "window for every launch (default 6; 0: exactly --steps steps)", "6"),
     ("warmup-steps", "warm-up steps per launch, excluded from the figures (default 2)", "2"),
     ("batch-size", "micro-batch per rank (default: the model's own)", None),
     ("seq-len", "sequence length (default: the model's own)", None),
     ("launch-timeout", "seconds one launch may take before every rank is killed (default 300)", "300"),
     ("repeats", "launches per side before a comparison is first judged (default 2)", "2"),
     ("max-repeats", "launches per side a comparison may take while inconclusive (default 6)", "6"),
+    ("reruns", "rounds a comparison may launch again because one of its launches was disturbed as a whole "
+               f"(most steps taken by something outside the job); after these a disturbed round counts and the "
+               f"verdict says so (default {RERUNS})", str(RERUNS)),
     ("throughput-launches", "launches of each configuration in the throughput suite (default 1; with 2 or more, "
                             "`pytest-fabric baseline` learns each configuration's launch noise from the saved "
                             "night)", "1"),
     ("inconclusive", "what an inconclusive comparison becomes: xfail, fail or warn (default xfail)", "xfail"),
-    ("interleave", "a comparison's launches of one round take turns, seconds each, instead of running one after "
-                   "the other: off, auto (on where every rank runs on this machine's CPUs: the emulated cluster), "
-                   "on (the emulated or local cluster) (default off)", "off"),
     ("undecided-night", "exit status of a night that decides no gate (every gate inconclusive, or comparisons "
                         "skipped because the run fell back to local processes): fail (exit 1, one line says why) "
                         "or pass (default fail)", "fail"),
@@ -118,8 +114,6 @@ _OPTIONS: list[tuple[str, str, str | None]] = [
     ("family-wise", "how the night's gates share the allowance for false failures: bonferroni (a failure must "
                     "hold at the error allowance over the number of gates collected) or none (each gate alone) "
                     "(default bonferroni)", "bonferroni"),
-    ("launch-noise", "launch-to-launch variation the gates assume before a night's own launches, as a fraction "
-                     "(e.g. 0.03); default: learned by the --fabric-baseline, else 0.02", None),
     ("regression-threshold", "fail a configuration whose tokens/s fell more than this fraction below its "
                              "baseline (default 0.10)", "0.10"),
     ("fabric-suite", "TOML file of gate thresholds and expected values per model x nodes x fabric", None),
@@ -153,7 +147,7 @@ _LINELISTS = [
 _CHOICES = {"inconclusive": INCONCLUSIVE_POLICIES, "compile": ("auto", "on", "off"), "undecided-night": ("fail", "pass"),
             "ssh-host-key-checking": STRICT_HOST_KEY_CHECKING, "device": DEVICES,
             "fsdp": tuple(str(v) for v in FSDP_VERSIONS), "mixed-precision": MIXED_PRECISION,
-            "regression-on": REGRESSION_MEASURES, "family-wise": FAMILY_RULES, "interleave": INTERLEAVE}
+            "regression-on": REGRESSION_MEASURES, "family-wise": FAMILY_RULES}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -395,7 +389,7 @@ class FabricOptions:
     max_repeats: int = 6
     throughput_launches: int = 1
     inconclusive: str = "xfail"
-    interleave: str = INTERLEAVE[0]  # "off", "auto", "on": FabricSession.interleaved
+    reruns: int = RERUNS  # disturbed rounds a gate may launch again (rounds.run_rounds)
     undecided_night: str = "fail"  # a night that decides no gate: "fail" exits 1, "pass" leaves the status
     # USD per GPU-hour by fabric (ini fabric_price, --fabric-price); empty: no cost figures.
     prices: dict[str, float] = field(default_factory=dict)
@@ -403,8 +397,6 @@ class FabricOptions:
     flops_per_rank: float | None = None
     regression_on: str = REGRESSION_MEASURES[0]
     family_wise: str = FAMILY_RULES[0]  # stats.FAMILY_RULES
-    # Declared launch-to-launch noise; None: the baseline's learned one, else stats.DEFAULT_NOISE.
-    launch_noise: NoisePrior | None = None
     # How far a step may appear to beat the physical floor before it is an error (floor.py).
     floor_tolerance: float = DEFAULT_RATE_TOLERANCE
 
@@ -449,7 +441,6 @@ def parse(config: pytest.Config) -> FabricOptions:
         gpus_per_node=_int(config, "gpus-per-node", 1) or 1,
         steps=_int(config, "steps", 1),
         measure_s=_fraction_or_seconds(config, "measure-seconds", upper=None),
-        step_precision=_fraction_or_seconds(config, "step-precision", upper=1.0),
         warmup_steps=_int(config, "warmup-steps", 0),
         batch_size=_int(config, "batch-size", 1),
         seq_len=_int(config, "seq-len", 1),
@@ -509,13 +500,12 @@ def parse(config: pytest.Config) -> FabricOptions:
         max_repeats=max_repeats,
         throughput_launches=_int(config, "throughput-launches", 1),
         inconclusive=_choice(config, "inconclusive"),
-        interleave=_choice(config, "interleave"),
+        reruns=_int(config, "reruns", 0),
         undecided_night=_choice(config, "undecided-night"),
         prices=_prices(config, table),
         flops_per_rank=_positive(config, "fabric-flops", "4e14"),
         regression_on=_choice(config, "regression-on"),
         family_wise=_choice(config, "family-wise"),
-        launch_noise=_launch_noise(config),
         floor_tolerance=_fraction_or_seconds(config, "floor-tolerance", upper=1.0),
     )
 
@@ -528,16 +518,6 @@ def _output_file(config: pytest.Config, name: str, example: str) -> str | None:
     if path is not None and Path(path).is_dir():
         raise pytest.UsageError(f"--{name} {path}: is a directory; give a file path such as {path}/{example}")
     return path
-
-
-def _launch_noise(config: pytest.Config) -> NoisePrior | None:
-    value = _raw(config, "launch-noise")
-    if value is None:
-        return None
-    sigma = _fraction_or_seconds(config, "launch-noise", upper=0.5)
-    # Declared by the user: as much weight as a few nights of launches.
-    # A guess, weighted as the declared default is: a night's own rounds soon outweigh it.
-    return NoisePrior(sigma, DEFAULT_NOISE.df, f"declared --launch-noise {value}")
 
 
 def with_gpus_per_node(options: FabricOptions, gpus: int) -> FabricOptions:

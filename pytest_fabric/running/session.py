@@ -11,7 +11,6 @@ what was measured on this session's links. State that travels with one test live
 from __future__ import annotations
 
 import functools
-import shutil
 import threading
 import time
 import uuid
@@ -24,7 +23,6 @@ import pytest
 from . import options as fabric_options
 from ..core.case import Case
 from ..cluster import Cluster, ClusterUnavailable, local_fallback
-from ..cluster.base import OnThisMachine
 from ..core.fabrics import Fabric
 from ..physics.floor import Floor, impossible_payloads, run_floor, transport_hint
 from ..deciding.gates import GateOutcome
@@ -37,7 +35,7 @@ from ..core.redact import remember
 from ..deciding.references import ReferenceError, References
 from ..history.baselines import Baseline
 from ..history.nights import ResultsError, launch_records, session_measurements
-from ..deciding.stats import DEFAULT_NOISE, Interval, NoisePrior
+from ..deciding.stats import Interval, NoisePrior
 from ..measuring import nodes as node_checks
 from ..measuring.nodes import NODES_FILE, NodeCheck, RunDirError
 from ..measuring.preflight import NodeFacts
@@ -133,28 +131,13 @@ class FabricSession:
             self.options = fabric_options.with_gpus_per_node(self.options, min(gpus))
         return checks
 
-    def interleaved(self) -> bool:
-        """Whether a comparison's rounds interleave their launches (``Measurer.measure_round``):
-        --interleave on, or auto where every rank runs on this machine's CPUs (the emulated cluster,
-        and local processes without GPUs), where a drift of the machine between launches one after
-        the other would not cancel. Never elsewhere: launches of a real cluster's GPUs taking turns
-        would share the GPUs' memory. Off by default (README: what turns cancel here, and cost)."""
-        mode = self.options.interleave
-        if mode != "auto":
-            return mode == "on"
-        cluster = self.prepared_cluster()
-        device = self.options.settings.device
-        return isinstance(cluster, OnThisMachine) and (device == "cpu" or (device == "auto" and not _gpus_here()))
-
-    def noise(self, cases: Sequence[Case] = ()) -> NoisePrior:
-        """Launch-to-launch noise a gate over ``cases`` assumes before tonight's launches:
-        --launch-noise, else what the --fabric-baseline learned from its nights for those
-        configurations (else for all of its own), else the declared default."""
+    def noise(self, cases: Sequence[Case] = ()) -> NoisePrior | None:
+        """Launch-to-launch noise a gate over ``cases`` knows before tonight's launches: what the
+        --fabric-baseline learned from its nights for those configurations (else for all of its
+        own); None where nothing was learned (the gate then rests on tonight's rounds, or on the
+        stated bound: ``contrasts.contrast_interval``)."""
         o = self.options
-        if o.launch_noise is not None:
-            return o.launch_noise
-        learned = o.baseline.noise([c.id for c in cases]) if o.baseline is not None else None
-        return learned or DEFAULT_NOISE
+        return o.baseline.noise([c.id for c in cases]) if o.baseline is not None else None
 
     @functools.cached_property
     def store(self) -> ResultStore:
@@ -278,11 +261,6 @@ VERDICTS_KEY = NOTES_KEY  # the name before 0.5
 OUTCOMES_KEY = pytest.StashKey[list[GateOutcome]]()
 ERRORED_KEY = pytest.StashKey[bool]()  # a measurement the test needed failed: its outcome is "error"
 NO_FABRICS_KEY = pytest.StashKey[bool]()  # a comparison skipped because the fabrics share one link
-
-
-def _gpus_here() -> bool:
-    """Whether this machine shows an NVIDIA GPU (without importing torch into the harness)."""
-    return Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi") is not None
 
 
 def session_directory(config: pytest.Config, run_dir: Path) -> Path:

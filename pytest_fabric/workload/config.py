@@ -43,17 +43,12 @@ class TrainConfig:
     # A local Hugging Face checkpoint directory (config.json + *.safetensors), read by global rank 0
     # only and broadcast while sharding; None: random weights.
     model_path: str | None = None
-    # Measuring goes on past ``steps`` until the launch's step time is known to ``step_precision`` (the
-    # relative half-width of its 95% interval, stats.measuring_done; 0: no such stop, the whole
-    # window), for at most ``measure_s`` seconds of measured steps and ``max_steps`` steps.
+    # Measuring goes on past ``steps`` until ``measure_s`` seconds of measured steps (0: exactly
+    # ``steps``), at most ``max_steps`` steps (stats.measuring_done): one window fixed before the launch.
     max_steps: int = 200
     measure_s: float = 6.0
-    step_precision: float = 0.01
     # Time a fixed CPU kernel after each step (CPU runs): the VM's speed is a signal (signals.py).
     cpu_probe: bool = True
-    # This launch's place in an interleaved round (workload/turnstile.py, ``TurnConfig.to_dict``):
-    # its measured steps take turns with the round's other launches. None: it measures on its own.
-    turnstile: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.fsdp not in FSDP_VERSIONS:
@@ -68,9 +63,8 @@ class TrainConfig:
             self.check_device("cpu")
         if self.steps < 1 or self.max_steps < self.steps:
             raise ConfigError(f"steps={self.steps}, max_steps={self.max_steps}: need 1 <= steps <= max_steps")
-        if not (self.measure_s >= 0 and 0 <= self.step_precision < 1):
-            raise ConfigError(f"measure_s={self.measure_s}, step_precision={self.step_precision}: need measure_s >= 0 and "
-                              f"0 <= step_precision < 1 (0: measure the whole window)")
+        if not self.measure_s >= 0:
+            raise ConfigError(f"measure_s={self.measure_s}: need measure_s >= 0 (0: exactly `steps` steps)")
 
     def check_device(self, device_type: str) -> None:
         """Refuse what cannot run on ``device_type``, before any process group exists."""

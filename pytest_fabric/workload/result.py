@@ -130,12 +130,8 @@ class TrainResult(LaunchFacts):
     step_s: list[float]  # the slowest rank's time of each measured step
     warmup_step_s: list[float] = field(default_factory=list)
     signals: StepSignals = field(default_factory=StepSignals)
-    # Why measuring stopped: "precision", "time cap", "step cap" or "fixed" (version 1 results).
+    # Why measuring stopped: "time cap", "step cap" or "fixed" (version 1 results).
     stopped: str = "fixed"
-    # Where the launch took turns with its round's other launches (workload/turnstile.py): its side,
-    # the sides, the chunk, its chunks, its seconds waiting, steps measured alone, partners lost.
-    # None: it measured on its own.
-    interleaved: dict[str, Any] | None = None
     flops_per_token: float = 0.0
     # How flops_per_token counts (models.MFU_CONVENTION); None: recorded before 0.2, when the output
     # head was left out, so MFU takes the catalog's count for the model instead (``flops_for_mfu``).

@@ -32,7 +32,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..deciding import stats
 from ..core.models import MFU_CONVENTION
-from . import faults, fsdp, metrics, signals, turnstile, weights
+from . import faults, fsdp, metrics, signals, weights
 from .config import ConfigError, TrainConfig
 from .result import CollectivesResult, StepSignals, TrainResult, write_result
 
@@ -166,13 +166,9 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     step_ends: list[float] = []  # rank 0's wall clock at the end of each measured step
     losses: list[torch.Tensor] = []  # read after the loop: reading a loss would wait for the GPU
     compute_dtype = None  # what the forward really ran in, as the logits show
-    # An interleaved round (turnstile.py): the measured steps take turns with the round's other launches.
-    turns = turnstile.Turnstile(turnstile.TurnConfig.from_dict(cfg.turnstile), rank) if cfg.turnstile else None
     stopped, step = "", 0
     while not stopped:
         faults.at_step(injected, rank, step, cfg.fabric.get("name"), os.path.dirname(cfg.result_path))
-        if turns is not None and step >= cfg.warmup_steps:
-            turns.wait()  # outside the step's timing: waiting for the turn is no part of the step
         sync()
         before = sampler.cpu()
         start = time.perf_counter()
@@ -200,11 +196,8 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         else:
             measured.append(view)
             step_ends.append(round(ended, 4))
-            stopped = stats.measuring_done(
-                [v.step_s for v in measured], signals.judge_launch(measured), min_steps=cfg.steps,
-                max_steps=cfg.max_steps, measure_s=cfg.measure_s, precision=cfg.step_precision)
-            if turns is not None:
-                turns.stepped(view.step_s, done=bool(stopped))
+            stopped = stats.measuring_done([v.step_s for v in measured], min_steps=cfg.steps,
+                                           max_steps=cfg.max_steps, measure_s=cfg.measure_s)
         step += 1
         progress.step(phase, step, view.step_s, tokens_per_step, cfg.warmup_steps + cfg.steps)
 
@@ -237,7 +230,6 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                 if device.type == "cpu" else [],
                 step_end_unix=step_ends),
             stopped=stopped,
-            interleaved=turns.summary() if turns is not None else None,
             flops_per_token=spec.flops_per_token(cfg.seq_len),
             flops_convention=MFU_CONVENTION,
             gpu_name=", ".join(gpu_names) or None,
