@@ -71,7 +71,8 @@ PLANT_STALL = "stall:fabric=ib5,p=0.2,factor=1.6"
 PLANT_THRESHOLD = "slow:fabric=ib6,factor=1.0526"
 PLANT_STALL_REGRESSION = "stall:fabric=ib7,p=0.2,factor=1.6"
 PLANTS = ";".join([PLANT_PARITY, PLANT_REGRESSION, PLANT_STALL, PLANT_THRESHOLD, PLANT_STALL_REGRESSION])
-SELECT = {"parity": "(parity and qwen2 and (ib2 or ib3))", "regression": "(regression and llama and n2 and (ib] or ib4))",
+SELECT = {"parity": "(parity and qwen2 and (ib2 or ib3))",
+          "verdicts": "(parity and qwen2 and (ib2 or ib3 or ib6))", "regression": "(regression and llama and n2 and (ib] or ib4))",
           "stall": "(parity and qwen2 and (ib2 or ib5 or ib6)) or (regression and llama and n2 and (ib] or ib7))"}
 NIGHTLY = ["suites/test_parity.py", "suites/test_regression.py", "--models", "qwen2-tiny,llama-wide",
            "--regression-threshold", "0.05"]

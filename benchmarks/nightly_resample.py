@@ -105,7 +105,12 @@ def rotated(argv: list[str], r: int) -> list[str]:
     return out
 
 
-def pool_in_rounds(out: Path, rounds: int, resume: bool, baseline: Path) -> dict[str, dict]:
+def baseline_args(baseline: Path | None) -> list[str]:
+    """--fabric-baseline where one is given (the regression gates need it; parity gates do not)."""
+    return [f"--fabric-baseline={baseline}"] if baseline is not None else []
+
+
+def pool_in_rounds(out: Path, rounds: int, resume: bool, baseline: Path | None, select: str) -> dict[str, dict]:
     """Run (or reuse) ``rounds`` sessions of the nightly gates' own pytest command that each add one
     round: session r runs every gate with ``--repeats r --max-repeats r`` and finds rounds 0..r-2 in
     its resume file (the store's own resume, written here from session r-1's saved night), so it
@@ -123,8 +128,10 @@ def pool_in_rounds(out: Path, rounds: int, resume: bool, baseline: Path) -> dict
                 # The identity the session will check: its faults are the plants (night() sets them).
                 identity = {**_resume_identity(), "faults": PLANTS}
                 resume_path(save).write_text(json.dumps({"identity": identity, "records": records}))
-            argv = [*rotated(NIGHTLY, r), "-k", ALL_GATES, *rotated(FABRICS, r), "--repeats", str(r),
-                    "--max-repeats", str(r), f"--fabric-baseline={baseline}"]
+            # One launch of every configuration per round: no re-run in the pool (a replayed night
+            # re-runs a disturbed round from the pool's other rounds, as a night would launch again).
+            argv = [*rotated(NIGHTLY, r), "-k", select, *rotated(FABRICS, r), "--repeats", str(r),
+                    "--max-repeats", str(r), "--reruns", "0", *baseline_args(baseline)]
             wall = night(f"round{r}", out, argv, PLANTS)
             print(f"round {r}: {wall:.0f}s", flush=True)
         saved_records = json.loads(save.read_text())["records"]
@@ -167,7 +174,7 @@ def night_store(records: dict[str, dict], order: Sequence[int]) -> dict[str, dic
 
 
 def resampled_night(i: int, out: Path, by_key: dict[str, list[dict]], rng: random.Random,
-                    baseline: Path, select: str, by_round: dict[str, dict] | None = None) -> list[dict]:
+                    baseline: Path | None, select: str, by_round: dict[str, dict] | None = None) -> list[dict]:
     """One night drawn from the pool, judged by the plugin; its gates' rows. From a pool in rounds
     (``by_round``): the rounds in one order drawn for the night and shared by every configuration,
     so that a night's launches that the gates pair (a round's reference and candidate, a
@@ -186,7 +193,7 @@ def resampled_night(i: int, out: Path, by_key: dict[str, list[dict]], rng: rando
     env = {**os.environ, "FABRIC_REPLAY_DIR": str(directory), "PYTHONPATH": os.pathsep.join(
         filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")])), "PYTEST_FABRIC_FAULT": PLANTS}
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "replay_plugin", "-q", "-rA",
-           "--nodes", "2", f"--junitxml={junit}", *NIGHTLY, "-k", select, *FABRICS, f"--fabric-baseline={baseline}"]
+           "--nodes", "2", f"--junitxml={junit}", *NIGHTLY, "-k", select, *FABRICS, *baseline_args(baseline)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
     (directory / "log.txt").write_text(" ".join(cmd) + "\n" + proc.stdout + proc.stderr)
     if not junit.exists() or "ReplayMissing" in proc.stdout:
@@ -205,14 +212,18 @@ def main(argv: list[str] | None = None) -> int:
                              "session, round by round as the gates take them); nights resample whole rounds")
     parser.add_argument("--nights", type=int, default=200, help="nights resampled from the pool")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--baseline", required=True,
-                        help="a baseline merged from other sessions' nights (nightly_gates.py's baseline.json)")
+    parser.add_argument("--baseline", help="a baseline merged from other sessions' nights (nightly_gates.py's "
+                                           "baseline.json); needed where regression gates are judged")
     parser.add_argument("--only", choices=sorted(SELECT), help="judge only these gates (default: all of them)")
     parser.add_argument("--resume", action="store_true", help="reuse the pool sessions already in --out")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    by_round = pool_in_rounds(out, args.rounds, args.resume, Path(args.baseline).resolve()) if args.rounds else None
+    baseline = Path(args.baseline).resolve() if args.baseline else None
+    select = SELECT[args.only] if args.only else ALL_GATES
+    if baseline is None and "regression" in select:
+        parser.error("the regression gates need --baseline (or --only parity, --only verdicts)")
+    by_round = pool_in_rounds(out, args.rounds, args.resume, baseline, select) if args.rounds else None
     by_key = {} if by_round else pool(out, args.pool_sessions, args.pool_launches, args.resume)
     drawn_pool = round_launches(by_round) if by_round else by_key
     if by_round:
@@ -221,11 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     for base, drawn in sorted(by_key.items()):
         print(f"pool {base}: {len(drawn)} launches", flush=True)
     rng = random.Random(args.seed)
-    select = SELECT[args.only] if args.only else ALL_GATES
     rows = []
     start = time.monotonic()
     for i in range(1, args.nights + 1):
-        rows += resampled_night(i, out, by_key, rng, Path(args.baseline).resolve(), select, by_round)
+        rows += resampled_night(i, out, by_key, rng, baseline, select, by_round)
         if i % 10 == 0:
             print(f"{i} nights resampled ({time.monotonic() - start:.0f}s)", flush=True)
     (out / "replay-rows.json").write_text(json.dumps(rows, indent=1))

@@ -92,20 +92,25 @@ def test_one_night_says_the_same_in_every_output(pytester, monkeypatch, junit_sc
     shown = {"eth": float(line.group(4)), "ib": float(line.group(5))}
     assert float(line.group(1)) == pytest.approx(shown["eth"] / shown["ib"], abs=0.0015)
     counts = {"eth": int(line.group(2)), "ib": int(line.group(3))}
-    cell = r"([\d.]+)(?: \((\d+)(?:, \d+ dw)?\))?"
+    cell = r"([\d.]+)(?: \((\d+)(?:, \d+ disturbed)?\))?"
     row = next(m for r in output.splitlines() if (m := re.match(rf"^\s+2\s+2\s+{cell}\s+{cell}\s", r)))  # n2
     terminal = {"ib": float(row.group(1)), "eth": float(row.group(3))}
     terminal_counts = {"ib": int(row.group(2) or 1), "eth": int(row.group(4) or 1)}
     night = load_results(out["night.json"])
     from_junit = load_results(out["night.xml"])
     metric = {s.labels["fabric"]: s.value for s in families["fabric_tokens_per_second"].samples}
+    # Where a round ran again (a launch disturbed as a whole), the gate counted fewer launches than
+    # the night measured, and the line names them: the night's outputs still agree with each other.
+    rerun = "re-run" in text or "counted although disturbed" in text
     for fabric in ("ib", "eth"):
         cid = f"qwen2-tiny-n2-{fabric}"
-        values = [shown[fabric], terminal[fabric], night.cases[cid].mean, from_junit.cases[cid].mean,
+        values = [terminal[fabric], night.cases[cid].mean, from_junit.cases[cid].mean,
                   float(props[f"fabric.{cid}.tokens_per_s"]), metric[fabric],
-                  bench[cid]["tokens-per-second"]["value"]]
+                  bench[cid]["tokens-per-second"]["value"]] + ([] if rerun else [shown[fabric]])
         assert max(values) - min(values) <= 0.1 + 1e-6 * max(values), (fabric, values)
-        launch_counts = {counts[fabric], terminal_counts[fabric], night.cases[cid].launches,
+        launch_counts = {terminal_counts[fabric], night.cases[cid].launches,
                          from_junit.cases[cid].launches, int(props[f"fabric.{cid}.launches"])}
-        assert launch_counts == {counts[fabric]}, (fabric, launch_counts)
-        assert f"| qwen2-tiny | 2 | {fabric} | 2 | {shown[fabric]:.1f} |" in summary.read_text()
+        assert launch_counts == {night.cases[cid].launches}, (fabric, launch_counts)
+        if not rerun:
+            assert counts[fabric] == night.cases[cid].launches
+            assert f"| qwen2-tiny | 2 | {fabric} | 2 | {shown[fabric]:.1f} |" in summary.read_text()

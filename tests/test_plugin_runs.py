@@ -176,7 +176,7 @@ def test_terminal_table_shows_the_stored_numbers(plain_run):
     ib, eth = plain_run.measured("ib"), plain_run.measured("eth")
     delta = (eth.tokens_per_s / ib.tokens_per_s - 1) * 100
     # Launch counts in parentheses (and how many were down-weighted) where there are any to show.
-    row = re.sub(r" \(\d+(?:, \d+ dw)?\)", "", lines[start + 3]).split()
+    row = re.sub(r" \(\d+(?:, \d+ disturbed)?\)", "", lines[start + 3]).split()
     assert row[:7] == [
         "2", "2", f"{ib.tokens_per_s:.1f}", f"{eth.tokens_per_s:.1f}", f"{delta:+.1f}%",
         f"{ib.tokens_per_s_per_gpu:.1f}", f"{eth.tokens_per_s_per_gpu:.1f}"]
@@ -298,7 +298,7 @@ def test_xdist_launches_each_configuration_once(xdist_run):
 def test_xdist_controller_prints_the_table(xdist_run):
     ib, eth = xdist_run.measured("ib"), xdist_run.measured("eth")
     assert "fabric throughput (tokens/s)" in xdist_run.output
-    count = r"(?: \(\d+(?:, \d+ dw)?\))?"
+    count = r"(?: \(\d+(?:, \d+ disturbed)?\))?"
     assert re.search(rf"^\s+2\s+2\s+{ib.tokens_per_s:.1f}{count}\s+{eth.tokens_per_s:.1f}{count}\s", xdist_run.output,
                      re.M)
 

@@ -232,9 +232,12 @@ class TestLaunchEstimate:
         assert est.used == 4
         assert est.disturbed != ""
 
-    def test_a_launch_with_too_few_steps_is_marked(self):
-        assert launch_estimate([2.0, 2.1]).disturbed != ""
-        assert launch_estimate([2.0, 2.1, 2.05]).disturbed == ""
+    def test_a_short_window_is_no_disturbance(self):
+        # Two steps, none flagged: the window asked for (--steps 2), not something outside the job.
+        est = launch_estimate([2.0, 2.1])
+        assert est.disturbed == "" and est.used == 2 and est.step_s == pytest.approx(2.05)
+        # Two steps, one flagged: too few clean steps left, the launch is disturbed.
+        assert "cpu steal" in launch_estimate([2.0, 2.1, 2.05], ["", "cpu steal 40 ms", ""]).disturbed
 
     def test_log_se_shrinks_with_more_steps(self):
         rng = random.Random(3)

@@ -39,7 +39,8 @@ MAD_TO_SIGMA = 1.4826
 # mean's 2.0%: the quantile is steadier, and blind to steps that stall.
 LOCATION_QUANTILE = 0.25
 
-# A launch needs this many clean steps for a value of its own; with fewer it is set aside.
+# A launch whose flagged steps leave fewer clean ones than this is disturbed as a whole (its value
+# then falls back to all its steady steps).
 MIN_CLEAN_STEPS = 3
 # A launch with more than this share of its steps disturbed is set aside as a whole.
 MAX_DISTURBED_SHARE = 0.5
@@ -236,8 +237,8 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
     """The launch's value (the mean of its clean steady steps: tokens over the time they took, what
     the job pays) and its own precision (``mean_standard_error``, in logs).
 
-    A launch with fewer than ``MIN_CLEAN_STEPS`` clean steps, more than half of its steps
-    disturbed, or run in another phase of the machine (``slow_phase`` off 0: its CPU probe that much
+    A launch whose flagged steps leave fewer than ``MIN_CLEAN_STEPS`` clean ones or are more than
+    half of its steps, or run in another phase of the machine (``slow_phase`` off 0: its CPU probe that much
     slower, or faster where negative, than its configuration's usual launch's, as
     ``workload.signals.slow_phase`` judged) is marked ``disturbed``: its value falls back to all
     steady steps when too few are clean, and its round is launched again (``rounds.run_rounds``).
@@ -249,14 +250,14 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
     clean, reasons, start = _clean(step_s, disturbed)
     steady = len(step_s) - start
     why = []
-    if len(clean) < MIN_CLEAN_STEPS or sum(reasons.values()) > MAX_DISTURBED_SHARE * steady:
-        if reasons:
-            why.append(f"{sum(reasons.values())} of {steady} steps disturbed ("
-                       + ", ".join(f"{kind}: {n}" for kind, n in reasons.most_common()) + ")")
-        else:
-            why.append(f"only {len(clean)} steady steps (at least {MIN_CLEAN_STEPS} needed)")
-        if len(clean) < MIN_CLEAN_STEPS:
-            clean = [float(t) for t in step_s[start:]]
+    # Disturbed: something outside the job took the launch (its signals flagged most steps, or so
+    # many that too few clean ones are left). A short window without flags is the window asked for
+    # (--steps 1), not a disturbance: its steps count as they are.
+    if reasons and (len(clean) < MIN_CLEAN_STEPS or sum(reasons.values()) > MAX_DISTURBED_SHARE * steady):
+        why.append(f"{sum(reasons.values())} of {steady} steps disturbed ("
+                   + ", ".join(f"{kind}: {n}" for kind, n in reasons.most_common()) + ")")
+    if len(clean) < MIN_CLEAN_STEPS:
+        clean = [float(t) for t in step_s[start:]]
     if slow_phase > 0:
         why.append(f"machine slow {slow_phase:.0%} for the whole launch (its CPU probe against its "
                    f"configuration's launches)")
