@@ -318,7 +318,7 @@ def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, ste
                  versions: dict | None = None, lost: float = 0.0, **result_fields) -> dict:
     """A store record (``{"case", "cluster", "result"}``) of one training launch of ``case`` whose
     ``steps`` measured steps all take the time that gives ``tokens_per_s``; the last ``disturbed``
-    of them carry a disturbance flag (more than half: the launch is down-weighted), and other
+    of them carry a disturbance flag (more than half: the launch is disturbed as a whole), and other
     processes took ``lost`` of each of their step's time."""
     world = case.nodes * gpus_per_node
     tokens_per_step = tokens_per_step or 64 * world

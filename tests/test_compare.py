@@ -332,7 +332,7 @@ def test_a_machine_slower_all_night_is_no_regression_of_scaling():
     result = fixture.no_regression(REF)
     assert result.verdict is Verdict.PASS
     assert result.interval.point == pytest.approx(1.0, abs=0.03)
-    # One-node and two-node launches interleaved, which goes first alternating by round.
+    # One-node and two-node launches in paired rounds, which goes first alternating by round.
     assert launches.ids[:4] == [("m-n1-ib", 0), ("m-n2-ib", 0), ("m-n2-ib", 1), ("m-n1-ib", 1)]
     assert result.values[0] == pytest.approx(0.9, abs=0.03) and result.values[1] == pytest.approx(0.9, abs=0.01)
     line = said(item)[0]
@@ -344,7 +344,7 @@ def test_a_machine_slower_all_night_is_no_regression_of_scaling():
 def test_the_baselines_efficiency_is_taken_night_by_night():
     # The machine's speed moved both values of each baseline night by up to 10%, but each night's
     # efficiency is 0.9: taken night by night, the baseline's efficiency varies 0.1% between nights
-    # (the launch-noise prior then carries its uncertainty); taken from the two cases' values apart,
+    # (the nights' spread then carries its uncertainty); taken from the two cases' values apart,
     # the speed's moves count twice (about 7% each, and as much again as each side's night-to-night
     # component), which leaves that gate undecided.
     speed = [1.0, 0.9, 1.08, 0.95]
