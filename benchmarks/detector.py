@@ -40,7 +40,7 @@ from pytest_fabric.core.case import Case  # noqa: E402
 from pytest_fabric.cluster.emulated import EmulatedCluster  # noqa: E402
 from pytest_fabric.measuring.measure import LaunchSettings, Measurer  # noqa: E402
 from pytest_fabric.measuring.measurement import launch_value  # noqa: E402
-from pytest_fabric.deciding.stats import _reason_kind  # noqa: E402
+from pytest_fabric.deciding.steps import _reason_kind  # noqa: E402
 from pytest_fabric.measuring.store import ResultStore  # noqa: E402
 
 FALSE_ALARM_TARGET = 0.05

@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pytest_fabric.measuring.measurement import launch_number, launch_value  # noqa: E402
-from pytest_fabric.deciding.stats import configuration_value, pooled_noise, steady_window  # noqa: E402
+from pytest_fabric.deciding.contrasts import configuration_value, pooled_noise  # noqa: E402
+from pytest_fabric.deciding.steps import steady_window  # noqa: E402
 from pytest_fabric.workload.result import TrainResult  # noqa: E402
 
 

@@ -19,7 +19,7 @@ from .physics.floor import DEFAULT_RATE_TOLERANCE
 from .core.models import MODELS
 
 if TYPE_CHECKING:
-    from .reporting.htmlreport import Written
+    from .reporting.report_document import Written
 
 
 class _Parser(argparse.ArgumentParser):
@@ -130,7 +130,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _trend(args: argparse.Namespace) -> int:
-    from .reporting.htmlreport import write_trend
+    from .reporting.trend import write_trend
 
     if len(args.nights) < 2:
         raise _UserError("a trend needs at least two nights; give two or more results files")
@@ -159,7 +159,7 @@ def _baseline(args: argparse.Namespace) -> int:
 
 def _predict(args: argparse.Namespace) -> int:
     from .core.models import get_model
-    from .physics.predict import JobShape, predict_penalty
+    from .physics.step_model import JobShape, predict_penalty
 
     if args.model not in MODELS:
         raise _UserError(f"--model {args.model!r}: unknown model; known models: {', '.join(MODELS)}")
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     audit.set_defaults(func=_audit)
 
     args = parser.parse_args(argv)
-    from .history.nights import ResultsError
+    from .history.night_model import ResultsError
 
     try:
         return args.func(args)

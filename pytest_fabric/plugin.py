@@ -2,14 +2,13 @@
 
 The work lives in plain modules: session state in ``session``, the fixtures' objects in
 ``fixtures``, the controller's reporting in ``reporter``, measuring in ``measure`` and
-``cluster``, deciding in ``stats`` and ``gates``. State that travels with a test lives in the
+``cluster``, deciding in ``deciding/`` (``rounds``, ``contrasts``, ``sequential``, ``gates``). State that travels with a test lives in the
 ``pytest.StashKey``s of ``session``.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ import pytest
 from .running import options as fabric_options
 from .core.case import BANDWIDTH, Case
 from .cluster import Cluster, ClusterUnavailable, make_cluster
-from .running.fixtures import CompareFixture, FabricDeprecationWarning, MeasureFixture, link_rate_or_skip
+from .running.fixtures import CompareFixture, MeasureFixture, link_rate_or_skip
 from .history.junit import SECTION, gate_lines, measurement_lines, testcase_text
 from .running.matrix import expand
 from .measuring.link_rate import LinkRate
@@ -163,19 +162,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # -- parametrization -------------------------------------------------------------------------
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    for name in ("fabric_bandwidth_case", "fabric_link"):
-        if name not in metafunc.fixturenames:
-            continue
-        if name == "fabric_link":
-            warnings.warn(FabricDeprecationWarning(
-                f"{metafunc.definition.nodeid}: the fixture fabric_link is now fabric_bandwidth_case"), stacklevel=1)
+    if "fabric_bandwidth_case" in metafunc.fixturenames:
         # Collective bandwidth needs two nodes at least: one node never touches the fabric.
         session = metafunc.config.stash[SESSION_KEY]
         marker = metafunc.definition.get_closest_marker("fabric_matrix")
         excluded = marker.kwargs.get("exclude_fabrics", ()) if marker else ()  # e.g. the reference itself
         fabrics = [f for f in session.options.fabrics if f not in excluded]
         links = expand([BANDWIDTH], session.nodes, fabrics, min_nodes=2)
-        metafunc.parametrize(name, links, ids=[c.id for c in links])
+        metafunc.parametrize("fabric_bandwidth_case", links, ids=[c.id for c in links])
     if "fabric_case" not in metafunc.fixturenames:
         return
     session = metafunc.config.stash[SESSION_KEY]
@@ -236,12 +230,6 @@ def fabric_measure(fabric_session: FabricSession, request: pytest.FixtureRequest
 @pytest.fixture
 def fabric_bandwidth_case(request: pytest.FixtureRequest) -> Case:
     """One (nodes, fabric) for collective bandwidth; parametrized by ``pytest_generate_tests``."""
-    return request.param
-
-
-@pytest.fixture
-def fabric_link(request: pytest.FixtureRequest) -> Case:
-    """The name of 0.1 for ``fabric_bandwidth_case`` (collecting a test that uses it warns)."""
     return request.param
 
 

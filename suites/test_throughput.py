@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from pytest_fabric.measuring.measure import configuration_tokens_per_s
+from pytest_fabric.measuring.measurement import configuration_tokens_per_s
 
 
 @pytest.mark.fabric_matrix()

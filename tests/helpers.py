@@ -23,9 +23,9 @@ from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
 from pytest_fabric.deciding.gates import GateOutcome
 from pytest_fabric.history.junit import suite_properties
 from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
-from pytest_fabric.measuring.measure import BandwidthMeasurement, Measurement
+from pytest_fabric.measuring.measurement import BandwidthMeasurement, Measurement
 from pytest_fabric.history.nights import load_results, save_results
-from pytest_fabric.deciding.stats import Interval, NoisePrior, Verdict
+from pytest_fabric.deciding.contrasts import Interval, NoisePrior, Verdict
 from pytest_fabric.workload.config import TrainConfig
 from pytest_fabric.workload.result import (CollectiveRow, CollectivesResult, StepSignals, TrainResult,
                                            write_result)
@@ -391,7 +391,7 @@ GATE_SUITE = """
     import pytest
     from pytest_fabric.deciding.gates import apply_verdict
     from pytest_fabric.running.session import OUTCOMES_KEY
-    from pytest_fabric.deciding.stats import Verdict
+    from pytest_fabric.deciding.contrasts import Verdict
     from helpers import outcome
 
     @pytest.fixture

@@ -22,8 +22,9 @@ from helpers import REPO
 from pytest_fabric.history.calibration import (EFFICIENCY_GRID, Configuration, configurations,
                                                study, study_lines)
 from pytest_fabric.core.models import get_model
-from pytest_fabric.physics.predict import JobShape, Observation, predict_step
-from pytest_fabric.history.nights import ResultsError, load_records
+from pytest_fabric.physics.step_model import JobShape, Observation, predict_step
+from pytest_fabric.history.night_model import ResultsError
+from pytest_fabric.history.nights import load_records
 from pytest_fabric.workload.result import RESULT_VERSION, TRAIN_FORMAT, TrainResult
 
 FIXTURE = REPO / "fixtures" / "calibration" / "synthetic-night.json"

@@ -2,7 +2,7 @@
 
 The launches are synthetic here (known distributions, so the right verdict is known), but each is a
 real ``Measurement`` read from a typed rank result, so its value goes through
-``stats.launch_estimate`` as a real launch's does; the real launch path is covered by the emulated
+``steps.launch_estimate`` as a real launch's does; the real launch path is covered by the emulated
 runs in test_plugin_runs.py.
 """
 
@@ -20,7 +20,7 @@ from pytest_fabric.measuring.measure import LaunchSettings
 from pytest_fabric.history.baselines import Baseline
 from pytest_fabric.running.fixtures import CompareFixture
 from pytest_fabric.running.session import NOTES_KEY, OUTCOMES_KEY, FabricSession
-from pytest_fabric.deciding.stats import Interval, Verdict
+from pytest_fabric.deciding.contrasts import Interval, Verdict
 
 CAND, REF = Case("m", 2, "eth"), Case("m", 2, "ib")
 
@@ -449,7 +449,7 @@ class ModelLaunches:
 
     def __init__(self, model, rates_gbit, flops_per_s=2e10, noise=0.005, seed=2):
         from pytest_fabric.core.models import get_model
-        from pytest_fabric.physics.predict import JobShape, predict_step
+        from pytest_fabric.physics.step_model import JobShape, predict_step
 
         self.spec = get_model(model)
         self.steps = {f: predict_step(JobShape(self.spec, 2, dtype="fp32"), flops_per_s=flops_per_s, inter_gbit=g).step_s
@@ -537,7 +537,7 @@ def test_equal_rates_predict_no_difference():
 
 def test_prediction_reads_real_measurements_as_the_store_records_them():
     from pytest_fabric.core.fabrics import build_table
-    from pytest_fabric.measuring.measure import Measurement
+    from pytest_fabric.measuring.measurement import Measurement
 
     def runs(fabric, tokens_per_s):
         case = Case("qwen2-tiny", 2, fabric)

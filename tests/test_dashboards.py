@@ -20,7 +20,7 @@ from pytest_fabric.reporting.dashboards import (BusbwRow, build_tables, benchmar
                                       md_table, openmetrics)
 from pytest_fabric.history.junit import load_junit
 from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
-from pytest_fabric.measuring.measure import Measurement
+from pytest_fabric.measuring.measurement import Measurement
 from pytest_fabric.core.case import Case
 from pytest_fabric.history.nights import load_records, load_results
 
@@ -247,7 +247,7 @@ def test_a_disturbed_launch_is_left_out_the_same_way_in_every_dashboard():
     """One number and one count per configuration: the summary's 'launches' says how many were
     disturbed (not counted), the metrics carry both counts, and the interval is around the value."""
     from pytest_fabric.history.night_model import CaseResult, SavedRun
-    from pytest_fabric.deciding.stats import configuration_value
+    from pytest_fabric.deciding.contrasts import configuration_value
 
     values, counted = [1000.0, 1100.0, 400.0], [True, True, False]
     case = CaseResult("m", 2, "ib", 2, values, [v / 2 for v in values], counted)

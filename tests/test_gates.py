@@ -7,7 +7,7 @@ from helpers import outcome as gate_outcome, train_measurement
 
 from pytest_fabric import Measurement, assert_ahead, assert_within, ratio
 from pytest_fabric.deciding.gates import InconclusiveWarning, apply_verdict
-from pytest_fabric.deciding.stats import Verdict
+from pytest_fabric.deciding.contrasts import Verdict
 
 
 def measurement(fabric: str, tokens_per_s: float, model: str = "qwen2.5-7b", nodes: int = 8) -> Measurement:

@@ -16,7 +16,7 @@ from pytest_fabric.core.fabrics import FABRICS
 from pytest_fabric.physics.hostbound import BUSY_SHARE, MIN_MFU, host_bound
 from pytest_fabric.measuring.measure import Measurer
 from pytest_fabric.core.models import get_model
-from pytest_fabric.measuring.nccl_evidence import parse_nccl_logs
+from pytest_fabric.measuring.nccl_logs import parse_nccl_logs
 from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.workload.result import TrainResult
 

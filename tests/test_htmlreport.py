@@ -10,11 +10,13 @@ import pytest
 from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, REPO, assert_valid_junit, geomean, gpu_night, junit_text,
                      nights, saved, session_store)
 
-from pytest_fabric.reporting.dashboards import configuration_interval
+from pytest_fabric.reporting.tables import configuration_interval
 from pytest_fabric.physics.cost import break_even_premium, cost_per_million_tokens
 from pytest_fabric.history.junit import merge_junit
-from pytest_fabric.reporting.htmlreport import write_report, write_trend
-from pytest_fabric.history.nights import ResultsError, load_results, save_results
+from pytest_fabric.reporting.htmlreport import write_report
+from pytest_fabric.reporting.trend import write_trend
+from pytest_fabric.history.night_model import ResultsError
+from pytest_fabric.history.nights import load_results, save_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # qwen2-tiny on two nodes in session_store: each configuration's value, the geometric mean of its launches.
@@ -155,7 +157,7 @@ def test_prices_saved_with_the_night_are_used_and_given_ones_win(tmp_path, no_pl
 
 
 def test_cost_lines_for_the_terminal(night):
-    from pytest_fabric.reporting.htmlreport import cost_lines
+    from pytest_fabric.reporting.terminal import cost_lines
 
     lines = cost_lines(night, {"ib": 4.0, "eth": 3.0})
     assert lines[0] == "cost (USD per GPU-hour: eth 3, ib 4):"

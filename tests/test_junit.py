@@ -2,7 +2,7 @@
 wrote is completed without breaking it.
 
 The measurements here are real ``Measurement`` objects made from the rank program's typed result
-(``TrainResult``) as the store records it, so every figure goes through ``stats.launch_estimate``.
+(``TrainResult``) as the store records it, so every figure goes through ``steps.launch_estimate``.
 They are built in ``helpers.py`` (``train_record``, ``train_measurement``), which every test module shares.
 """
 
@@ -19,8 +19,8 @@ from pytest_fabric.deciding.gates import GateOutcome
 from pytest_fabric.history.junit import (add_to_junit, gate_lines, junit_names, load_junit,
                                          measurement_lines, suite_properties)
 from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
-from pytest_fabric.measuring.measure import configuration_tokens_per_s
-from pytest_fabric.deciding.stats import Verdict
+from pytest_fabric.measuring.measurement import configuration_tokens_per_s
+from pytest_fabric.deciding.contrasts import Verdict
 
 
 # -- machine lines of one configuration ---------------------------------------------------------------

@@ -20,9 +20,8 @@ LOWER = ("pytest_fabric.cluster", "pytest_fabric.workload")
 # Leaf modules the lower half may use: data, catalogs and helpers that import nothing above them.
 LEAVES = {"pytest_fabric", "pytest_fabric.core.atomic", "pytest_fabric.core.case",
           "pytest_fabric.core.fabrics", "pytest_fabric.core.models", "pytest_fabric.history.night_model",
-          "pytest_fabric.core.redact", "pytest_fabric.deciding.stats", "pytest_fabric.core.units",
-          "pytest_fabric.deciding.steps", "pytest_fabric.deciding.contrasts",
-          "pytest_fabric.deciding.sequential", "pytest_fabric.deciding.across_nights"}
+          "pytest_fabric.core.redact", "pytest_fabric.core.units", "pytest_fabric.deciding.contrasts",
+          "pytest_fabric.deciding.steps"}
 
 
 def _modules() -> dict[str, Path]:
@@ -209,7 +208,7 @@ def test_a_measurement_takes_four_forms_from_the_ranks_to_junit():
 
 def test_a_launch_has_one_value_function():
     # measurement.launch_value: the gates, calibration and the benchmarks value a launch with it;
-    # only it calls stats.launch_estimate on a result.
+    # only it calls steps.launch_estimate on a result.
     assert _callers("launch_estimate") == {"pytest_fabric.measuring.measurement"}
     benchmarks = Path(__file__).resolve().parent.parent / "benchmarks"
     for path in sorted(benchmarks.glob("*.py")):
@@ -242,9 +241,7 @@ def _reachable(name: str) -> set[str]:
 # Modules split out of a larger one by role, each below the module that kept the rest (which
 # re-exports their public names): the split module never reaches back up.
 SPLIT_BELOW = {"nccl_logs": "nccl_evidence", "nic_inventory": "nccl_evidence", "report_document": "htmlreport",
-               "report_plots": "htmlreport", "trend": "htmlreport", "tables": "terminal",
-               "steps": "stats", "contrasts": "stats", "sequential": "stats", "across_nights": "stats",
-               "step_model": "predict", "comparison": "predict"}
+               "report_plots": "htmlreport", "tables": "terminal"}
 
 
 @pytest.mark.parametrize("low", sorted(SPLIT_BELOW))
@@ -256,7 +253,6 @@ def test_a_split_module_sits_below_the_one_it_came_from(low):
         assert GRAPH[mod(low)] <= LEAVES
 
 
-# >>> role folders: written by tools/regroup.py from its mapping (rerun it rather than edit)
 # The package order, lowest first ("" is the top level): a module imports modules of its own folder
 # or of one before it, or a leaf (LEAVES); the top level holds the front doors only.
 PACKAGE_ORDER = ("core", "cluster", "workload", "physics", "measuring", "deciding", "history",
@@ -278,15 +274,3 @@ def test_imports_follow_the_package_order(name):
     rank = PACKAGE_ORDER.index(_folder(name))
     upwards = {m for m in GRAPH[name] if PACKAGE_ORDER.index(_folder(m)) > rank and m not in LEAVES}
     assert upwards == set(), f"{name} imports {sorted(upwards)}, above its folder in {PACKAGE_ORDER}"
-
-
-def test_old_module_paths_are_the_moved_modules():
-    import importlib
-
-    import pytest_fabric
-
-    for old, new in sorted(pytest_fabric._MOVED.items()):
-        if new.split(".")[0] == PACKAGE_ORDER[0]:  # the leaves: cheap to import
-            moved = importlib.import_module(f"pytest_fabric.{new}")
-            assert importlib.import_module(f"pytest_fabric.{old}") is moved
-# <<< role folders

@@ -257,7 +257,7 @@ def test_a_slow_phase_is_judged_against_the_same_configurations_usual_launch(tmp
     whose busy steps all probe 70% slow ran in a slow phase; another configuration (another load on
     the cores) is never judged against it; idle steps' probes say nothing."""
 
-    from pytest_fabric.measuring.measure import Measurement
+    from pytest_fabric.measuring.measurement import Measurement
 
     m = measurer(tmp_path, FakeCluster())
     launches = iter(range(100))
@@ -287,7 +287,7 @@ def test_a_launch_is_judged_by_its_typical_probe_against_its_configurations_usua
     0.23-0.27 ms): a long launch at the usual level catches a rare fast probe, and it neither counts
     as fast nor makes the short launches after it slow; a launch that ran wholly at the other level,
     faster or slower than the configuration usually runs, is not its usual launch."""
-    from pytest_fabric.measuring.measure import Measurement
+    from pytest_fabric.measuring.measurement import Measurement
 
     m = measurer(tmp_path, FakeCluster())
     launches = iter(range(100))
@@ -316,7 +316,7 @@ def test_a_slow_phase_is_judged_against_the_launches_the_store_holds_from_other_
     judged against every stored launch of its configuration (those launched again for a round too, the same job),
     not only against the ones this process measured; other configurations' and idle launches' probes
     set no reference."""
-    from pytest_fabric.measuring.measure import Measurement
+    from pytest_fabric.measuring.measurement import Measurement
 
     case, other = Case("qwen2-tiny", 2, "ib"), Case("qwen2-tiny", 1, "ib")
 

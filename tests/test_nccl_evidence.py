@@ -9,15 +9,9 @@ from pathlib import Path
 import pytest
 
 from pytest_fabric.core.fabrics import build_table
-from pytest_fabric.measuring.nccl_evidence import (
-    NicInventory,
-    check_transport,
-    fabric_kind,
-    find_nccl_logs,
-    nccl_debug_env,
-    parse_nccl_logs,
-    prove_transport,
-)
+from pytest_fabric.measuring.nccl_evidence import check_transport, fabric_kind, prove_transport
+from pytest_fabric.measuring.nccl_logs import find_nccl_logs, nccl_debug_env, parse_nccl_logs
+from pytest_fabric.measuring.nic_inventory import NicInventory
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 CASES = ("ib", "roce", "socket_fallback", "eth", "efa", "efa_tcp", "gdr_off")

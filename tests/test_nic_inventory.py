@@ -21,11 +21,3 @@ def test_a_bad_line_is_named_with_how_to_write_it(line):
         parse_inventory([line], ["ib", "eth"])
     assert repr(line) in str(err.value) and "ib, eth" in str(err.value)
 
-
-def test_the_old_module_path_still_serves_the_names():
-    from pytest_fabric.measuring import nccl_evidence, nccl_logs, nic_inventory
-
-    assert nccl_evidence.NicInventory is nic_inventory.NicInventory
-    assert nccl_evidence.parse_inventory is nic_inventory.parse_inventory
-    for name in ("parse_nccl_logs", "nccl_debug_env", "find_nccl_logs", "TransportFacts", "Evidence", "LOG_FILE_PREFIX"):
-        assert getattr(nccl_evidence, name) is getattr(nccl_logs, name), name

@@ -156,7 +156,7 @@ def test_prices_from_ini_and_command_line_per_fabric(pytester):
 def test_transport_proof_settings_from_ini_and_command_line(pytester):
     pytester.makeini("[pytest]\nfabric_inventory =\n    ib.nics = 8\n    ib.gbit_per_nic = 400\n    efa.nics = 32\n")
     pytester.makepyfile(test_opts="""
-        from pytest_fabric.measuring.nccl_evidence import NicInventory
+        from pytest_fabric.measuring.nic_inventory import NicInventory
 
         def test_options(fabric_session):
             settings = fabric_session.options.settings

@@ -10,16 +10,9 @@ import pytest
 from pytest_fabric.core.models import ModelSpec, get_model
 from pytest_fabric.physics.cost import break_even_premium, break_even_price, cost_per_million_tokens
 from pytest_fabric.physics.fit import calibrate
-from pytest_fabric.physics.predict import (
-    JobShape,
-    Observation,
-    bytes_per_param,
-    fit_flops,
-    fsdp_bytes_per_rank,
-    predict_comparison,
-    predict_penalty,
-    predict_step,
-)
+from pytest_fabric.physics.comparison import fit_flops, predict_comparison
+from pytest_fabric.physics.step_model import (JobShape, Observation, bytes_per_param, fsdp_bytes_per_rank,
+                                              predict_penalty, predict_step)
 
 # A Llama small enough to count by hand: hidden 8, MLP 16, 2 layers, 2 heads of 4, 1 KV head,
 # vocabulary 10, untied.
@@ -266,7 +259,7 @@ class TestCost:
 
 
 def test_recorded_bytes_reads_torch_dtype_names_from_a_result():
-    from pytest_fabric.physics.predict import recorded_bytes
+    from pytest_fabric.physics.step_model import recorded_bytes
 
     assert recorded_bytes({"dtype": "float32", "reduce_dtype": "float32"}) == (4, 4)
     assert recorded_bytes({"dtype": "bfloat16", "reduce_dtype": "float32"}) == (2, 4)

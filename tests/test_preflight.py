@@ -62,7 +62,7 @@ def test_too_few_gpus_and_single_node_skips_network():
 # -- the same facts the transport proof judges, learned before a launch -------------------------------
 
 from pytest_fabric.measuring.preflight import NodeFacts, inventory, check_node, read_node  # noqa: E402
-from pytest_fabric.measuring.nccl_evidence import NicInventory  # noqa: E402
+from pytest_fabric.measuring.nic_inventory import NicInventory  # noqa: E402
 
 
 def test_read_node_knows_ipoib_rates_gids_and_gdr():

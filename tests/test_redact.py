@@ -16,7 +16,8 @@ from pytest_fabric.core import redact as redact_module
 from pytest_fabric.cluster import supervisor
 from pytest_fabric.cluster.supervisor import ProcSpec, supervise
 from pytest_fabric.core.redact import MASK, is_secret_name, redact, redact_data, remember
-from pytest_fabric.history.nights import CaseResult, SavedRun, save_results
+from pytest_fabric.history.night_model import CaseResult, SavedRun
+from pytest_fabric.history.nights import save_results
 from pytest_fabric.measuring.store import ResultStore
 
 SECRET = "hf_S3cr3tV4lue&xyz"  # '&' also checks the XML-escaped form

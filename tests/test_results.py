@@ -24,17 +24,10 @@ from pytest_fabric.history.junit import suite_properties
 from pytest_fabric.history.junit import testcase_text as text_of
 from pytest_fabric.history.baselines import (baseline_for, baseline_noise, build_baseline,
                                              load_baseline, save_baseline)
-from pytest_fabric.history.nights import (
-    BASELINE_FORMAT,
-    CaseResult,
-    RESULTS_FORMAT,
-    ResultsError,
-    SavedRun,
-    identity_mismatch,
-    load_results,
-    save_results,
-)
-from pytest_fabric.deciding.stats import NoisePrior
+from pytest_fabric.history.night_model import CaseResult, ResultsError, SavedRun
+from pytest_fabric.history.nights import BASELINE_FORMAT, RESULTS_FORMAT, load_results, save_results
+from pytest_fabric.history.setups import identity_mismatch
+from pytest_fabric.deciding.contrasts import NoisePrior
 from pytest_fabric.workload.result import (
     COLLECTIVES_FORMAT,
     RESULT_VERSION,
@@ -269,7 +262,7 @@ def test_a_disturbed_launch_is_left_out_of_the_value_read_back(tmp_path):
     """CaseResult.mean is documented as 'the number the terminal and JUnit showed': a launch
     disturbed as a whole is not counted in it, read from JUnit or from a saved night."""
     from pytest_fabric.history.junit import add_to_junit
-    from pytest_fabric.measuring.measure import configuration_tokens_per_s
+    from pytest_fabric.measuring.measurement import configuration_tokens_per_s
 
     ms = launches("qwen2-tiny", 2, "ib", IB_LAUNCHES)
     aside = Measurement.from_record(Case("qwen2-tiny", 2, "ib"), disturbed_record("qwen2-tiny", 2, "ib", 900.0),

@@ -1,4 +1,4 @@
-"""One window per launch, fixed before it starts (stats.measuring_done), whatever its steps or its
+"""One window per launch, fixed before it starts (workload/window.py), whatever its steps or its
 partner's do; a stalling fabric is shown (the verdict line, the launch's fast-steps diagnostic), never
 measured longer.
 
@@ -12,14 +12,17 @@ import json
 from pathlib import Path
 
 import pytest
+
+from pytest_fabric.workload.window import measuring_done
 from helpers import FakeCluster, emulated_unavailable, needs, session_directory
 
 from pytest_fabric import Case, LaunchSettings
 from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.workload.config import TrainConfig
 
-from pytest_fabric.measuring.measure import Measurer, launch_number
-from pytest_fabric.deciding.stats import launch_estimate, measuring_done
+from pytest_fabric.measuring.measurement import launch_number
+from pytest_fabric.measuring.measure import Measurer
+from pytest_fabric.deciding.steps import launch_estimate
 from pytest_fabric.workload import faults
 
 UNAVAILABLE = emulated_unavailable()

@@ -12,41 +12,16 @@ from collections import Counter
 
 import pytest
 
-import pytest_fabric.deciding.stats as stats_module
-from pytest_fabric.deciding.stats import (
-    CONFIDENCE,
-    BOUND_DF,
-    MIN_LEARNED_NIGHTS,
-    QUICK_LOOK_ROUND_SD,
-    configuration_value,
-    STALL_MARGIN,
-    mean_standard_error,
-    LOCATION_QUANTILE,
-    Interval,
-    LaunchEstimate,
-    Look,
-    NoisePrior,
-    RobustCenter,
-    SequentialGate,
-    Verdict,
-    ahead_gate,
-    combined_noise,
-    configuration_value,
-    contrast_interval,
-    decide,
-    fabric_time_reference,
-    fabric_time_sample,
-    launch_estimate,
-    location_interval,
-    measuring_done,
-    obrien_fleming_spending,
-    night_variance,
-    pooled_noise,
-    reference_term,
-    robust_baseline,
-    steady_window,
-    within_gate,
-)
+from pytest_fabric.deciding.across_nights import RobustCenter, robust_baseline
+from pytest_fabric.deciding.contrasts import (BOUND_DF, MIN_LEARNED_NIGHTS, QUICK_LOOK_ROUND_SD,
+                                              configuration_value, Interval, NoisePrior, Verdict, ahead_gate,
+                                              combined_noise, contrast_interval, decide, fabric_time_reference,
+                                              fabric_time_sample, night_variance, pooled_noise, reference_term,
+                                              within_gate)
+from pytest_fabric.deciding.sequential import CONFIDENCE, Look, SequentialGate, obrien_fleming_spending
+from pytest_fabric.workload.window import measuring_done
+from pytest_fabric.deciding.steps import (STALL_MARGIN, mean_standard_error, LOCATION_QUANTILE, LaunchEstimate,
+                                          launch_estimate, location_interval, steady_window)
 
 LOG = math.log
 
@@ -66,7 +41,7 @@ def side(values: list[float], within: float = 0.0) -> list[tuple[float, float]]:
 
 
 def q25(values) -> float:
-    """The 25% quantile with linear interpolation, computed independently of stats.py."""
+    """The 25% quantile with linear interpolation, computed independently of deciding/steps.py."""
     return statistics.quantiles(values, n=4, method="inclusive")[0]
 
 
@@ -74,9 +49,13 @@ def interval(low: float, point: float, high: float) -> Interval:
     return Interval(low, point, high, 0.95, 6.0, 0.02, (3, 3))
 
 
-def test_public_names_exist():
-    for name in stats_module.__all__:
-        assert hasattr(stats_module, name), name
+@pytest.mark.parametrize("module", ["steps", "contrasts", "sequential", "across_nights", "rounds"])
+def test_public_names_exist(module):
+    import importlib
+
+    mod = importlib.import_module(f"pytest_fabric.deciding.{module}")
+    for name in mod.__all__:
+        assert hasattr(mod, name), name
     assert LOCATION_QUANTILE == 0.25  # a low quantile: noise is one-sided (README)
 
 

@@ -10,7 +10,7 @@ import math
 import pytest
 from helpers import bandwidth_measurement, train_measurement
 
-from pytest_fabric.measuring.measure import configuration_tokens_per_s
+from pytest_fabric.measuring.measurement import configuration_tokens_per_s
 from pytest_fabric.reporting.terminal import bandwidth_table, summary_tables
 
 

@@ -17,7 +17,7 @@ from pytest_fabric.cluster.supervisor import LaunchOutcome
 from pytest_fabric.core.case import Case
 from pytest_fabric.measuring.measure import Measurer, LaunchSettings
 from pytest_fabric.measuring.store import ResultStore
-from pytest_fabric.measuring.nccl_evidence import NicInventory
+from pytest_fabric.measuring.nic_inventory import NicInventory
 from pytest_fabric.workload.result import TrainResult, write_result
 
 NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"

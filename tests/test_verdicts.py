@@ -17,7 +17,7 @@ from helpers import assert_valid_junit, outcome, run_gates
 from lxml import etree
 
 from pytest_fabric.history.junit import load_junit
-from pytest_fabric.deciding.stats import Verdict
+from pytest_fabric.deciding.contrasts import Verdict
 from pytest_fabric.deciding.verdicts import (ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, counts,
                                              outcome_of, undecided_night)
 
@@ -145,19 +145,6 @@ def test_a_link_test_can_leave_out_the_reference_instead_of_skipping_it(pytester
     ids = [line for line in pytester.runpytest("--collect-only", "-q", "--fabrics", "ib,eth,roce").outlines
            if "::" in line]
     assert ids == ["test_links.py::test_link[collectives-n2-eth]", "test_links.py::test_link[collectives-n2-roce]"]
-
-
-def test_the_fixture_name_of_0_1_still_collects_with_a_deprecation_warning(pytester):
-    pytester.makepyfile(test_links="""
-        def test_link(fabric_link):
-            assert fabric_link.nodes >= 2
-    """)
-    result = pytester.runpytest("--collect-only", "-q", "--fabrics", "ib,eth", "-W", "error::DeprecationWarning")
-    assert result.ret != 0  # the warning is raised as an error: it was emitted
-    result = pytester.runpytest("--collect-only", "-q", "--fabrics", "ib,eth")
-    ids = [line for line in result.outlines if line.startswith("test_links.py::")]
-    assert ids == ["test_links.py::test_link[collectives-n2-ib]", "test_links.py::test_link[collectives-n2-eth]"]
-    assert "fabric_link is now fabric_bandwidth_case" in result.stdout.str()
 
 
 def test_bad_undecided_night_value_is_a_usage_error(pytester):

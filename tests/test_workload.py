@@ -30,7 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_fabric.deciding import stats
+from pytest_fabric.deciding.steps import launch_estimate
+from pytest_fabric.workload.window import measuring_done
 from pytest_fabric.core.models import get_model
 from pytest_fabric.workload import faults, fsdp, metrics, signals, train, weights
 from pytest_fabric.workload.config import ConfigError, TrainConfig
@@ -44,7 +45,7 @@ HARNESS_KEYS = {"format", "version", "step_s", "signals", "stopped", "world_size
 NEW_KEYS = {"mfu_note", "peak_flops_per_gpu", "flops_per_token", "gpu_name", "peak_memory_bytes",
             "peak_memory_kind", "activation_checkpointing", "fsdp", "mixed_precision", "reduce_dtype", "weights",
             "first_loss", "timeouts"}
-# Version 1 wrote these; the harness now derives them from step_s itself (stats.launch_estimate).
+# Version 1 wrote these; the harness now derives them from step_s itself (deciding/steps.py's launch_estimate).
 DERIVED_KEYS = {"median_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu", "nodes"}
 SIGNALS = ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed")
 
@@ -513,7 +514,7 @@ def test_gpu_throttle_rule():
 def test_disturbed_steps_are_counted_by_cause():
     """stats groups reasons by the words before their figure: one count per cause, whatever the figure."""
     reasons = [signals.disturbance(v) for v in (view(steal_s=0.12), view(steal_s=0.2), view(foreign_s=0.3))]
-    estimate = stats.launch_estimate([0.5] * 8, ["", "", "", "", "", *reasons])
+    estimate = launch_estimate([0.5] * 8, ["", "", "", "", "", *reasons])
     assert estimate.set_aside == {"cpu steal": 2, "other processes": 1}
 
 
@@ -716,7 +717,7 @@ def test_with_no_time_to_spare_exactly_the_minimum_steps_are_measured(tmp_path, 
     cfg = config(tmp_path, steps=3, warmup_steps=1)
     result = run_in_process(cfg, monkeypatch)
     assert len(result.step_s) == 3 and len(result.warmup_step_s) == 1
-    assert result.stopped == stats.measuring_done(result.step_s, min_steps=3, max_steps=cfg.max_steps, measure_s=0)
+    assert result.stopped == measuring_done(result.step_s, min_steps=3, max_steps=cfg.max_steps, measure_s=0)
     assert result.stopped == "time cap"
     assert result.hosts == [os.environ.get("PYTEST_FABRIC_NODE", socket.gethostname())]
     assert all(p > 0 for p in result.signals.probe_s)

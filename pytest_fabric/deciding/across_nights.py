@@ -1,6 +1,6 @@
 """Across nights: past nights' values combined into a center that one bad night does not move.
 
-Part of the statistics (``stats`` re-exports every name): ``robust_baseline`` drops outlier nights
+Part of the statistics (README, "How verdicts are decided"): ``robust_baseline`` drops outlier nights
 (a modified z-score rule on the MAD) and returns a ``RobustCenter``. A leaf.
 """
 

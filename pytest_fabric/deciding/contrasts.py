@@ -1,6 +1,6 @@
 """Across launches: a configuration's value, the interval of a contrast of log tokens/s, the gate.
 
-Part of the statistics (``stats`` re-exports every name; its docstring gives the whole design).
+Part of the statistics (README, "How verdicts are decided").
 Every comparison is a contrast of log tokens/s between groups of launches (candidate vs reference;
 tonight's multi-node vs one-node vs a baseline's), blocked by round (``contrast_interval``): the mean
 of the rounds' contrasts, every launch alike, with the paired t interval of tonight's rounds (at

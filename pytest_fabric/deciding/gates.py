@@ -12,7 +12,7 @@ from typing import Union
 import pytest
 
 from ..measuring.measurement import BandwidthMeasurement, Measurement
-from .stats import Interval, NoisePrior, Verdict, ahead_gate, within_gate
+from .contrasts import Interval, NoisePrior, Verdict, ahead_gate, within_gate
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class GateOutcome:
     """A comparison as the gate decided it: the numbers every renderer shows.
 
     ``interval`` is of ``a_name`` / ``b_name`` (tokens/s, or the regression gate's measure for a regression
-    gate); ``values`` are the two sides' estimates (``stats.configuration_value`` of the same launches,
+    gate); ``values`` are the two sides' estimates (``contrasts.configuration_value`` of the same launches,
     so that the ratio shown is the ratio of the values shown); ``reruns`` lists the rounds launched
     again (a launch disturbed as a whole) and any disturbed round counted, and why
     (``rounds.Rounds.notes``); ``noise``: the noise a baseline learned, None where none was.

@@ -38,7 +38,7 @@ else:  # pragma: no cover
 
 from ..core.case import Case
 from ..core.fabrics import REFERENCE_FABRIC
-from .stats import ahead_gate, within_gate
+from .contrasts import ahead_gate, within_gate
 
 GATE_KEYS = {"within", "ahead"}
 MATCH_KEYS = {"model", "nodes", "fabric"}

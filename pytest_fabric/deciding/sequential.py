@@ -1,6 +1,6 @@
 """The sequential design: a gate looked at repeatedly as launches are added, keeping its confidence.
 
-Part of the statistics (``stats`` re-exports every name; its docstring gives the whole design).
+Part of the statistics (README, "How verdicts are decided").
 An inconclusive comparison buys more launches up to a budget (``SequentialGate``); each look
 (``Look``) spends a share of the error allowance (an O'Brien-Fleming-type spending function,
 ``obrien_fleming_spending``) with boundaries computed from the looks' joint distribution

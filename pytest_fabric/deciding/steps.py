@@ -1,10 +1,7 @@
 """One launch's steps -> its value: steady window, disturbed steps set aside, the mean and its precision.
 
-Part of the statistics (``stats`` re-exports every name; its docstring gives the whole design).
-Every launch measures one window fixed before it starts (``measuring_done``: at least --steps
-steps, then until --measure-seconds of measured steps, at most the step cap), the same for every
-launch of every configuration: a window that depended on what a launch or its partner measured
-would bias its mean (a stop on precision ends on a run of fast steps). Inside a launch
+Every launch measures one window fixed before it starts (``workload/window.py``), the same for
+every launch of every configuration. Inside a launch
 (``launch_estimate``): leading warm-up-like steps are dropped (``steady_window``), steps the node's
 signals mark as disturbed are set aside, and the launch's value is the **mean** of the clean steps:
 tokens over the time they took, what a training job pays. Its precision (batch means,
@@ -12,8 +9,7 @@ tokens over the time they took, what a training job pays. Its precision (batch m
 stall) are diagnostics, shown and recorded. A launch disturbed as a whole is flagged
 (``LaunchEstimate.disturbed``): its round is launched again (``rounds.run_rounds``).
 
-A leaf, no pytest: the rank programs import ``measuring_done``. scipy only where a quantile's
-interval is computed.
+A leaf, no pytest; scipy only where a quantile's interval is computed.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "FAST_QUANTILE", "LOCATION_QUANTILE", "LaunchEstimate", "MAD_TO_SIGMA", "MAX_DISTURBED_SHARE",
     "MIN_CLEAN_STEPS", "STALL_MARGIN", "launch_estimate", "location_interval", "mean_standard_error",
-    "measuring_done", "steady_window",
+    "steady_window",
 ]
 
 # 1.4826 x MAD estimates the standard deviation of normally distributed values.
@@ -142,24 +138,6 @@ def _reason_kind(reason: str) -> str:
     words = reason.split()
     cut = next((i for i, w in enumerate(words) if any(ch.isdigit() for ch in w)), len(words))
     return " ".join(words[:cut]) or reason
-
-
-def measuring_done(step_s: Sequence[float], *, min_steps: int, max_steps: int, measure_s: float) -> str:
-    """Why measuring may stop now ("" to go on): the rank programs call this after every step.
-
-    "time cap": at least ``min_steps`` steps and ``measure_s`` seconds of measured steps spent;
-    "step cap": ``max_steps`` steps; ``measure_s`` 0: exactly ``min_steps`` steps. The window is
-    fixed before the launch and never depends on the step times' spread. Deterministic in its
-    inputs, so every rank, given the same all-reduced step times, stops at the same step.
-    """
-    n = len(step_s)
-    if n >= max_steps:
-        return "step cap"
-    if n < min_steps:
-        return ""
-    if not measure_s or sum(step_s) >= measure_s:
-        return "time cap"
-    return ""
 
 
 def mean_standard_error(values: Sequence[float]) -> float:

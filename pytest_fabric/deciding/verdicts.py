@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .gates import GateOutcome
-from .stats import MIN_LEARNED_NIGHTS, MIN_ROUNDS, QUICK_LOOK_ROUND_SD, Verdict
+from .contrasts import MIN_LEARNED_NIGHTS, MIN_ROUNDS, QUICK_LOOK_ROUND_SD, Verdict
 
 PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED = "pass", "fail", "inconclusive", "error", "skipped"
 OUTCOMES = (PASS, FAIL, INCONCLUSIVE, ERROR, SKIPPED)

@@ -13,16 +13,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .nights import (BASELINE_FORMAT, FORMAT_VERSION, ResultsError, SavedRun, _now, _parse_json, _read_text,
-                     _validated_baseline, _write_json_atomically, identity_mismatch, load_results)
-from ..deciding.stats import NoisePrior, RobustCenter, pooled_noise, robust_baseline
+from .night_model import ResultsError, SavedRun
+from .nights import (BASELINE_FORMAT, FORMAT_VERSION, _now, _parse_json, _read_text, _validated_baseline,
+                     _write_json_atomically, load_results)
+from .setups import identity_mismatch
+from ..deciding.across_nights import RobustCenter, robust_baseline
+from ..deciding.contrasts import NoisePrior, pooled_noise
 
 __all__ = ["MIN_LEARNED_NOISE", "Baseline", "baseline_for", "baseline_nights", "baseline_noise", "build_baseline",
            "launch_noise", "load_baseline", "night_labels", "save_baseline"]
 
 
 def build_baseline(runs: Sequence[SavedRun]) -> dict[str, Any]:
-    """Per case, the robust center of the nights' mean tokens/s (``stats.robust_baseline``).
+    """Per case, the robust center of the nights' mean tokens/s (``across_nights.robust_baseline``).
 
     Each night contributes one value per case (``CaseResult.mean`` of its counted launches); a night that is an
     outlier among the others is dropped and named in ``nights``. ``warnings`` lists set-up

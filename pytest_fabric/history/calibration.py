@@ -30,10 +30,10 @@ from ..core.case import BANDWIDTH
 from ..core.fabrics import FABRICS
 from ..core.models import MODELS
 from ..physics.fit import Calibration, calibrate
-from ..physics.predict import (BOUND_WORDS, DEFAULT_LINK_EFFICIENCY, JobShape, Observation,
-                               predict_comparison, recorded_bytes)
+from ..physics.comparison import BOUND_WORDS, predict_comparison
+from ..physics.step_model import DEFAULT_LINK_EFFICIENCY, JobShape, Observation, recorded_bytes
 from ..measuring.measurement import LaunchRecord, launch_value
-from ..deciding.stats import configuration_value
+from ..deciding.contrasts import configuration_value
 from ..core.units import mbit_to_gbit
 
 __all__ = ["Configuration", "PenaltyRow", "Study", "configurations", "study", "study_lines"]
@@ -68,7 +68,7 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
                    ) -> tuple[list[Configuration], list[str]]:
     """Configurations from store records (``key -> {"case", "cluster", "result"}``), and notes on
     what was left out and why. Launches of one configuration give one observation: the geometric
-    mean of their launch values (``stats.configuration_value`` of each ``measurement.launch_value``, as
+    mean of their launch values (``contrasts.configuration_value`` of each ``measurement.launch_value``, as
     the gates value a launch)."""
     gbit = dict(gbit or {})
     notes: list[str] = []

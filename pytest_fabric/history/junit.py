@@ -12,7 +12,7 @@ skip's body only.
 What the testsuite carries (properties, which every JUnit family allows): run-wide facts (versions,
 cluster, nodes, repeats policy, device, project version, the count of each outcome) and, over
 every launch of the run, each configuration's machine lines ``fabric.<case id>.<name>``: its
-figure (the one the gate judged, ``stats.configuration_value`` of the launches that counted),
+figure (the one the gate judged, ``contrasts.configuration_value`` of the launches that counted),
 ``launch_tokens_per_s`` per launch and ``launch_counted`` (1, or 0 for a launch disturbed as a
 whole, whose round ran again). A reader reads the machine lines (suite properties first, then testcases), never the
 sentences. Per-testcase properties are added where the family allows them (xunit1/legacy:

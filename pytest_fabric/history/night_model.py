@@ -4,7 +4,7 @@
 A leaf, as pytest keeps ``reports.py``: the readers and writers (``nights.py`` for JSON and the
 session store, ``baselines.py``, ``junit.py`` for JUnit XML) all build and read these types, and
 none of them has to import another to do so. It imports only other leaves (``case``, ``fabrics``,
-``stats``).
+``deciding.contrasts``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.case import BANDWIDTH, Case
 from ..core.fabrics import FABRICS
-from ..deciding.stats import configuration_value
+from ..deciding.contrasts import configuration_value
 
 __all__ = ["CaseResult", "LinkResult", "ResultsError", "SavedRun", "case_of_test", "parse_case_id", "verdict_case"]
 
@@ -81,7 +81,7 @@ class CaseResult:
 
     @property
     def mean(self) -> float:
-        """The configuration's value: ``stats.configuration_value`` of its counted launches (the
+        """The configuration's value: ``contrasts.configuration_value`` of its counted launches (the
         number the terminal and JUnit showed)."""
         return configuration_value(self.counted_tokens_per_s)
 

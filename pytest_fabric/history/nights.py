@@ -31,22 +31,15 @@ from ..core.case import BANDWIDTH, Case
 from ..physics.hostbound import configuration_mfu, mfu_peak, peak_memory_gib
 from ..measuring.measurement import (BandwidthMeasurement, LaunchRecord, Measurement, launch_number,
                                      configuration_tokens_per_s)
-from .night_model import (CaseResult, LinkResult, ResultsError, SavedRun, case_of_test,  # noqa: F401 (public names)
-                          parse_case_id, verdict_case)
+from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, parse_case_id, verdict_case
 from ..core.redact import redact_data
 from ..core.units import mbit_to_gbit
 
-from .setups import identity_from_records, identity_mismatch  # noqa: F401 (public names)
+from .setups import identity_from_records
 
 __all__ = [
     "BASELINE_FORMAT",
     "RESULTS_FORMAT",
-    "CaseResult",
-    "LinkResult",
-    "ResultsError",
-    "SavedRun",
-    "identity_from_records",
-    "identity_mismatch",
     "load_records",
     "load_results",
     "parse_case_id",

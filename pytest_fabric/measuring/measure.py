@@ -30,11 +30,13 @@ from ..cluster import Cluster, ClusterUnavailable, LaunchRequest
 from ..cluster.base import OnThisMachine
 from ..core.fabrics import Fabric, get_fabric
 from ..core.models import get_model
-from .measurement import (BandwidthMeasurement, LaunchKey, LaunchRecord, Measurement, MeasurementError,  # noqa: F401 (public names)
-                          block_name, launch_number, configuration_tokens_per_s, launch_value)
+from .measurement import (BandwidthMeasurement, LaunchKey, LaunchRecord, Measurement, MeasurementError,
+                          block_name)
 from ..core.storage import is_storage_error, storage_problem
 from .store import ResultStore
-from .nccl_evidence import NicInventory, nccl_debug_env, prove_transport
+from .nccl_evidence import prove_transport
+from .nccl_logs import nccl_debug_env
+from .nic_inventory import NicInventory
 from ..workload import faults
 from ..workload.signals import launch_probe, usual_probe
 from ..workload.config import CollectivesConfig, TrainConfig
@@ -363,7 +365,7 @@ class Measurer:
         """Record with the result its configuration's usual CPU probe: the lower median of the typical
         busy-step probes of every launch of the same configuration this session, this one included,
         so that a launch run in another phase of the machine is known as such for good
-        (``stats.launch_estimate``, ``signals.slow_phase``). Per configuration: the job's own load
+        (``steps.launch_estimate``, ``signals.slow_phase``). Per configuration: the job's own load
         sets the vCPU's speed (two busy cores probe slower than one; a node idling on the network
         slower still), so only launches of the same job are comparable; the first launch of a
         configuration is its own reference."""

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..core.case import BANDWIDTH, Case
-from ..deciding.stats import LaunchEstimate, configuration_value, launch_estimate
+from ..deciding.contrasts import configuration_value
+from ..deciding.steps import LaunchEstimate, launch_estimate
 from ..core.units import MIB
 from ..workload.result import CollectiveRow, CollectivesResult, TrainResult
 from ..workload.signals import slow_phase
@@ -207,7 +208,7 @@ class Measurement:
 
 
 def launch_value(result: TrainResult) -> LaunchEstimate:
-    """A training result's launch value (``stats.launch_estimate``): its steps, their disturbance
+    """A training result's launch value (``steps.launch_estimate``): its steps, their disturbance
     flags, and the phase of the machine its CPU probes show against its configuration's usual
     launch. The one place a launch's value is taken from a result (measurements, calibration, the
     benchmarks)."""
@@ -217,7 +218,7 @@ def launch_value(result: TrainResult) -> LaunchEstimate:
 
 
 def configuration_tokens_per_s(launches: Sequence[Measurement], per_gpu: bool = False, every: bool = False) -> float:
-    """A configuration's tokens/s (per GPU) from its launches: ``stats.configuration_value`` of the
+    """A configuration's tokens/s (per GPU) from its launches: ``contrasts.configuration_value`` of the
     counted ones (``Measurement.counted``; all where none is), or of ``every`` one (a gate's rounds:
     what it counted). The one number the gates, the terminal, JUnit and saved nights show."""
     chosen = list(launches) if every else ([m for m in launches if m.counted] or list(launches))

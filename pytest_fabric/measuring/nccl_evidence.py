@@ -36,9 +36,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ..core.fabrics import FABRICS, Fabric
-from .nccl_logs import (LOG_FILE_PREFIX, PLUGIN_FAILED, Evidence, LogSource, TransportFacts,  # noqa: F401 (public names)
-                        find_nccl_logs, nccl_debug_env, normalize_network, parse_nccl_logs)
-from .nic_inventory import NicInventory, parse_inventory  # noqa: F401 (public names)
+from .nccl_logs import (PLUGIN_FAILED, Evidence, LogSource, TransportFacts, normalize_network,
+                        parse_nccl_logs)
+from .nic_inventory import NicInventory
 
 # Which NCCL network each transport kind must show. RoCE runs through NCCL's IB plugin; only the
 # link layer of its ports tells it from InfiniBand.

@@ -23,7 +23,8 @@ from typing import Any
 
 from .floor import DEFAULT_RATE_TOLERANCE, SHARDINGS, Floor, floor_for
 from ..core.models import MODELS, ModelSpec
-from .predict import BYTES_PER_DTYPE, JobShape, predict_comparison
+from .comparison import predict_comparison
+from .step_model import BYTES_PER_DTYPE, JobShape
 
 __all__ = ["AuditError", "AuditRow", "REQUIRED", "OPTIONAL", "audit", "read_rows", "table_lines"]
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .predict import DEFAULT_LINK_EFFICIENCY, JobShape, Observation, Prediction, predict_step
+from .step_model import DEFAULT_LINK_EFFICIENCY, JobShape, Observation, Prediction, predict_step
 
 __all__ = ["Calibration", "calibrate"]
 

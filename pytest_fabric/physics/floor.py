@@ -160,7 +160,7 @@ def run_floor(spec: ModelSpec, nodes: int, link_gbit: float, result: object,
     """The floor of a measured run: its model and nodes, and the parameter and gradient precision
     the run recorded (``result``: a ``TrainResult``). FSDP2 ``fully_shard`` and FSDP1 as the
     workload runs them both reshard after forward: full shard."""
-    from .predict import recorded_bytes
+    from .step_model import recorded_bytes
 
     param_bytes, grad_bytes = recorded_bytes(result)
     return floor_for(spec, nodes, link_gbit, param_bytes=param_bytes, grad_bytes=grad_bytes, tolerance=tolerance)

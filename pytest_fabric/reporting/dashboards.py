@@ -20,10 +20,10 @@ from typing import Any
 
 from ..core.case import BANDWIDTH, Case
 from ..physics.hostbound import gib_text, mfu_text
-from ..measuring.measure import BandwidthMeasurement
+from ..measuring.measurement import BandwidthMeasurement
 from ..core.models import MFU_CONVENTION
-from ..history.nights import SavedRun, verdict_case
-from .tables import CONFIDENCE, ConfigRow, config_rows, configuration_interval  # noqa: F401 (public names)
+from ..history.night_model import SavedRun, verdict_case
+from .tables import CONFIDENCE, ConfigRow, config_rows
 from ..core.units import MIB
 from ..deciding.verdicts import ERROR, FAIL, INCONCLUSIVE, OUTCOMES, PASS, counts
 

@@ -15,8 +15,7 @@ The document is ``report_document.Document`` (built once, rendered as Markdown a
 HTML, so the two never disagree); the plots are ``report_plots``' PNG files next to it, referenced by
 relative path, so the directory can be archived or served as it is. Plots need matplotlib (the
 ``report`` extra); without it the tables are still written and the documents say what is missing.
-Several nights side by side: ``trend.write_trend`` (importable from here too, as the terminal's
-``cost_lines`` are).
+Several nights side by side: ``trend.write_trend``.
 """
 
 from __future__ import annotations
@@ -26,15 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from .dashboards import GateRow, Tables, build_tables, mfu_convention
-from ..history.nights import ResultsError, SavedRun, identity_mismatch, load_records, verdict_case
+from ..history.night_model import ResultsError, SavedRun, verdict_case
+from ..history.nights import load_records
+from ..history.setups import identity_mismatch
 from .report_document import (NO_MATPLOTLIB, PLOTS_DIR, Document, Written, matplotlib_figure, slug,
                               write_document)
 from .report_plots import plot_busbw, plot_gates, plot_per_gpu
 from .tables import (bandwidth_table, by_model as group_by_model, cost_tables, reference, throughput_tables)
-from .terminal import cost_lines  # noqa: F401 (public name: the terminal's cost lines, formerly here)
-from .trend import write_trend  # noqa: F401 (public name: pytest-fabric trend, formerly here)
 
-__all__ = ["Written", "combine", "cost_lines", "write_report", "write_trend"]
+__all__ = ["Written", "combine", "write_report"]
 
 
 def combine(runs: Sequence[SavedRun]) -> SavedRun:

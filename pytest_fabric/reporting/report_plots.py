@@ -12,7 +12,7 @@ from typing import Any
 
 from .dashboards import GateRow
 from ..history.night_model import CaseResult, SavedRun, verdict_case
-from ..deciding.stats import robust_baseline
+from ..deciding.across_nights import robust_baseline
 from .tables import configuration_interval
 
 __all__ = ["gate_failed", "plot_busbw", "plot_gates", "plot_per_gpu", "plot_trend", "save_png"]

@@ -18,7 +18,7 @@ from ..physics.cost import break_even_premium, cost_per_million_tokens
 from ..core.fabrics import REFERENCE_FABRIC
 from ..physics.hostbound import gib_text, mfu_text
 from ..history.night_model import CaseResult, LinkResult, SavedRun
-from ..deciding.stats import Interval, contrast_interval
+from ..deciding.contrasts import Interval, contrast_interval
 from ..core.units import MIB
 
 __all__ = ["CONFIDENCE", "ConfigRow", "Table", "aligned_lines", "bandwidth_table", "by_model", "config_rows",

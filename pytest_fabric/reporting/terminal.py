@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..measuring.measure import BandwidthMeasurement, Measurement
+from ..measuring.measurement import BandwidthMeasurement, Measurement
 from ..core.models import MFU_CONVENTION
 from ..history.night_model import LinkResult, SavedRun
 from ..history.nights import case_result

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..history.baselines import night_labels
 from ..history.night_model import CaseResult, SavedRun
-from ..history.nights import identity_mismatch
+from ..history.setups import identity_mismatch
 from .report_document import NO_MATPLOTLIB, PLOTS_DIR, Document, Written, matplotlib_figure, slug, write_document
 from .report_plots import plot_trend
 

@@ -3,7 +3,7 @@
 ``MeasureFixture`` launches a configuration (or serves it from the session's cache) and refuses a
 result that is not of the fabric asked for: a failed launch, a wrong transport, a step faster than
 the link can carry. ``CompareFixture`` decides the gates (``within``, ``ahead``, ``no_regression``)
-on paired rounds of launches (``rounds.run_rounds``) with ``stats``' sequential intervals, and
+on paired rounds of launches (``rounds.run_rounds``) with sequential intervals (``deciding/sequential.py``), and
 records each verdict with its prediction and floor for the reporter.
 """
 
@@ -21,14 +21,14 @@ from ..core.case import Case
 from ..deciding.gates import DEFAULT_AHEAD, DEFAULT_WITHIN, GateOutcome, apply_verdict
 from ..deciding.rounds import Rounds, run_rounds
 from ..physics.hostbound import host_bound
-from ..measuring.measure import (BandwidthMeasurement, Measurement, MeasurementError,
-                                 configuration_tokens_per_s)
-from ..history.nights import identity_from_records, identity_mismatch
+from ..measuring.measurement import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s
+from ..history.setups import identity_from_records, identity_mismatch
 from ..measuring.link_rate import LinkRate, missing_rate
 from .session import ERRORED_KEY, MEASURED_KEY, NOTES_KEY, OUTCOMES_KEY, FabricSession
-from ..deciding.stats import (STALL_MARGIN, Interval, NoisePrior, SequentialGate, Verdict, ahead_gate,
-                              configuration_value, contrast_interval, fabric_time_reference, fabric_time_sample,
-                              reference_term, within_gate)
+from ..deciding.contrasts import (Interval, NoisePrior, Verdict, ahead_gate, configuration_value, contrast_interval,
+                                  fabric_time_reference, fabric_time_sample, reference_term, within_gate)
+from ..deciding.sequential import SequentialGate
+from ..deciding.steps import STALL_MARGIN
 
 
 class MeasureFixture:
@@ -89,7 +89,7 @@ class CompareFixture:
     disturbed as a whole is launched again, at most ``--reruns`` times a gate). Launches are cached
     per number: a reference measured for one comparison serves another whose round ran next to it,
     and is launched again for a round that runs later (``Measurer.measure``: a round's launches run
-    back to back). The interval is ``stats.contrast_interval`` of the rounds' log ratios, with the
+    back to back). The interval is ``contrasts.contrast_interval`` of the rounds' log ratios, with the
     noise a --fabric-baseline learned where it has one.
     """
 
@@ -268,7 +268,7 @@ class CompareFixture:
 
 def stall_note(sides: Sequence[tuple[str, Sequence[Measurement]]]) -> str:
     """"eth steps stall: mean 8% below the fast steps" for each side whose configuration's mean
-    throughput sits more than ``stats.STALL_MARGIN`` below its fast steps (the 25% quantile): the
+    throughput sits more than ``steps.STALL_MARGIN`` below its fast steps (the 25% quantile): the
     cost a stalling fabric puts on the job, which the fast steps alone would hide."""
     notes = []
     for name, launches in sides:
@@ -283,7 +283,3 @@ def stall_note(sides: Sequence[tuple[str, Sequence[Measurement]]]) -> str:
 
 class FabricIdentityWarning(UserWarning):
     """Two runs being compared ran on different hardware or software."""
-
-
-class FabricDeprecationWarning(DeprecationWarning):
-    """A name of pytest-fabric 0.1 that still works, and what to write instead."""

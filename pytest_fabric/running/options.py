@@ -26,7 +26,7 @@ from ..measuring.measure import LaunchSettings
 from ..core.models import DEFAULT_CPU_MODELS, MODELS
 from ..deciding.references import References
 from ..history.baselines import Baseline
-from ..deciding.stats import FAMILY_RULES
+from ..deciding.sequential import FAMILY_RULES
 from ..deciding.rounds import RERUNS
 from ..workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
 from ..measuring.nic_inventory import parse_inventory
@@ -396,7 +396,7 @@ class FabricOptions:
     # Per-rank FLOP/s the comparison predictions assume; None: fitted to the faster side's step.
     flops_per_rank: float | None = None
     regression_on: str = REGRESSION_MEASURES[0]
-    family_wise: str = FAMILY_RULES[0]  # stats.FAMILY_RULES
+    family_wise: str = FAMILY_RULES[0]  # sequential.FAMILY_RULES
     # How far a step may appear to beat the physical floor before it is an error (floor.py).
     floor_tolerance: float = DEFAULT_RATE_TOLERANCE
 

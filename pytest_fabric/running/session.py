@@ -30,12 +30,13 @@ from ..measuring.link_rate import LinkRate, link_rate
 from ..measuring.measure import Measurer
 from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from ..core.models import get_model
-from ..physics.predict import comparison_line
+from ..physics.comparison import comparison_line
 from ..core.redact import remember
 from ..deciding.references import ReferenceError, References
 from ..history.baselines import Baseline
-from ..history.nights import ResultsError, launch_records, session_measurements
-from ..deciding.stats import Interval, NoisePrior
+from ..history.night_model import ResultsError
+from ..history.nights import launch_records, session_measurements
+from ..deciding.contrasts import Interval, NoisePrior
 from ..measuring import nodes as node_checks
 from ..measuring.nodes import NODES_FILE, NodeCheck, RunDirError
 from ..measuring.preflight import NodeFacts
@@ -257,7 +258,6 @@ MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
 # Lines shown below a test's verdicts (the prediction, the floor). The verdicts themselves are the
 # GateOutcomes under OUTCOMES_KEY: every renderer writes their words from those.
 NOTES_KEY = pytest.StashKey[list[str]]()
-VERDICTS_KEY = NOTES_KEY  # the name before 0.5
 OUTCOMES_KEY = pytest.StashKey[list[GateOutcome]]()
 ERRORED_KEY = pytest.StashKey[bool]()  # a measurement the test needed failed: its outcome is "error"
 NO_FABRICS_KEY = pytest.StashKey[bool]()  # a comparison skipped because the fabrics share one link

@@ -44,7 +44,7 @@ class TrainConfig:
     # only and broadcast while sharding; None: random weights.
     model_path: str | None = None
     # Measuring goes on past ``steps`` until ``measure_s`` seconds of measured steps (0: exactly
-    # ``steps``), at most ``max_steps`` steps (stats.measuring_done): one window fixed before the launch.
+    # ``steps``), at most ``max_steps`` steps (window.measuring_done): one window fixed before the launch.
     max_steps: int = 200
     measure_s: float = 6.0
     # Time a fixed CPU kernel after each step (CPU runs): the VM's speed is a signal (signals.py).

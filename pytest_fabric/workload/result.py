@@ -1,7 +1,7 @@
 """The typed results of the rank programs: written once by global rank 0, read once by the harness.
 
 A rank program reports what it measured and what it ran on; it never turns that into a verdict or
-a headline number (the harness's ``stats.launch_estimate`` does, in one place). Each result carries
+a headline number (the harness's ``steps.launch_estimate`` does, in one place). Each result carries
 a format name and version: a result written by a newer harness is refused with a message instead
 of being half-read, and results of the first version (plain dicts without a format field, as older
 session stores and saved nights hold them) are still read.

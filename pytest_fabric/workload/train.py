@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..deciding import stats
 from ..core.models import MFU_CONVENTION
 from . import faults, fsdp, metrics, signals, weights
+from .window import measuring_done
 from .config import ConfigError, TrainConfig
 from .result import CollectivesResult, StepSignals, TrainResult, write_result
 
@@ -196,7 +196,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         else:
             measured.append(view)
             step_ends.append(round(ended, 4))
-            stopped = stats.measuring_done([v.step_s for v in measured], min_steps=cfg.steps,
+            stopped = measuring_done([v.step_s for v in measured], min_steps=cfg.steps,
                                            max_steps=cfg.max_steps, measure_s=cfg.measure_s)
         step += 1
         progress.step(phase, step, view.step_s, tokens_per_step, cfg.warmup_steps + cfg.steps)
