@@ -617,6 +617,10 @@ class TestDecide:
             gate(bad)
 
 
+# A noise learned from many nights: the looks' variance as good as known (the Brownian-motion boundaries).
+KNOWN = NoisePrior(0.02, 1e6, "learned", nights=10)
+
+
 def boundaries(gate: SequentialGate, launches) -> list[float]:
     """The standard-normal boundary of each of ``gate``'s looks after ``launches`` launches."""
     out = []
@@ -627,6 +631,33 @@ def boundaries(gate: SequentialGate, launches) -> list[float]:
 
 
 class TestSequentialGate:
+    def test_looks_on_tonights_rounds_alone_keep_their_error_rate_as_t_statistics(self):
+        # Without a learned noise the looks from 3 rounds on rest on tonight's rounds (t on rounds - 1
+        # df): their boundaries are set on the t statistics' joint distribution, so that the looks
+        # together cross no more than alpha, where the known-variance levels used as t quantiles
+        # crossed more. Checked on fresh simulated nights (a seed of their own).
+        import numpy as np
+        from scipy.stats import t as student_t
+
+        gate = SequentialGate(0.95, start=2, budget=6)
+        levels = []
+        for n in range(2, 7):
+            levels.append(gate.look([(1, side([1000.0] * n)), (-1, side([1000.0] * n))], launches=n).interval.confidence)
+        known = boundaries(SequentialGate(0.95, start=2, budget=6, prior=KNOWN), range(2, 7))
+        assert levels[0] == pytest.approx(2 * statistics.NormalDist().cdf(known[0]) - 1)  # the bound's look
+        # From the second look on t, each level lies beyond the known-variance one (a single look would not).
+        assert all(level > 2 * statistics.NormalDist().cdf(c) - 1 for level, c in zip(levels[2:], known[2:]))
+        rng = np.random.default_rng(11)
+        x = rng.standard_normal((100_000, 6))
+        crossed = np.zeros(100_000, dtype=bool)
+        naive = np.zeros(100_000, dtype=bool)
+        for n, level, c in zip(range(3, 7), levels[1:], known[1:]):
+            stat = np.abs(x[:, :n].mean(axis=1) / (x[:, :n].std(axis=1, ddof=1) / np.sqrt(n)))
+            crossed |= stat >= student_t.ppf((1 + level) / 2, n - 1)
+            naive |= stat >= student_t.ppf(statistics.NormalDist().cdf(c), n - 1)
+        assert crossed.mean() <= 0.1 + 0.003
+        assert naive.mean() > crossed.mean()
+
     def test_looks_spend_the_error_allowance_obrien_fleming_style(self):
         gate = SequentialGate(0.95, start=2, budget=6, confidence=0.95)
         spent = [gate.spending(n) for n in range(2, 7)]
@@ -642,7 +673,7 @@ class TestSequentialGate:
     def test_boundaries_match_the_published_obrien_fleming_table(self):
         # Five equally spaced looks, two-sided alpha 0.05, Lan-DeMets O'Brien-Fleming spending:
         # 4.877, 3.357, 2.680, 2.290, 2.031 (Jennison & Turnbull 2000; gsDesign sfLDOF).
-        bounds = boundaries(SequentialGate(0.95, start=1, budget=5, confidence=0.95), range(1, 6))
+        bounds = boundaries(SequentialGate(0.95, start=1, budget=5, confidence=0.95, prior=KNOWN), range(1, 6))
         assert bounds == pytest.approx([4.877, 3.357, 2.680, 2.290, 2.031], abs=2e-3)
 
     def test_the_sequential_procedure_keeps_its_error_rate_and_no_more(self):
@@ -651,7 +682,7 @@ class TestSequentialGate:
         # holds), and not much less (a union bound would waste it).
         import numpy as np
 
-        gate = SequentialGate(0.95, start=2, budget=6, confidence=0.95)
+        gate = SequentialGate(0.95, start=2, budget=6, confidence=0.95, prior=KNOWN)
         bounds = boundaries(gate, range(2, 7))
         rng = np.random.default_rng(7)
         steps = rng.standard_normal((200_000, 6))
@@ -662,7 +693,7 @@ class TestSequentialGate:
         assert gate.looks[-1].interval.confidence < union
 
     def test_each_look_spends_only_what_is_left_since_the_last(self):
-        gate = SequentialGate(*within_gate(0.05), start=2, budget=6)
+        gate = SequentialGate(*within_gate(0.05), start=2, budget=6, prior=KNOWN)
         groups = [(1, side([1000.0, 1005.0])), (-1, side([1000.0, 1002.0]))]
         first = gate.look(groups, launches=2)
         second = gate.look(groups, launches=4)

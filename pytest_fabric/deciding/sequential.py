@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .contrasts import _AT_LEAST, _AT_MOST, Interval, NoisePrior, Verdict, contrast_interval, decide
+from .contrasts import _AT_LEAST, _AT_MOST, MIN_ROUNDS, Interval, NoisePrior, Verdict, contrast_interval, decide
 
 __all__ = ["CONFIDENCE", "FAMILY_RULES", "Look", "SequentialGate", "obrien_fleming_spending"]
 
@@ -100,6 +100,53 @@ def _boundary(previous: _Continuation | None, t: float, share: float) -> tuple[f
     return c, _Continuation(t, grid, density * weights)
 
 
+# Simulated paths behind the boundaries of looks on tonight's own rounds (``_t_simulated``): a look's
+# share at a family's alpha / 7 is 0.1-0.5% of them, 200-1000 paths beyond its boundary.
+T_PATHS = 200_000
+
+
+@functools.lru_cache(maxsize=256)
+def _t_simulated(alpha: float, rounds: tuple[int, ...], fractions: tuple[float, ...],
+                 before: float) -> tuple[float, ...]:
+    """The nominal two-sided confidences of looks after ``rounds`` rounds (increasing, each from
+    ``MIN_ROUNDS`` on) whose interval rests on tonight's own rounds (Student's t on rounds - 1 df),
+    at information ``fractions``, each spending its share of ``obrien_fleming_spending``; ``before``:
+    what the looks before them (on the stated noise bound, a known variance) may have spent.
+
+    The known-variance boundaries (``_boundaries``) assume the looks' statistics move as one
+    Brownian motion; t statistics whose variance is re-estimated at every look from 2-5 df are less
+    correlated, and the looks together spend more than their allowance (simulated: 5.3% against 5%
+    at the threshold). So each boundary is set on simulated t statistics of the same looks (normal
+    rounds, a fixed seed: the same levels every run) such that the paths still going leave exactly
+    its share to cross (Jennison & Turnbull 2000, ch. 11, the t statistics' joint distribution
+    simulated instead of approximated)."""
+    import numpy as np
+    from scipy.stats import t as student_t
+
+    rng = np.random.default_rng(20261127)
+    x = rng.standard_normal((T_PATHS, rounds[-1]))
+    going = np.ones(T_PATHS, dtype=bool)
+    levels, spent = [], before
+    for i, (k, t) in enumerate(zip(rounds, fractions)):
+        sample = x[:, :k]
+        stat = np.abs(sample.mean(axis=1) / (sample.std(axis=1, ddof=1) / np.sqrt(k)))
+        share = max(obrien_fleming_spending(t, alpha) - spent, 0.0)
+        spent = max(spent, obrien_fleming_spending(t, alpha))
+        live = stat[going]
+        cross = int(round(share * T_PATHS))
+        if i == 0 and share > 0:  # the first look on t: its level is exact, no simulation needed
+            c = float(student_t.ppf(1 - share / 2, k - 1))
+        elif cross <= 0 or live.size == 0:
+            c = float("inf")
+        elif cross >= live.size:
+            c = 0.0
+        else:
+            c = float(np.partition(live, live.size - cross)[live.size - cross])
+        going &= stat < c
+        levels.append(1.0 - 1e-12 if c == float("inf") else float(2 * student_t.cdf(c, k - 1) - 1))
+    return tuple(levels)
+
+
 # The two-sided confidence of a gate's interval. A gate's verdicts are one-sided (pass: the interval
 # clears the threshold; fail: it lies wholly beyond), so each is wrong with probability at most
 # (1 - CONFIDENCE) / 2 = 5%: the two one-sided tests at 5% of equivalence testing (Schuirmann's
@@ -171,9 +218,25 @@ class SequentialGate:
             return 1.0 - 1e-12, 1.0 - 1e-12, self._times
         times = (*self._times, t)
         alpha = 1.0 - self.confidence
+        if self.prior is None and self._rounds(t) >= MIN_ROUNDS:
+            # Tonight's rounds alone (contrast_interval): boundaries for an estimated variance.
+            return (self._t_level(alpha, times), self._t_level(alpha / self.family, times), times)
         c, _ = _boundaries(alpha, times)
         c_fail = c if self.family == 1 else _boundaries(alpha / self.family, times)[0]
         return 2 * statistics.NormalDist().cdf(c) - 1, 2 * statistics.NormalDist().cdf(c_fail) - 1, times
+
+    def _rounds(self, t: float) -> int:
+        """The rounds an information fraction stands for."""
+        return self.budget if self.start >= self.budget else int(round(t * self.budget))
+
+    def _t_level(self, alpha: float, times: tuple[float, ...]) -> float:
+        """The last look's nominal confidence where the looks from ``MIN_ROUNDS`` rounds on rest on
+        tonight's rounds (``_t_simulated``), the looks before them taken as having spent theirs."""
+        on_t = [(self._rounds(t), t) for t in times if self._rounds(t) >= MIN_ROUNDS]
+        earlier = [t for t in times if self._rounds(t) < MIN_ROUNDS]
+        before = obrien_fleming_spending(earlier[-1], alpha) if earlier else 0.0
+        rounds, fractions = zip(*on_t)
+        return _t_simulated(alpha, tuple(rounds), tuple(fractions), before)[-1]
 
     def look_confidence(self, launches: int) -> float:
         """The nominal confidence a look after ``launches`` launches uses (given the looks before it)."""
