@@ -24,7 +24,7 @@ from enum import Enum
 
 __all__ = [
     "Interval", "MIN_LEARNED_NIGHTS", "MIN_NIGHTS_FOR_NIGHT_VARIANCE", "NoisePrior",
-    "MIN_ROUNDS", "ONE_LAUNCH", "PRIOR_CHECK_P", "QUICK_LOOK_ROUND_SD", "BOUND_DF", "Verdict", "ahead_gate",
+    "MIN_ROUNDS", "PRIOR_CHECK_P", "QUICK_LOOK_ROUND_SD", "BOUND_DF", "Verdict", "ahead_gate",
     "bound_note", "bound_prior", "combined_noise", "configuration_value", "contrast_interval", "decide",
     "fabric_time_reference", "fabric_time_sample", "night_variance", "pooled_noise", "reference_term",
     "within_gate",
@@ -246,8 +246,6 @@ MIN_LEARNED_NIGHTS = 3
 # inconclusive, and the line says what would decide it.
 QUICK_LOOK_ROUND_SD = 0.15
 BOUND_DF = 1000.0
-# How the line of a look on the bound begins its note (``bound_note``).
-ONE_LAUNCH = "too few rounds for tonight's own noise"
 # Tonight's rounds are checked against a learned noise (an F-test of their spread over its
 # variance); beyond this one-sided p the learned noise is set aside (the verdict line warns) and the
 # interval rests on tonight's rounds alone.
@@ -269,7 +267,7 @@ def bound_prior(prior: NoisePrior | None) -> NoisePrior:
 
 def bound_note(rounds: int) -> str:
     """What the line of a look judged against the noise bound says of its noise."""
-    return (f"{ONE_LAUNCH} ({rounds} of {MIN_ROUNDS}) and no noise learned from {MIN_LEARNED_NIGHTS} nights: "
+    return (f"too few rounds for tonight's own noise ({rounds} of {MIN_ROUNDS}) and no noise learned from {MIN_LEARNED_NIGHTS} nights: "
             f"judged against the noise bound, {QUICK_LOOK_ROUND_SD:.0%} per round (the largest measured on any "
             f"cluster), so only large effects decide; {MIN_ROUNDS} rounds (--repeats {MIN_ROUNDS}) or a "
             f"baseline's learned noise (pytest-fabric baseline, --fabric-baseline) decide smaller ones")

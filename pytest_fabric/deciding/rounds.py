@@ -77,12 +77,9 @@ def run_rounds(launch: Callable[[int, int], T], sides: int, gate: SequentialGate
     left = reruns
     number = 0
     while True:
-        order = round_order(number, sides)
-        got: list[T | None] = [None] * sides
-        for j in order:
-            got[j] = launch(j, number)
+        got = {j: launch(j, number) for j in round_order(number, sides)}
+        round_ = [got[j] for j in range(sides)]
         number += 1
-        round_ = [g for g in got if g is not None]
         why = [(j, d) for j, g in enumerate(round_) if (d := disturbed(g))]
         if why:
             text = "; ".join(f"{name(j, round_[j]) if name else f'side {j}'} launch {number}: {d}" for j, d in why)

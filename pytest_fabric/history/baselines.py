@@ -48,8 +48,7 @@ def build_baseline(runs: Sequence[SavedRun]) -> dict[str, Any]:
                 dropped.remove(value)
             # Launches behind the nightly value: what the night-to-night variance is told apart by.
             marked.append({"night": label, "tokens_per_s": value, "kept": kept,
-                           "launches": len([v for v, counted in zip(c.tokens_per_s, c.counted or [True] * c.launches)
-                                            if counted]) or c.launches})
+                           "launches": len(c.counted_tokens_per_s)})
         cases[cid] = {"model": latest.model, "nodes": latest.nodes, "fabric": latest.fabric, "gpus": latest.gpus,
                       "center": b.center, "spread": b.spread, "kept": len(b.kept), "dropped": len(b.dropped),
                       "nights": marked}
