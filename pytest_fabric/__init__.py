@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.2.0"
+from .core.version import VERSION as __version__
 
 _EXPORTS = {
     "FABRICS": "core.fabrics", "REFERENCE_FABRIC": "core.fabrics", "Fabric": "core.fabrics",

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from .running import options as fabric_options
+from .running.option_table import add_options
 from .core.case import BANDWIDTH, Case
 from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .running.fixtures import CompareFixture, MeasureFixture, link_rate_or_skip
@@ -26,14 +27,14 @@ from .deciding.references import References
 from .reporting.reporter import REPORTER_NAME, FabricReporter
 from .running.session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, NOTES_KEY, OUTCOMES_KEY, SESSION_KEY,
                       FabricSession, session_directory, with_inputs)
-from .deciding.verdicts import INCONCLUSIVE, gate_record, headline, outcome_of
+from .deciding.verdicts import INCONCLUSIVE, headline, outcome_of
 from .workload import faults
 
 
 # -- options and configuration ---------------------------------------------------------------
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    fabric_options.add_options(parser)
+    add_options(parser)
 
 
 @pytest.hookimpl
@@ -274,7 +275,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report.fabric_outcome = outcome_of(report, gates, item.stash.get(ERRORED_KEY, False))
     report.fabric_gate = bool(gates)
     report.fabric_headline = headline(gates)
-    report.fabric_gates = [gate_record(g) for g in gates]
+    report.fabric_gates = [g.record() for g in gates]
     report.fabric_no_fabrics = item.stash.get(NO_FABRICS_KEY, False)
     return report
 

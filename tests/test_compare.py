@@ -21,6 +21,7 @@ from pytest_fabric.history.baselines import Baseline
 from pytest_fabric.running.fixtures import CompareFixture
 from pytest_fabric.running.session import NOTES_KEY, OUTCOMES_KEY, FabricSession
 from pytest_fabric.deciding.contrasts import Interval, Verdict
+from pytest_fabric.deciding.gates import machine_fields
 
 CAND, REF = Case("m", 2, "eth"), Case("m", 2, "ib")
 
@@ -223,7 +224,7 @@ def test_a_round_with_a_disturbed_launch_is_launched_again_and_not_counted():
     assert result.values == pytest.approx((1000.0, 1000.0))
     assert result.reruns == ("re-run: m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4)",)
     assert "(re-run: m-n2-eth launch 1: 4 of 4 steps disturbed (cpu steal: 4))" in said(item)[0]
-    assert result.fields()["reruns"] == "1"
+    assert machine_fields(result.record())["reruns"] == "1"
 
 
 def test_once_its_reruns_are_spent_a_disturbed_round_counts_and_the_line_says_so():
@@ -424,9 +425,10 @@ def test_the_fabric_adding_time_fails_and_the_line_shows_every_measure():
 
 
 def test_fabric_time_is_the_default_and_a_single_saved_night_serves_too():
-    from pytest_fabric.running.options import _DEFAULTS, FabricOptions
+    from pytest_fabric.running.option_table import DEFAULTS
+    from pytest_fabric.running.options import FabricOptions
 
-    default = _DEFAULTS["regression-on"]
+    default = DEFAULTS["regression-on"]
     assert default == "fabric-time" == FabricOptions.__dataclass_fields__["regression_on"].default
     fixture, _, item = regression({"m-n1-ib": 504.0, "m-n2-ib": 222.2}, LINK_BOUND, noise=0.005, by_night=False,
                                   regression_on=default)

@@ -18,7 +18,7 @@ from helpers import IDENTITY, REPO, gpu_night, outcome, run_gates, session_store
 
 from pytest_fabric.reporting.dashboards import (BusbwRow, build_tables, benchmark_json, job_summary, largest_payloads, md_cell,
                                       md_table, openmetrics)
-from pytest_fabric.history.junit import load_junit
+from pytest_fabric.history.junit_read import load_junit
 from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
 from pytest_fabric.measuring.measurement import Measurement
 from pytest_fabric.core.case import Case

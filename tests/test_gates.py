@@ -6,7 +6,7 @@ import pytest
 from helpers import outcome as gate_outcome, train_measurement
 
 from pytest_fabric import Measurement, assert_ahead, assert_within, ratio
-from pytest_fabric.deciding.gates import InconclusiveWarning, apply_verdict
+from pytest_fabric.deciding.gates import InconclusiveWarning, apply_verdict, machine_fields
 from pytest_fabric.deciding.contrasts import Verdict
 
 
@@ -137,7 +137,7 @@ class TestJudge:
         assert line.startswith("inconclusive after the launch budget: eth/ib") and "predicted" not in line
 
     def test_fields_are_what_scripts_read(self):
-        fields = gate_outcome(Verdict.FAIL, reruns=("a", "b")).fields()
+        fields = machine_fields(gate_outcome(Verdict.FAIL, reruns=("a", "b")).record())
         assert fields["verdict"] == "fail" and fields["reruns"] == "2" and fields["launches"] == "3+4"
         assert fields["noise_df"] == "8" and fields["noise_source"] == "learned from 3 nights"
         assert all(isinstance(v, str) for v in fields.values())

@@ -16,8 +16,8 @@ from helpers import assert_valid_junit, bandwidth_measurement, geomean, outcome,
 from lxml import etree
 
 from pytest_fabric.deciding.gates import GateOutcome
-from pytest_fabric.history.junit import (add_to_junit, gate_lines, junit_names, load_junit,
-                                         measurement_lines, suite_properties)
+from pytest_fabric.history.junit import add_to_junit, gate_lines, junit_names, measurement_lines, suite_properties
+from pytest_fabric.history.junit_read import load_junit
 from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
 from pytest_fabric.measuring.measurement import configuration_tokens_per_s
 from pytest_fabric.deciding.contrasts import Verdict

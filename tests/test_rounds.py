@@ -14,7 +14,8 @@ import pytest
 from helpers import FakeCluster
 
 from pytest_fabric import Case, LaunchSettings
-from pytest_fabric.measuring.measure import ROUND_GAP_S, Measurer
+from pytest_fabric.deciding.rounds import ROUND_GAP_S
+from pytest_fabric.measuring.measure import Measurer
 from pytest_fabric.measuring.measurement import LaunchKey, launch_number
 from pytest_fabric.measuring.store import ResultStore
 

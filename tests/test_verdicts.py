@@ -16,7 +16,7 @@ import pytest
 from helpers import assert_valid_junit, outcome, run_gates
 from lxml import etree
 
-from pytest_fabric.history.junit import load_junit
+from pytest_fabric.history.junit_read import load_junit
 from pytest_fabric.deciding.contrasts import Verdict
 from pytest_fabric.deciding.verdicts import (ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, counts,
                                              outcome_of, undecided_night)

@@ -13,15 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import pytest_fabric
-
 from ..core.fabrics import Fabric
 from ..core.redact import is_secret_name
 from .nodelock import LockError, NodeLock, holding, lock_wait_s
 from .supervisor import LaunchOutcome
 
 # The directory that holds the pytest_fabric package: ranks must import the same code as the harness.
-_PACKAGE_ROOT = str(Path(pytest_fabric.__file__).resolve().parent.parent)
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 # The rendezvous port of clusters whose launches each have nodes of their own (the emulated
 # cluster's namespaces); launchers on shared nodes (ssh, slurm) probe a free one on the head node.
 RDZV_PORT = 29400

@@ -6,13 +6,27 @@ carries both values, the ratio and the threshold, and no traceback buries it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Protocol, Union, runtime_checkable
 
 import pytest
 
-from ..measuring.measurement import BandwidthMeasurement, Measurement
 from .contrasts import Interval, NoisePrior, Verdict, ahead_gate, within_gate
+
+
+@runtime_checkable
+class Measured(Protocol):
+    """A training launch's value as the gates read it (``measurement.Measurement``): its tokens/s, its
+    case (model, nodes, fabric) and GPUs. The gates sit below the measuring code and take any such."""
+
+    @property
+    def tokens_per_s(self) -> float: ...
+
+    @property
+    def gpus(self) -> int: ...
+
+    case: Any
 
 
 @dataclass(frozen=True)
@@ -23,33 +37,34 @@ class NamedValue:
     value: float
 
 
-Value = Union[Measurement, NamedValue, float, int]
+Value = Union[Measured, NamedValue, float, int]
 # The gates' defaults, defined once: the candidate at most 5% slower (parity), the reference at least
 # 20% ahead (advantage). The fixtures, the suites and the suite file's fallbacks use these names.
 DEFAULT_WITHIN = 0.05
 DEFAULT_AHEAD = 0.20
 
 
-def busbw(m: BandwidthMeasurement, op: str = "all_reduce") -> NamedValue:
-    """The busbw (Gbit/s) of ``op`` at its largest payload, named by the fabric, for the gates."""
+def busbw(m: Any, op: str = "all_reduce") -> NamedValue:
+    """The busbw (Gbit/s) of ``op`` at its largest payload of a ``measurement.BandwidthMeasurement``,
+    named by the fabric, for the gates."""
     return NamedValue(m.case.fabric, m.busbw_gbit(op))
 
 
 def _value(x: Value) -> float:
-    if isinstance(x, Measurement):
+    if isinstance(x, Measured):
         return x.tokens_per_s
     return x.value if isinstance(x, NamedValue) else float(x)
 
 
 def _name(x: Value, default: str) -> str:
-    if isinstance(x, Measurement):
+    if isinstance(x, Measured):
         return x.case.fabric
     return x.name if isinstance(x, NamedValue) else default
 
 
 def _context(a: Value, b: Value) -> str:
     for x in (a, b):
-        if isinstance(x, Measurement):
+        if isinstance(x, Measured):
             return f" [{x.case.model}, {x.case.nodes} node(s), {x.gpus} GPU(s)]"
     return ""
 
@@ -148,61 +163,76 @@ class GateOutcome:
     extra: str = ""  # a second figure shown beside the gated one (raw tokens/s of a regression)
     family: int = 1  # gates sharing the night's allowance for false failures (Bonferroni)
 
-    def noise_text(self) -> str:
-        """The noise the interval used, its source and degrees of freedom: on every verdict line."""
-        iv = self.interval
-        return f"launch noise {iv.sigma * 100:.1f}% on {iv.df:g} df: {iv.noise_note}"
-
-    def noise_source(self) -> str:
-        """Where the interval's noise came from, in a few words (``Interval.source``)."""
-        return self.interval.source
-
-    def line(self) -> str:
-        """The full verdict line without its leading words (``render("full")`` adds them)."""
-        iv = self.interval
-        launches = "+".join(map(str, iv.launches))
-        aside = f" ({'; '.join(self.reruns)})" if self.reruns else ""
-        family = f"; failures judged over {self.family} gates (Bonferroni)" if self.family > 1 else ""
-        return (f"{self.a_name}/{self.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, "
-                f"{iv.high:.3f}] over {launches} launches{aside}; required >= {self.threshold:.3f} "
-                f"({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} {self.values[1]:.1f} "
-                f"{self.unit} {self.context}; {self.noise_text()}{family}"
-                + (f"; {self.extra}" if self.extra else ""))
-
     def render(self, detail: str = "full", note: str | None = None) -> str:
-        """The one renderer of a decided gate; every place that shows a verdict calls it.
+        """The one renderer of a decided gate's sentence; every place that shows a verdict calls it.
 
-        ``full``: the terminal's and the failure message's sentence (``VERDICT_WORDS`` of the verdict,
-        then ``line()``; ``note``, the model's prediction, on a line of its own below it);
-        ``testcase``: the JUnit testcase output's line, short enough for a dashboard (how many
-        rounds were re-run, not why; the noise with its source); ``headline``: the
-        one-line JUnit message part (ratio, interval, threshold, verdict, launches).
+        ``full``: the terminal's and the failure message's sentence (``VERDICT_WORDS`` of the verdict;
+        why rounds ran again; the noise with its note; ``note``, the model's prediction, on a line of
+        its own below it); ``testcase``: the JUnit testcase output's line, short enough for a
+        dashboard (how many rounds were re-run, not why; the noise with its source); ``headline``:
+        the one-line JUnit message part (ratio, interval, threshold, verdict, launches).
         """
         iv = self.interval
         launches = "+".join(map(str, iv.launches))
-        if detail == "full":
-            return f"{VERDICT_WORDS[self.verdict]}: {self.line()}" + (f"\n{note}" if note else "")
-        if detail == "testcase":
-            aside = f", {len(self.reruns)} re-run" if self.reruns else ""
-            return (f"{self.verdict}: {self.a_name}/{self.b_name} = {iv.point:.3f}, {iv.confidence * 100:.4g}% CI "
-                    f"[{iv.low:.3f}, {iv.high:.3f}] over {launches} launches{aside}; required >= "
-                    f"{self.threshold:.3f} ({self.requirement}); {self.a_name} {self.values[0]:.1f} vs {self.b_name} "
-                    f"{self.values[1]:.1f} {self.unit} {self.context}; noise {iv.sigma * 100:.1f}% on {iv.df:g} df "
-                    f"({self.noise_source()})"
-                    + (f"; {self.extra}" if self.extra else ""))
         if detail == "headline":
             return (f"{self.a_name}/{self.b_name} = {iv.point:.3f} [{iv.low:.3f}, {iv.high:.3f}] vs threshold "
                     f"{self.threshold:.3f} {self.context}: {self.verdict} after {launches} launches")
-        raise ValueError(f"unknown detail {detail!r}: full, testcase or headline")
+        if detail not in ("full", "testcase"):
+            raise ValueError(f"unknown detail {detail!r}: full, testcase or headline")
+        full = detail == "full"
+        if full:
+            aside = f" ({'; '.join(self.reruns)})" if self.reruns else ""
+            noise = f"launch noise {iv.sigma * 100:.1f}% on {iv.df:g} df: {iv.noise_note}"
+            noise += f"; failures judged over {self.family} gates (Bonferroni)" if self.family > 1 else ""
+        else:
+            aside = f", {len(self.reruns)} re-run" if self.reruns else ""
+            noise = f"noise {iv.sigma * 100:.1f}% on {iv.df:g} df ({iv.source})"
+        return (f"{VERDICT_WORDS[self.verdict] if full else self.verdict}: {self.a_name}/{self.b_name} = "
+                f"{iv.point:.3f}, {iv.confidence * 100:.4g}% CI [{iv.low:.3f}, {iv.high:.3f}] over {launches} "
+                f"launches{aside}; required >= {self.threshold:.3f} ({self.requirement}); {self.a_name} "
+                f"{self.values[0]:.1f} vs {self.b_name} {self.values[1]:.1f} {self.unit} {self.context}; {noise}"
+                + (f"; {self.extra}" if self.extra else "") + (f"\n{note}" if note and full else ""))
 
-    def fields(self) -> dict[str, str]:
-        """The verdict as name=value pairs: what a script reads instead of the sentence."""
+    def record(self) -> dict[str, Any]:
+        """The gate as data: the one record the saved night, the job summary, the metrics and JUnit's
+        machine lines (``MACHINE_FIELDS`` of it, ``machine_fields``) are written from."""
         iv = self.interval
-        return {"verdict": str(self.verdict), "ratio": f"{iv.point:.6g}", "ci_low": f"{iv.low:.6g}",
-                "ci_high": f"{iv.high:.6g}", "confidence": f"{iv.confidence:.6g}", "threshold": f"{self.threshold:.6g}",
-                "launches": "+".join(map(str, iv.launches)), "reruns": str(len(self.reruns)),
-                "launch_noise": f"{iv.sigma:.6g}", "noise_df": f"{iv.df:g}", "noise_source": iv.source,
-                "family": str(self.family)}
+        return {"a": self.a_name, "b": self.b_name, "context": self.context, "outcome": str(self.verdict),
+                "ratio": iv.point, "ci_low": iv.low, "ci_high": iv.high, "confidence": iv.confidence,
+                "threshold": self.threshold, "requirement": self.requirement, "a_value": self.values[0],
+                "b_value": self.values[1], "unit": self.unit, "launches": list(iv.launches),
+                "reruns": len(self.reruns), "launch_noise": iv.sigma, "noise_df": iv.df, "noise_source": iv.source,
+                "noise_note": iv.noise_note, "family": self.family}
+
+
+# The record's fields a JUnit machine line carries (``fabric.gate.<a>_vs_<b>.<name>=``), each with
+# its type: the line's name is the record's key, but ``verdict`` for ``outcome``.
+MACHINE_FIELDS: dict[str, type] = {"verdict": str, "ratio": float, "ci_low": float, "ci_high": float,
+                                   "confidence": float, "threshold": float, "launches": list, "reruns": int,
+                                   "launch_noise": float, "noise_df": float, "noise_source": str, "family": int}
+
+
+def machine_fields(record: Mapping[str, Any]) -> dict[str, str]:
+    """A gate record's machine fields as text (name -> value), in ``MACHINE_FIELDS`` order."""
+    out = {}
+    for name, kind in MACHINE_FIELDS.items():
+        value = record["outcome" if name == "verdict" else name]
+        out[name] = ("+".join(map(str, value)) if kind is list else f"{value:.6g}" if kind is float else str(value))
+    return out
+
+
+def record_from_fields(a: str, b: str, fields: Mapping[str, str]) -> dict[str, Any]:
+    """The gate record a JUnit file's machine fields hold (the inverse of ``machine_fields``); a field
+    that does not read as its type is kept as text."""
+    record: dict[str, Any] = {"a": a, "b": b}
+    for name, value in fields.items():
+        kind = MACHINE_FIELDS.get(name, str)
+        try:
+            record["outcome" if name == "verdict" else name] = (
+                [int(n) for n in value.split("+")] if kind is list else kind(value))
+        except ValueError:
+            record[name] = value
+    return record
 
 
 def apply_verdict(outcome: GateOutcome, inconclusive: str = "xfail", note: str | None = None) -> str:

@@ -214,7 +214,7 @@ def _match(where: str, entry: dict[str, Any]) -> Match:
 
 
 def _gate_value(where: str, entry: dict[str, Any], key: str, rule: Callable[[float], Any]) -> float | None:
-    """``entry[key]`` checked by the gate's own rule (``stats.within_gate`` / ``ahead_gate``)."""
+    """``entry[key]`` checked by the gate's own rule (``contrasts.within_gate`` / ``ahead_gate``)."""
     if key not in entry:
         return None
     value = entry[key]

@@ -100,3 +100,17 @@ def run_rounds(launch: Callable[[int, int], T], sides: int, gate: SequentialGate
         result.launched = number
         if result.look.verdict is not Verdict.INCONCLUSIVE or spent:
             return result
+
+
+# The least gap between two launches that still counts as back to back: what starting the next
+# launch takes (the harness between launches, another xdist worker's launch holding the machine);
+# beyond it, the longer of the two launches (one launch between them).
+ROUND_GAP_S = 5.0
+
+
+def back_to_back(span: tuple[float, float], others: Sequence[tuple[float, float]], now: float) -> bool:
+    """Whether a launch that ran over ``span`` (started, ended) ran in one round with the launches
+    that ran over ``others``: at most the longer of the two launches (at least ``ROUND_GAP_S``)
+    between it and each of them; with none, between it and ``now`` (they launch next)."""
+    return all(max(0.0, max(span[0], o[0]) - min(span[1], o[1])) <= max(ROUND_GAP_S, span[1] - span[0], o[1] - o[0])
+               for o in (others or [(now, now)]))

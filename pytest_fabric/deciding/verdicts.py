@@ -59,16 +59,6 @@ def headline(gates: Sequence[GateOutcome]) -> str:
     return "; ".join(g.render("headline") for g in gates)
 
 
-def gate_record(g: GateOutcome) -> dict[str, Any]:
-    """A gate as fields (the saved night's, the job summary's and the metrics'): numbers, not prose."""
-    iv = g.interval
-    return {"a": g.a_name, "b": g.b_name, "context": g.context, "outcome": str(g.verdict), "ratio": iv.point,
-            "ci_low": iv.low, "ci_high": iv.high, "confidence": iv.confidence, "threshold": g.threshold,
-            "requirement": g.requirement, "a_value": g.values[0], "b_value": g.values[1], "unit": g.unit,
-            "launches": list(iv.launches), "reruns": len(g.reruns), "launch_noise": iv.sigma,
-            "noise_df": iv.df, "noise_source": iv.source, "noise_note": iv.noise_note, "family": g.family}
-
-
 def counts(words: Iterable[str]) -> dict[str, int]:
     """Every outcome word with its count (zeros included, so a dashboard's series never vanish)."""
     found = Counter(words)

@@ -19,6 +19,7 @@ from .nights import (BASELINE_FORMAT, FORMAT_VERSION, _now, _parse_json, _read_t
 from .setups import identity_mismatch
 from ..deciding.across_nights import RobustCenter, robust_baseline
 from ..deciding.contrasts import NoisePrior, pooled_noise
+from ..deciding.regression import BaselineTerms
 
 __all__ = ["MIN_LEARNED_NOISE", "Baseline", "baseline_for", "baseline_nights", "baseline_noise", "build_baseline",
            "launch_noise", "load_baseline", "night_labels", "save_baseline"]
@@ -85,7 +86,7 @@ def load_baseline(path: Path | str) -> dict[str, Any]:
 
 
 def baseline_for(baseline: Mapping[str, Any], case_id: str) -> RobustCenter | None:
-    """The ``stats.RobustCenter`` of one case (tokens/s), or None when the baseline never measured it."""
+    """The ``across_nights.RobustCenter`` of one case (tokens/s), or None when the baseline never measured it."""
     c = baseline.get("cases", {}).get(case_id)
     if c is None:
         return None
@@ -106,7 +107,7 @@ def baseline_nights(baseline: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 def launch_noise(runs: Sequence[SavedRun]) -> dict[str, Any] | None:
     """Launch-to-launch variation learned from nights: the pooled standard deviation of log tokens/s
-    between launches of one configuration in one night (``stats.pooled_noise``), with its degrees
+    between launches of one configuration in one night (``contrasts.pooled_noise``), with its degrees
     of freedom, over the multi-node configurations, and per configuration (``cases``: one node
     included, since a scaling-efficiency gate leans on it); None when no night launched any
     configuration twice. Noise differs by configuration (here 0.9% for a communication-bound
@@ -194,6 +195,14 @@ class Baseline:
         """(a, b) tokens/s of each night of a built baseline that kept a value of both."""
         mine, theirs = self.nights.get(a, {}), self.nights.get(b, {})
         return [(mine[night], theirs[night]) for night in mine if night in theirs]
+
+    def terms(self, case_id: str, one_id: str) -> BaselineTerms:
+        """What the baseline says of ``case_id`` and of its one-node configuration ``one_id``: the
+        regression gate's reference terms."""
+        gpus_n, gpus_1 = self.gpus.get(case_id, 1), self.gpus.get(one_id, 1)
+        return BaselineTerms(self.values[case_id], self.values.get(one_id) or [], gpus_n, gpus_1,
+                             [(math.log(n / gpus_n), math.log(one / gpus_1)) for n, one in self.paired(case_id, one_id)],
+                             self.per_night(case_id), self.per_night(one_id))
 
     def noise(self, case_ids: Sequence[str] = ()) -> NoisePrior | None:
         """The launch noise the baseline learned for ``case_ids`` (else over all its multi-node

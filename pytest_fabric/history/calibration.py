@@ -13,7 +13,7 @@ rate or one given with ``--gbit``), and tests the model three ways:
 - **fabric penalty**: a fit on the fastest fabric's configurations (and the single-node ones, which
   no fabric touches) predicts every slower fabric's configurations; the predicted slowdown is set
   against the measured one. A second prediction fits the throughput to each fast-fabric step alone
-  (``predict.predict_comparison``), exactly as the line next to each comparison in a test's output
+  (``comparison.predict_comparison``), exactly as the line next to each comparison in a test's output
   does, so its error is the error of that line.
 
 Plain standard library, like predict.py.

@@ -1,5 +1,5 @@
-"""The JUnit format of pytest-fabric, in one place: what a measured testcase writes, how the file
-is completed after pytest's junitxml wrote it, how it is read back, and how files are merged.
+"""The JUnit format of pytest-fabric: what a measured testcase writes, how the file is completed
+after pytest's junitxml wrote it, and how files are merged (``junit_read`` reads one back).
 
 What a testcase writes (its ``system-out``, also the report section pytest shows with ``-rA``):
 human lines first (the verdict with ratio, interval, threshold and the two fabrics' numbers, the
@@ -31,26 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from ..core.atomic import replacing
-from ..core.case import BANDWIDTH, FABRIC_NAME, Case
 from ..core.fabrics import REFERENCE_FABRIC
-from ..deciding.gates import GateOutcome
+from ..deciding.gates import GateOutcome, machine_fields
 from ..physics.hostbound import configuration_mfu, mfu_peak, peak_memory_gib
 from ..core.models import MFU_CONVENTION
 from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from ..core.redact import redact_file
-from ..deciding.verdicts import ERROR, FAIL, INCONCLUSIVE, INCONCLUSIVE_PREFIX, PASS, SKIPPED, verdict_line
-from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test
-from ..core.units import mbit_to_gbit
-from ..workload.result import TrainResult, host_list
+from .junit_read import junit_suites
+from ..deciding.verdicts import INCONCLUSIVE_PREFIX, verdict_line
+from ..workload.result import TrainResult
 
 SECTION = "pytest-fabric measurements"
-
-# "fabric.<case id>.<metric>=<value>", one per line in a measured testcase's system-out.
-# The name is one word, or op.bytes.busbw_gbit for bandwidth: a fabric name may contain dots (roce.v2).
-# "fabric.gate.<a>_vs_<b>.<name>=<value>"; fabric names may contain dots (roce.v2).
-_GATE_LINE = re.compile(r"^fabric\.gate\.(?P<pair>(?P<a>.+?)_vs_(?P<b>.+))\.(?P<name>[a-z_]+)=(?P<value>.*)$")
-_METRIC_LINE = re.compile(rf"^fabric\.(?P<id>.+?-n\d+-{FABRIC_NAME}?)\."  # the id as case.py spells it
-                          r"(?P<name>[a-z_]+\.\d+\.busbw_gbit|[A-Za-z0-9_]+)=(?P<value>.*)$")
 
 
 # --------------------------------------------------------------------------------------------
@@ -97,7 +88,7 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
 def gate_lines(outcome: GateOutcome) -> dict[str, str]:
     """Machine lines of one gate: verdict, ratio, interval, threshold, launches."""
     p = f"fabric.gate.{outcome.a_name}_vs_{outcome.b_name}"
-    return {f"{p}.{name}": value for name, value in outcome.fields().items()}
+    return {f"{p}.{name}": value for name, value in machine_fields(outcome.record()).items()}
 
 
 # What a testcase's system-out carries per configuration; the rest is in the suite properties.
@@ -267,204 +258,6 @@ def _recount(suite: Any) -> None:
     """The testsuite's skipped count after a passing (warned) inconclusive gate became a skip."""
     cases = list(suite)
     suite.skipped = sum(1 for c in cases if c.is_skipped)
-
-# --------------------------------------------------------------------------------------------
-# Reading
-# --------------------------------------------------------------------------------------------
-
-
-def junit_suites(path: Path | str) -> list[Any]:
-    """The testsuites of a JUnit file (junitparser objects); ResultsError when it is not one."""
-    from junitparser import JUnitXml, TestSuite
-    from junitparser.junitparser import JUnitXmlError
-
-    try:
-        xml = JUnitXml.fromfile(str(path))
-    except OSError as exc:
-        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except JUnitXmlError:
-        raise ResultsError(f"{path}: XML but not JUnit (the root element must be <testsuites> or "
-                           "<testsuite>)") from None
-    except (SyntaxError, ValueError) as exc:  # lxml's and ElementTree's parse errors are SyntaxErrors
-        raise ResultsError(f"{path}: not readable as JUnit XML ({exc}); the file may be truncated") from None
-    # junitparser 3 returns a lone <testsuite> as it is, later versions wrap it in <testsuites>.
-    return [xml] if isinstance(xml, TestSuite) else list(xml)
-
-
-def load_junit(path: Path) -> SavedRun:
-    """A night as its JUnit file holds it, read from the machine lines (``fabric.<case>.<name>=``)
-    and the testsuite properties; ``ResultsError`` when the file carries no pytest-fabric figures."""
-    suites = junit_suites(path)
-    identity: dict[str, Any] = {}
-    versions: dict[str, str] = {}
-    metrics: dict[str, dict[str, str]] = {}
-    launches: dict[str, tuple[list[float], list[bool]]] = {}
-    verdicts: list[dict[str, Any]] = []
-    for suite in suites:
-        if suite.timestamp and "created" not in identity:
-            identity["created"] = suite.timestamp
-        if suite.hostname and "harness_host" not in identity:
-            identity["harness_host"] = suite.hostname
-        for prop in suite.properties():
-            match = _METRIC_LINE.match(f"{prop.name}={prop.value or ''}")
-            if match:  # a configuration's lines over every launch of the run: they win over a testcase's
-                metrics.setdefault(match["id"], {})[match["name"]] = match["value"]
-            if prop.name == "fabric.cluster":
-                identity.setdefault("cluster", prop.value)
-            elif prop.name == "fabric.fabrics":
-                identity.setdefault("fabrics", [f for f in (prop.value or "").split(",") if f])
-            elif prop.name == "fabric.attention":
-                identity.setdefault("attention", prop.value)
-            elif prop.name == "fabric.mfu_convention":
-                identity.setdefault("mfu_convention", prop.value)
-            elif prop.name.startswith("fabric.version."):
-                versions.setdefault(prop.name.removeprefix("fabric.version."), prop.value)
-        for cid, lines in metrics.items():
-            values = _launch_values(lines, path)
-            if values is not None and len(values[0]) > len(launches.get(cid, ([], []))[0]):
-                launches[cid] = values
-        for case in suite:
-            out = case.system_out or ""
-            mine: dict[str, dict[str, str]] = {}
-            for line in out.splitlines():
-                match = _METRIC_LINE.match(line.strip())
-                if match:
-                    mine.setdefault(match["id"], {})[match["name"]] = match["value"]
-            for cid, lines in mine.items():
-                for name, value in lines.items():
-                    metrics.setdefault(cid, {}).setdefault(name, value)
-                values = _launch_values(lines, path)
-                # The same launches are cached per index: the longest list holds the others.
-                if values is not None and len(values[0]) > len(launches.get(cid, ([], []))[0]):
-                    launches[cid] = values
-            if mine:
-                verdicts.append(_junit_verdict(case, out))
-    if not metrics:
-        raise ResultsError(f"{path}: JUnit, but no testcase carries pytest-fabric measurements (no "
-                           "fabric.<case>.tokens_per_s= lines in any system-out); expected the JUnit XML of a "
-                           "pytest-fabric run")
-    for m in metrics.values():
-        if m.get("cluster"):
-            identity.setdefault("cluster_kind", m["cluster"])
-        if listed := host_list(m, str):
-            hosts = sorted(h for h in listed.split(",") if h)
-            if len(hosts) > len(identity.get("hosts", [])):
-                identity["hosts"] = hosts
-        device, _, dtype = (m.get("device") or "").partition("/")  # "cuda/bfloat16"
-        if device and device != "None":
-            identity.setdefault("device", device)
-        if dtype and dtype != "None":
-            identity.setdefault("dtype", dtype)
-    emulated = identity.get("cluster_kind") == "emulated" or str(identity.get("cluster", "")).startswith("emulated")
-    cases, links = _cases_from_metrics(metrics, launches, emulated, path)
-    if cases or links:
-        identity["nodes"] = max(c.nodes for c in [*cases.values(), *links.values()])
-    if versions:
-        identity["versions"] = versions
-    identity = {k: v for k, v in identity.items() if v not in (None, "")}
-    return SavedRun(identity, cases, links, verdicts, [], path, "junit")
-
-
-def _launch_values(lines: Mapping[str, str], path: Path) -> tuple[list[float], list[bool]] | None:
-    """(each launch's tokens/s, whether it counts) from one testcase's machine lines (all count
-    where ``launch_counted`` is absent)."""
-    text = lines.get("launch_tokens_per_s")
-    if text is None:
-        return None
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ResultsError(f"{path}: launch_tokens_per_s={text!r} is not a comma-separated list of numbers") from None
-    flags = [f.strip() != "0" for f in lines.get("launch_counted", "").split(",") if f.strip()]
-    return values, flags if len(flags) == len(values) else [True] * len(values)
-
-
-def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, tuple[list[float], list[bool]]],
-                        emulated: bool,
-                        path: Path) -> tuple[dict[str, CaseResult], dict[str, LinkResult]]:
-    cases: dict[str, CaseResult] = {}
-    links: dict[str, LinkResult] = {}
-    for cid, m in sorted(metrics.items()):
-        case = Case.parse(cid)  # the metric pattern only matches case ids
-        try:
-            if case.model == BANDWIDTH:
-                busbw: dict[str, tuple[int, float]] = {}
-                for name, value in m.items():
-                    parts = name.split(".")
-                    if len(parts) == 3 and parts[2] == "busbw_gbit" and parts[1].isdigit():
-                        op, size = parts[0], int(parts[1])
-                        if op not in busbw or size > busbw[op][0]:
-                            busbw[op] = (size, float(value))
-                if busbw:
-                    settings = json.loads(m.get("fabric_settings") or "{}")
-                    mbit = settings.get("emulated_mbit") if emulated else None
-                    links[cid] = LinkResult(case.nodes, case.fabric, {op: v for op, (_, v) in sorted(busbw.items())},
-                                            max(size for size, _ in busbw.values()), mbit_to_gbit(mbit) if mbit else None)
-            elif "tokens_per_s" in m:
-                gpus = int(m.get("gpus", "1"))
-                values, counted = launches.get(cid) or ([float(m["tokens_per_s"])], [True])
-                # The step's figures; "n/a" (a CPU run) and files written before them: None.
-                cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values],
-                                        counted if not all(counted) else None, _known(m, "mfu", float), _known(m, "mfu_peak", str),
-                                        _known(m, "peak_memory_gib", float))
-        except ValueError as exc:
-            raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "
-                               f"fabric.{cid}.tokens_per_s=<number>, fabric.{cid}.gpus=<integer> and "
-                               f"fabric.{cid}.mfu= and .peak_memory_gib= a number or n/a") from None
-    return cases, links
-
-
-def _known(lines: Mapping[str, str], name: str, kind: type) -> Any:
-    """A machine line's value as ``kind``; None where absent or "n/a"."""
-    value = lines.get(name)
-    return None if value in (None, "", "n/a") else kind(value)
-
-
-def _junit_verdict(case: Any, out: str) -> dict[str, Any]:
-    """A measured testcase's outcome word (``verdicts.OUTCOMES``), with its one-line message."""
-    from junitparser import Error, Failure, Skipped
-
-    outcome = PASS
-    gates = _gate_fields(out)
-    # The human line of a gate that passed or was left undecided: the one that starts with the outcome
-    # word its machine line stored (``fabric.gate.<a>_vs_<b>.verdict=``). A file written before gates
-    # had machine lines has only the sentence: its words are all there is.
-    said = {g.get("outcome") for g in gates} & {PASS, INCONCLUSIVE} if gates else {PASS, INCONCLUSIVE}
-    message = next((line for line in out.splitlines() if line.partition(":")[0].partition(" ")[0] in said), "")
-    for r in case.result:
-        if isinstance(r, (Failure, Error)):
-            outcome = FAIL if isinstance(r, Failure) else ERROR
-        elif isinstance(r, Skipped):
-            # Files older than the INCONCLUSIVE skip wrote an inconclusive gate as a pytest xfail.
-            undecided = r.type in ("fabric.inconclusive", "pytest.xfail")
-            outcome = INCONCLUSIVE if undecided else SKIPPED
-        else:
-            continue
-        message = r.message or message
-    verdict: dict[str, Any] = {"test": f"{case.classname}::{case.name}" if case.classname else case.name,
-                               "outcome": outcome, "message": message.splitlines()[0] if message else "",
-                               "gates": gates}
-    return {**verdict, **case_of_test(case.name or "")}
-
-
-def _gate_fields(out: str) -> list[dict[str, Any]]:
-    """Each gate's ``fabric.gate.<a>_vs_<b>.<name>=`` lines as the saved night's fields."""
-    gates: dict[str, dict[str, Any]] = {}
-    for line in out.splitlines():
-        match = _GATE_LINE.match(line.strip())
-        if not match:
-            continue
-        gate = gates.setdefault(match["pair"], {"a": match["a"], "b": match["b"]})
-        name, value = match["name"], match["value"]
-        try:
-            gate[name] = (value if name == "verdict" else [int(n) for n in value.split("+")] if name == "launches"
-                          else float(value))
-        except ValueError:
-            gate[name] = value
-    for gate in gates.values():
-        if "verdict" in gate:
-            gate["outcome"] = gate.pop("verdict")
-    return list(gates.values())
 
 # --------------------------------------------------------------------------------------------
 # Merging: several files of one nightly as one

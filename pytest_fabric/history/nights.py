@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..core.version import VERSION
 from ..core.atomic import write_text
 from ..core.case import BANDWIDTH, Case
 from ..physics.hostbound import configuration_mfu, mfu_peak, peak_memory_gib
@@ -222,9 +223,7 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
     never sees half a file. ``run``: the night already built from ``store_records`` with the same
     fabrics (``session_night``), whose cases, links and errors are written as they are.
     """
-    from .. import __version__
-
-    full = {**identity_from_records(store_records), "created": _now(), "pytest_fabric": __version__,
+    full = {**identity_from_records(store_records), "created": _now(), "pytest_fabric": VERSION,
             "harness_host": platform.node()}
     full.update({k: v for k, v in identity.items() if v is not None})
     if run is None:
@@ -257,7 +256,7 @@ def load_results(path: Path | str) -> SavedRun:
     text = _read_text(path)
     head = text.lstrip()
     if head.startswith("<"):
-        from .junit import load_junit
+        from .junit_read import load_junit
 
         return load_junit(path)
     if head.startswith(("{", "[")):

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from filelock import FileLock, Timeout
 
+from ..deciding.rounds import back_to_back
 from ..physics import memory
 from . import preflight
 from ..core.case import BANDWIDTH, Case
@@ -108,12 +109,6 @@ class LaunchSettings:
 
 Progress = Callable[[str], None]
 
-# The least gap between two launches that still counts as back to back (``Measurer.in_round``): what
-# starting the next launch takes (the harness between launches, another xdist worker's launch
-# holding the machine); beyond it, the longer of the two launches (one launch between them).
-ROUND_GAP_S = 5.0
-
-
 def _timed(launch: Callable[[], LaunchRecord], clock: Callable[[], float]) -> dict[str, Any]:
     """``launch()``'s record, with when it ran on this harness's ``clock``."""
     started = clock()
@@ -128,11 +123,6 @@ def _span(stored: Any) -> tuple[float, float] | None:
     except (KeyError, TypeError, ValueError):
         return None
     return (started, ended) if ended >= started > 0 else None
-
-
-def _gap(a: tuple[float, float], b: tuple[float, float]) -> float:
-    """Seconds between two time spans (0.0 where they overlap)."""
-    return max(0.0, max(a[0], b[0]) - min(a[1], b[1]))
 
 
 class Measurer:
@@ -199,18 +189,15 @@ class Measurer:
 
     def in_round(self, key: LaunchKey, partner_keys: Sequence[LaunchKey | None]) -> bool:
         """Whether the stored launch ``key`` (if any) ran back to back with its round's other
-        launches: at most the longer of the two launches (at least ``ROUND_GAP_S``) between it and
-        each partner's stored launch of the round, or, where none has launched yet, between it and
-        now (they launch next). A key not stored launches now, in the round; a record without
+        launches (``rounds.back_to_back``) or, where none has launched yet, with now (they launch
+        next). A key not stored launches now, in the round; a record without
         times (kept before they were) is taken as it was."""
         stored = self.store.get(str(key))
         span = _span(stored)
         if span is None:
             return True
         spans = [s for k in partner_keys if k is not None and (s := _span(self.store.get(str(k)))) is not None]
-        now = self.clock()
-        return all(_gap(span, other) <= max(ROUND_GAP_S, span[1] - span[0], other[1] - other[0])
-                   for other in (spans or [(now, now)]))
+        return back_to_back(span, spans, self.clock())
 
     def _cached(self, case: Case, key: str, launch: Callable[[], LaunchRecord]) -> LaunchRecord:
         """The store's record of ``key``, launched if absent; MeasurementError for a failed launch, and

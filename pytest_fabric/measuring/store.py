@@ -29,6 +29,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from ..core.version import VERSION
 from ..core.atomic import write_text
 from ..core.redact import redact_data
 from ..core.storage import is_storage_error, node_local_lock, storage_problem
@@ -43,9 +44,8 @@ def resume_path(save: Path | str) -> Path:
 
 def _resume_identity() -> dict[str, str]:
     """What must not have changed for a launch to be reused: the harness, the machine, the faults."""
-    from .. import __version__
 
-    return {"pytest_fabric": __version__, "host": platform.node(), "faults": os.environ.get("PYTEST_FABRIC_FAULT", "")}
+    return {"pytest_fabric": VERSION, "host": platform.node(), "faults": os.environ.get("PYTEST_FABRIC_FAULT", "")}
 
 
 def _completed(data: dict[str, Any]) -> dict[str, Any]:

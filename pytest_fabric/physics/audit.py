@@ -6,7 +6,7 @@ reads such a table and, per row, turns tokens/s into a step time and sets it aga
 (``floor.py``): the bytes the sharding must move across each node's link, over the link's rate.
 A step shorter than that is impossible: the run did not use that link. For rows that differ only
 in the fabric it also sets the measured penalty of the slower fabric against the one
-``predict.py`` expects, with the compute throughput fitted to the faster fabric's step.
+``comparison.py`` expects, with the compute throughput fitted to the faster fabric's step.
 
 Plain standard library; the CLI (``cli.py``) only prints what this module returns.
 """

@@ -5,7 +5,7 @@ test names. Whatever the collective algorithm (ring, tree, in-network reduction)
 the parameters a node does not hold must enter it before it can compute with them, and the node's
 own gradient contribution to every shard it does not hold must leave it. Those bytes over the
 node's link rate are a hard lower bound on the step; a measured step shorter than that did not
-cross that link (or the link is faster than declared). ``predict.py`` models how long a step
+cross that link (or the link is faster than declared). ``step_model.py`` and ``comparison.py`` model how long a step
 *should* take; this module says what no step *can* undercut, so a contradiction is an error.
 
 Per node and per step, with n nodes, P the parameter bytes gathered per step and G the gradient

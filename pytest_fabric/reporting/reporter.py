@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .. import __version__
+from ..core.version import VERSION as __version__
 from ..history.junit import SECTION, add_to_junit, suite_properties
 from ..core.redact import redact_file
 from .terminal import bandwidth_table, cost_lines, summary_tables
@@ -45,7 +45,7 @@ class FabricReporter:
         # nodeid -> (outcome word, one-line message, whether the test decided gates), every test.
         self.outcomes: dict[str, tuple[str, str, bool]] = {}
         self.undecided_text: dict[str, str] = {}  # nodeid -> an inconclusive gate's verdict text
-        self.gates: dict[str, list[dict[str, Any]]] = {}  # nodeid -> its gates' fields (verdicts.gate_record)
+        self.gates: dict[str, list[dict[str, Any]]] = {}  # nodeid -> its gates' fields (GateOutcome.record)
         self.no_fabrics = 0  # comparisons skipped because `auto` fell back to local processes
         self.undecided: str | None = None  # why the night decided nothing (--undecided-night)
         self.storage_problems: list[str] = []  # files a full or read-only disk refused (storage.py)

@@ -10,7 +10,6 @@ records each verdict with its prediction and floor for the reporter.
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -25,8 +24,7 @@ from ..measuring.measurement import BandwidthMeasurement, Measurement, Measureme
 from ..history.setups import identity_from_records, identity_mismatch
 from ..measuring.link_rate import LinkRate, missing_rate
 from .session import ERRORED_KEY, MEASURED_KEY, NOTES_KEY, OUTCOMES_KEY, FabricSession
-from ..deciding.contrasts import (Interval, NoisePrior, Verdict, ahead_gate, configuration_value, contrast_interval,
-                                  fabric_time_reference, fabric_time_sample, reference_term, within_gate)
+from ..deciding.contrasts import (Interval, NoisePrior, Verdict, ahead_gate, configuration_value, contrast_interval, fabric_time_sample, within_gate)
 from ..deciding.sequential import SequentialGate
 from ..deciding.steps import STALL_MARGIN
 
@@ -157,7 +155,7 @@ class CompareFixture:
         (``--regression-on fabric-time``) the gate judges tonight's n-node tokens/s/GPU with the
         same night's one-node step (a launch that never crosses the fabric) replaced by the
         baseline's: what the fabric adds tonight, at the baseline's compute speed
-        (``stats.fabric_time_sample``). A machine that is faster or slower all night moves the
+        (``contrasts.fabric_time_sample``). A machine that is faster or slower all night moves the
         one-node step and the compute inside the n-node step alike, so it cancels, for a
         compute-bound job as scaling efficiency does and for a communication-bound one, where
         efficiency would read it as a fabric change. Scaling efficiency and the raw tokens/s ratio
@@ -181,10 +179,8 @@ class CompareFixture:
         if case.nodes == 1 or not baseline.values.get(one.id):
             mode = "tokens"
         noise_n = self._session.noise([case])
-        past = reference_term(baseline.values[case.id], noise_n, baseline.per_night(case.id))
-        gpus_n, gpus_1 = baseline.gpus.get(case.id, 1), baseline.gpus.get(one.id, 1)
-        nights = [(math.log(multi / gpus_n), math.log(single / gpus_1))
-                  for multi, single in baseline.paired(case.id, one.id)]
+        terms = baseline.terms(case.id, one.id)
+        past = terms.tokens(noise_n)
 
         def raw(tonight: list[Measurement], confidence: float) -> Interval:
             return contrast_interval([(+1, [m.sample() for m in tonight])], noise_n, confidence,
@@ -192,13 +188,8 @@ class CompareFixture:
 
         def efficiency(runs_one: list[Measurement], tonight: list[Measurement]) -> tuple[float, float]:
             """(tonight's, the baseline's) scaling efficiency: n-node over one-node tokens/s/GPU."""
-            if len(nights) >= 2:
-                past_eff = statistics.fmean(m - s for m, s in nights)
-            else:
-                past_eff = (statistics.fmean(math.log(v / gpus_n) for v in baseline.values[case.id])
-                            - statistics.fmean(math.log(v / gpus_1) for v in baseline.values[one.id]))
             return (configuration_tokens_per_s(tonight, per_gpu=True, every=True)
-                    / configuration_tokens_per_s(runs_one, per_gpu=True, every=True), math.exp(past_eff))
+                    / configuration_tokens_per_s(runs_one, per_gpu=True, every=True), terms.efficiency())
 
         def raw_line(tonight: list[Measurement], confidence: float) -> str:
             tokens = raw(tonight, confidence)
@@ -206,12 +197,7 @@ class CompareFixture:
                     f"tonight {configuration_tokens_per_s(tonight, every=True):.1f} vs baseline {math.exp(past[0]):.1f}")
 
         if mode == "fabric-time":
-            # A single saved night, or nights that measured only one of the two: the values apart.
-            apart = None if len(nights) >= 2 else ([v / gpus_n for v in baseline.values[case.id]],
-                                                   [v / gpus_1 for v in baseline.values[one.id]])
-            reference, one_reference, prior = fabric_time_reference(
-                noise_n, self._session.noise([one]), nights, apart,
-                min(baseline.per_night(case.id), baseline.per_night(one.id)))
+            reference, one_reference, prior = terms.fabric_time(noise_n, self._session.noise([one]))
             gate = self._gate(threshold, direction, (case, one), prior=prior)
             rounds = self._rounds(
                 (one, case), (-1, +1), gate, per_gpu=True, fixed=(-reference[0], reference[1]),
@@ -228,16 +214,8 @@ class CompareFixture:
         elif mode == "scaling":
             # log efficiency = log(multi / gpus) - log(one / gpus_one); tonight's launches give it per GPU.
             gate = self._gate(threshold, direction, (case, one))
-            if len(nights) >= 2:
-                # Each night's own efficiency: what moved both of a night's values (the machine's speed
-                # that night) cancels, as it does in tonight's rounds.
-                past_eff = reference_term([math.exp(m - s) for m, s in nights], gate.prior,
-                                          min(baseline.per_night(case.id), baseline.per_night(one.id)))
-                fixed = (-past_eff[0], past_eff[1])
-            else:  # a single saved night, or nights that measured only one of the two: the values apart
-                past_one = reference_term(baseline.values[one.id], gate.prior, baseline.per_night(one.id))
-                gpus = math.log(gpus_n) - math.log(gpus_1)
-                fixed = (-(past[0] - past_one[0] - gpus), past[1] + past_one[1])
+            past_eff = terms.scaling(noise_n, gate.prior)
+            fixed = (-past_eff[0], past_eff[1])
             rounds = self._rounds((one, case), (-1, +1), gate, per_gpu=True, fixed=fixed)
             (runs_one, tonight), result = rounds.runs, rounds.look
             values = efficiency(runs_one, tonight)

@@ -240,7 +240,7 @@ class FabricSession:
 
     def predicted(self, a: Case, b: Case, runs_a: Sequence[Measurement], runs_b: Sequence[Measurement],
                   interval: Interval) -> str:
-        """The analytical model's line for comparing ``a`` with ``b`` (``predict.comparison_line``)
+        """The analytical model's line for comparing ``a`` with ``b`` (``comparison.comparison_line``)
         on this session's link rates. Never raises."""
         try:
             rates = {f: self.link(f)[1] for f in (a.fabric, b.fabric)}
