@@ -184,7 +184,7 @@ def test_test_modules_take_shared_builders_from_helpers_only():
     # where the builder lives: tests/helpers.py holds every shared one.
     tests = Path(__file__).resolve().parent
     offenders = []
-    for path in sorted(tests.glob("*.py")):
+    for path in sorted(tests.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

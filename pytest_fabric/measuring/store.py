@@ -120,7 +120,7 @@ class ResultStore:
         new record is kept in memory, and a warning says once what to do."""
         try:
             # Compact: json.dumps(indent=...) falls back to the pure-Python encoder, ~10x slower, and every
-            # write rewrites every record (8 processes x 500 records took minutes; tests/test_store.py).
+            # write rewrites every record (8 processes x 500 records took minutes; tests/measuring/test_store.py).
             write_text(self.path, json.dumps(data, sort_keys=True, separators=(",", ":")))
         except OSError as exc:
             if not is_storage_error(exc):

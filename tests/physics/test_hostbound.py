@@ -21,7 +21,7 @@ from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.workload.result import TrainResult
 
 
-GPU = Path(__file__).resolve().parents[1] / "fixtures" / "gpu"
+GPU = Path(__file__).resolve().parents[2] / "fixtures" / "gpu"
 QWEN = get_model("qwen2.5-1.5b")
 
 

@@ -13,7 +13,7 @@ from pytest_fabric.measuring.nccl_evidence import check_transport, fabric_kind, 
 from pytest_fabric.measuring.nccl_logs import find_nccl_logs, nccl_debug_env, parse_nccl_logs
 from pytest_fabric.measuring.nic_inventory import NicInventory
 
-NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
+NCCL = Path(__file__).resolve().parents[2] / "fixtures" / "nccl"
 CASES = ("ib", "roce", "socket_fallback", "eth", "efa", "efa_tcp", "gdr_off")
 BLIND_SPOTS = ("eth_ipoib", "eth_ifname_lost", "ib_missing_port", "ib_slow_port", "ib_slow_graph", "ib_merged",
                "ib_sharp", "roce_linklocal", "mnnvl", "efa_one_nic")

@@ -4,7 +4,7 @@ only with a baseline.
 
 The plugin runs in-process through ``pytester`` with gates decided by ``gates.apply_verdict`` on a
 ``GateOutcome`` stashed as ``CompareFixture`` stashes it: every hook between the gate and the file
-is the real one, only the launches are left out (tests of those live in test_compare.py).
+is the real one, only the launches are left out (tests of those live in test_fixtures.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_an_inconclusive_gate_is_a_skip_with_its_message_and_text_never_a_pass(p
 def test_under_xdist_the_controller_writes_the_same_words(pytester):
     """The words and gate fields travel with the reports from the workers to the controller."""
     # The workers import the suite's helper (test_junit) from this directory, as the controller does.
-    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n")
+    pytester.makeconftest(f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n")
     metrics = pytester.path / "metrics.txt"
     result, xml = run_gates(pytester, ["pass", "inconclusive", "fail"], "-n", "2", "-k", "not broken",
                             f"--fabric-metrics={metrics}")

@@ -353,7 +353,7 @@ def test_throughput_launches_teach_the_baseline_each_configurations_noise(pytest
     its value over both in the saved night, and `pytest-fabric baseline` learns its launch noise."""
     monkeypatch.setenv("TMPDIR", str(pytester.mkdir("tmp")))
     saved = tmp_path / "night.json"
-    suite = Path(__file__).resolve().parent.parent / "suites" / "test_throughput.py"
+    suite = Path(__file__).resolve().parents[2] / "suites" / "test_throughput.py"
     result = pytester.runpytest_subprocess(str(suite), "--nodes", "2", "-k", "n2-ib]", "--throughput-launches", "2",
                                            f"--fabric-save={saved}", *FAST_LAUNCH, timeout=300)
     result.assert_outcomes(passed=1)

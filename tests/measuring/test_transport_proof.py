@@ -20,7 +20,7 @@ from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.measuring.nic_inventory import NicInventory
 from pytest_fabric.workload.result import TrainResult, write_result
 
-NCCL = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
+NCCL = Path(__file__).resolve().parents[2] / "fixtures" / "nccl"
 
 
 class RecordedGpuCluster(Cluster):

@@ -1,7 +1,7 @@
 """Every file a user hands the plugin, broken in every way we could think of: one clear usage error
 (what is wrong, with which file, what to give instead), never a traceback, and nothing launched.
 
-Option values (numbers, choices) are covered in test_plugin_options.py, suite file contents in
+Option values (numbers, choices) are covered in test_options.py, suite file contents in
 test_references.py, results files read by the ``pytest-fabric`` command in test_cli.py; this module
 covers the files given to pytest and the output paths.
 """

@@ -1,6 +1,6 @@
 """The launch lock of shared nodes (cluster/nodelock.py), with real holder processes on this machine:
 what a waiting session hears, that a killed session never leaves a node locked, and the bound on waiting.
-The same holders run over real ssh and srun in test_launch_ssh.py and test_launch_slurm.py."""
+The same holders run over real ssh and srun in test_ssh.py and test_slurm.py."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from pytest_fabric.workload import faults, fsdp, metrics, signals, train, weight
 from pytest_fabric.workload.config import ConfigError, TrainConfig
 from pytest_fabric.workload.result import RESULT_VERSION, TRAIN_FORMAT, ResultFormatError, TrainResult
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # What measure.py reads from every result; the GPU work must not lose any of them.
 HARNESS_KEYS = {"format", "version", "step_s", "signals", "stopped", "world_size", "hosts", "local_world_size",

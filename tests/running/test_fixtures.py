@@ -3,7 +3,7 @@
 The launches are synthetic here (known distributions, so the right verdict is known), but each is a
 real ``Measurement`` read from a typed rank result, so its value goes through
 ``steps.launch_estimate`` as a real launch's does; the real launch path is covered by the emulated
-runs in test_plugin_runs.py.
+runs in test_plugin.py.
 """
 
 import math

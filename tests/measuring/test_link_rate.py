@@ -14,7 +14,7 @@ from pytest_fabric.running.fixtures import link_rate_or_skip
 from pytest_fabric.running.session import FabricSession
 from pytest_fabric.workload.config import CollectivesConfig
 
-SYSFS = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
+SYSFS = Path(__file__).resolve().parents[2] / "fixtures" / "sysfs"
 
 
 def node(tree: str, host: str | None = None, **env: str) -> NodeFacts:

@@ -8,7 +8,7 @@ from helpers import needs
 from pytest_fabric.core.fabrics import build_table
 from pytest_fabric.measuring.preflight import check
 
-SYSFS = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
+SYSFS = Path(__file__).resolve().parents[2] / "fixtures" / "sysfs"
 FABRICS = build_table()
 
 
