@@ -216,9 +216,6 @@ class Interval:
     data_df: int = 0  # degrees of freedom from tonight's launches (the rest: the prior's)
     source: str = ""  # the noise's source in a few words: "tonight's 4 rounds", "the noise bound, 15% per round"
 
-    def contains(self, x: float) -> bool:
-        return self.low <= x <= self.high
-
     @property
     def width(self) -> float:
         return self.high - self.low

@@ -190,9 +190,6 @@ class Measurement:
         return (f"{self.case.id}: {self.tokens_per_s:.1f} tokens/s, {self.tokens_per_s_per_gpu:.1f} tokens/s/GPU, "
                 f"step {self.step_s * 1000:.1f} ms ({self.estimate.describe()}), {self.gpus} GPU(s){shared}")
 
-    def to_record(self) -> dict[str, Any]:
-        return LaunchRecord(self.case, self.cluster, self.result).to_dict()
-
     @classmethod
     def from_record(cls, case: Case, record: LaunchRecord | Mapping[str, Any], launch: int = 0) -> Measurement:
         """A launch record (a ``LaunchRecord``, or its JSON ``{"case", "cluster", "result"}``) as the
@@ -248,9 +245,6 @@ class BandwidthMeasurement:
         parts = [f"{op} {self.busbw_gbit(op):.3f} Gbit/s at {self.largest(op).bytes / MIB:g} MiB"
                  for op in self.result.ops()]
         return f"{self.case.id}: busbw " + ", ".join(parts)
-
-    def to_record(self) -> dict[str, Any]:
-        return LaunchRecord(self.case, self.cluster, self.result).to_dict()
 
     @classmethod
     def from_record(cls, record: LaunchRecord | Mapping[str, Any]) -> BandwidthMeasurement:

@@ -35,7 +35,6 @@ from ..core.redact import remember
 from ..deciding.references import ReferenceError, References
 from ..history.baselines import Baseline
 from ..history.night_model import ResultsError
-from ..history.nights import launch_records, session_measurements
 from ..deciding.contrasts import Interval, NoisePrior
 from ..measuring import nodes as node_checks
 from ..measuring.nodes import NODES_FILE, NodeCheck, RunDirError
@@ -167,13 +166,6 @@ class FabricSession:
             else:
                 known.problems.append(why)
             node_checks.save(checks, path)
-
-    def recorded(self) -> list[Measurement]:
-        """Every measurement of the session, one per (model, nodes, fabric) in the tested fabrics."""
-        return session_measurements(launch_records(self.store.all()), self.options.fabrics)[0]
-
-    def recorded_bandwidth(self) -> list[BandwidthMeasurement]:
-        return session_measurements(launch_records(self.store.all()), self.options.fabrics)[1]
 
     # -- the physical floor of what was measured (floor.py), on this session's links ---------------
 
