@@ -5,7 +5,9 @@ as the plugin writes them, a gate's outcome, the command run in-process, a stand
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -361,6 +363,18 @@ def outcome(verdict: Verdict = Verdict.PASS, reruns: tuple[str, ...] = ()) -> Ga
                         source="learned from 3 nights")
     return GateOutcome("eth", "ib", 0.95, "eth at most 5% slower", interval, verdict, (981.0, 1000.0), "tokens/s",
                        "[m, 2 node(s)]", NoisePrior(0.02, 4.0, "learned from 3 nights"), reruns)
+
+
+# -- Synthetic samples for the statistics' tests (deciding/) -----------------------------------------
+
+
+def lognormal(median: float, sigma: float, n: int, rng: random.Random) -> list[float]:
+    return [rng.lognormvariate(math.log(median), sigma) for _ in range(n)]
+
+
+def side(values: list[float], within: float = 0.0) -> list[tuple[float, float]]:
+    """Launch values (tokens/s) as a contrast group's (log value, within-launch variance) pairs."""
+    return [(math.log(v), within) for v in values]
 
 
 # -- The pytest-fabric command, in-process -----------------------------------------------------------

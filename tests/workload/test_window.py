@@ -9,12 +9,13 @@ real session on the emulated cluster with the ``stall`` fault planted on one sid
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from pytest_fabric.workload.window import measuring_done
-from helpers import FakeCluster, emulated_unavailable, needs, session_directory
+from helpers import FakeCluster, emulated_unavailable, lognormal, needs, session_directory
 
 from pytest_fabric import Case, LaunchSettings
 from pytest_fabric.measuring.store import ResultStore
@@ -36,6 +37,30 @@ def test_a_launch_measures_its_steps_then_its_seconds_and_never_stops_on_precisi
     assert measuring_done(same[:5], min_steps=5, max_steps=5, measure_s=60.0) == "step cap"
     assert measuring_done(same[:10], min_steps=10, max_steps=200, measure_s=0.0) == "time cap"  # exactly --steps
     assert measuring_done(same[:9], min_steps=10, max_steps=200, measure_s=0.0) == ""
+
+
+class TestMeasuringDone:
+    kw = dict(min_steps=5, max_steps=100, measure_s=1000.0)
+
+    def test_goes_on_before_min_steps(self):
+        assert measuring_done([100.0] * 4, **{**self.kw, "measure_s": 1.0}) == ""
+
+    def test_step_cap(self):
+        rng = random.Random(4)
+        noisy = lognormal(1.0, 0.5, 20, rng)
+        assert measuring_done(noisy, **{**self.kw, "max_steps": 20}) == "step cap"
+        assert measuring_done(noisy[:19], **{**self.kw, "max_steps": 20}) == ""
+
+    def test_steady_steps_do_not_stop_early(self):
+        # Known to any precision after a few steps, they measure the whole window all the same.
+        steps = [1.0, 1.001, 0.999, 1.0, 1.0005, 0.9995] * 2 + [1.0]
+        assert measuring_done(steps, **self.kw) == ""
+
+    def test_time_cap(self):
+        rng = random.Random(5)
+        noisy = lognormal(1.0, 0.3, 30, rng)
+        assert measuring_done(noisy, **{**self.kw, "measure_s": sum(noisy) + 1}) == ""
+        assert measuring_done(noisy, **{**self.kw, "measure_s": sum(noisy) - 1}) == "time cap"
 
 
 def test_the_stall_diagnostic_sees_stalls_the_mean_pays_for():
