@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pytest_fabric.core.case import Case
 from pytest_fabric.cli import main
-from pytest_fabric.cluster import Cluster
+from pytest_fabric.cluster import Cluster, LaunchRequest
 from pytest_fabric.cluster.supervisor import LaunchOutcome, ProcOutcome
 from pytest_fabric.deciding.gates import GateOutcome
 from pytest_fabric.history.junit import suite_properties
@@ -138,72 +138,68 @@ def gpu_expected() -> tuple[float, float]:
 # -- Store records and night files as the rank programs and the plugin write them (result version 2) ---
 
 
+# The versions a launch records (TRAIN_VERSIONS) and those of session_store's night.
+TRAIN_VERSIONS = {"torch": "2.13.0", "nccl": None, "python": "3.11.7"}
+
+
 VERSIONS = {"python": "3.11.7", "torch": "2.13.0+cpu", "transformers": "5.23.0", "backend": "gloo",
             "nccl": None, "cuda": None}
 
 
-def training_result(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
-                    versions: dict | None = None) -> TrainResult:
-    """The rank program's result of one launch whose steady step time gives ``tokens_per_s``."""
-    world = nodes * gpus_per_node
-    tokens_per_step = 64 * world
+DISTURBANCE = "cpu steal 40 ms"
+
+
+# The fields of a training result that stores written before result version 2 held (with the hosts
+# under "nodes" and the rank's own derived figures).
+V1_FIELDS = ("model", "world_size", "local_world_size", "batch_size", "seq_len", "tokens_per_step", "step_s",
+             "device", "dtype", "attention", "versions", "fabric", "cluster", "host", "launch_s")
+
+
+def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, steps: int = 4,
+                 disturbed: int = 0, tokens_per_step: int | None = None, cluster: str = "emulated",
+                 versions: dict | None = None, lost: float = 0.0, addresses: bool = False,
+                 result_version: int = 2, **result_fields) -> dict:
+    """A store record (``{"case", "cluster", "result"}``) of one training launch of ``case`` whose
+    ``steps`` measured steps all take the time that gives ``tokens_per_s``; the last ``disturbed``
+    of them carry a disturbance flag (more than half: the launch is disturbed as a whole), and other
+    processes took ``lost`` of each of their step's time. ``addresses``: hosts named with their
+    addresses (``node0/198.18.0.1``), as the emulated cluster's saved nights hold them.
+    ``result_version`` 1: the result as stores written before result version 2 hold it, a plain dict
+    without a format, the hosts under "nodes", the rank's own derived figures (median_step_s, tokens/s)."""
+    world = case.nodes * gpus_per_node
+    tokens_per_step = tokens_per_step or 64 * world
     step = tokens_per_step / tokens_per_s
-    return TrainResult(
-        model=model, world_size=world, hosts=[f"node{i}/198.18.0.{i + 1}" for i in range(nodes)],
+    flags = [""] * (steps - disturbed) + [DISTURBANCE] * disturbed
+    fields = dict(
+        model=case.model, world_size=world,
+        hosts=[f"node{i}/198.18.0.{i + 1}" if addresses else f"node{i}" for i in range(case.nodes)],
         local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
-        step_s=[step] * 4, device="cpu", dtype="float32", attention="sdpa",
-        versions=dict(versions or VERSIONS),
-        fabric={"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}.get(fabric, 1000),
-                "nccl_env": {}, "crosses_fabric": nodes > 1},
-        host="vm", cluster="emulated (network namespaces on this machine, links shaped with tc tbf)", launch_s=12.0)
+        step_s=[step] * steps, warmup_step_s=[step * 3],
+        signals=StepSignals(disturbed=flags, foreign_s=[step * lost if f else 0.0 for f in flags],
+                            steal_s=[0.0] * steps) if disturbed else StepSignals(),
+        stopped="precision", versions=dict(TRAIN_VERSIONS if versions is None else versions),
+        fabric={"name": case.fabric, "emulated_mbit": 2000, "nccl_env": {}, "crosses_fabric": case.crosses_fabric},
+        cluster="emulated (network namespaces on this machine)")
+    result = TrainResult(**{**fields, **result_fields}).to_dict()  # result_fields: any other TrainResult field
+    if result_version == 1:
+        result = {**{k: result[k] for k in V1_FIELDS}, "nodes": result["hosts"], "median_step_s": step,
+                  "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world}
+    return {"case": asdict(case), "cluster": cluster, "result": result}
 
 
-def training_record(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
-                    versions: dict | None = None) -> dict:
-    """A training record as Measurer._run stores it (the result in the current format, version 2),
-    whose steady step time gives ``tokens_per_s``."""
-    return {"case": {"model": model, "nodes": nodes, "fabric": fabric}, "cluster": "emulated",
-            "result": training_result(model, nodes, fabric, tokens_per_s, gpus_per_node, versions).to_dict()}
-
-
-def training_record_v1(model: str, nodes: int, fabric: str, tokens_per_s: float, gpus_per_node: int = 1,
-                       versions: dict | None = None) -> dict:
-    """A training record as stores written before result version 2 hold it: a plain dict without a
-    format, the host list under "nodes", the rank's own derived figures (median_step_s, tokens/s)."""
-    world = nodes * gpus_per_node
-    tokens_per_step = 64 * world
-    step = tokens_per_step / tokens_per_s
-    return {
-        "case": {"model": model, "nodes": nodes, "fabric": fabric},
-        "cluster": "emulated",
-        "result": {
-            "model": model, "world_size": world, "local_world_size": gpus_per_node,
-            "nodes": [f"node{i}/198.18.0.{i + 1}" for i in range(nodes)],
-            "batch_size": 1, "seq_len": 64,
-            "tokens_per_step": tokens_per_step, "step_s": [step] * 4, "median_step_s": step,
-            "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world,
-            "device": "cpu", "dtype": "float32", "attention": "sdpa",
-            "versions": dict(versions or VERSIONS),
-            "fabric": {"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}.get(fabric, 1000),
-                       "nccl_env": {}, "crosses_fabric": nodes > 1},
-            "cluster": "emulated (network namespaces on this machine, links shaped with tc tbf)",
-            "host": "vm", "launch_s": 12.0,
-        },
-    }
-
-
-def bandwidth_record(nodes: int, fabric: str, gbit: float) -> dict:
+def bandwidth_record(nodes: int, fabric: str, gbit: float, *, versions: dict | None = None) -> dict:
+    """A store record of one collective-bandwidth launch on ``nodes`` nodes whose busbw is ``gbit``
+    Gbit/s at the largest payload (16 MiB) and half that at 1 MiB, over the emulated link of ``fabric``."""
     rows = []
     for op in ("all_reduce", "all_gather"):
         for size, scale in ((1 << 20, 0.5), (16 << 20, 1.0)):
             busbw = gbit / 8 * scale
             rows.append(CollectiveRow(op, size, size / (busbw * 1e9), busbw, busbw))
-    result = CollectivesResult(world_size=nodes, rows=rows, local_world_size=1, device="cpu",
-                               versions={"torch": "2.13.0+cpu", "backend": "gloo"},
-                               fabric={"name": fabric, "emulated_mbit": {"ib": 2000, "eth": 400}[fabric],
+    result = CollectivesResult(world_size=nodes, rows=rows,
+                               versions=dict(TRAIN_VERSIONS if versions is None else versions),
+                               fabric={"name": fabric, "emulated_mbit": {"ib": 2000.0, "eth": 400.0}[fabric],
                                        "nccl_env": {}, "crosses_fabric": True})
-    return {"case": {"model": "collectives", "nodes": nodes, "fabric": fabric}, "cluster": "emulated",
-            "result": result.to_dict()}
+    return {"case": asdict(Case("collectives", nodes, fabric)), "cluster": "emulated", "result": result.to_dict()}
 
 
 # The launches of qwen2-tiny on two nodes in session_store (tokens/s, in launch order).
@@ -218,18 +214,25 @@ def geomean(values) -> float:
     return statistics.geometric_mean(values)
 
 
-def session_store(scale: float = 1.0, versions: dict | None = None, record=training_record) -> dict:
+def session_store(scale: float = 1.0, versions: dict | None = None, result_version: int = 2) -> dict:
     """A two-fabric, two-model session: repeated launches on two nodes, a shared single-node launch,
-    collective bandwidth and one failed launch. ``record`` builds each training record."""
-    store = {"qwen2-tiny-n1-any#aaaa": record("qwen2-tiny", 1, "ib", 1000 * scale, versions=versions)}
+    collective bandwidth and one failed launch, as the emulated cluster records them (hosts with their
+    addresses, ``VERSIONS`` unless ``versions``); ``result_version`` 1: training results as stores
+    written before result version 2 hold them."""
+
+    def record(model: str, nodes: int, fabric: str, tokens_per_s: float) -> dict:
+        return train_record(Case(model, nodes, fabric), tokens_per_s * scale, addresses=True,
+                            versions=versions or VERSIONS, result_version=result_version)
+
+    store = {"qwen2-tiny-n1-any#aaaa": record("qwen2-tiny", 1, "ib", 1000)}
     for i, (ib, eth) in enumerate(zip(IB_LAUNCHES, ETH_LAUNCHES)):
         suffix = f"@{i}" if i else ""
-        store[f"qwen2-tiny-n2-ib#bbbb{suffix}"] = record("qwen2-tiny", 2, "ib", ib * scale, versions=versions)
-        store[f"qwen2-tiny-n2-eth#cccc{suffix}"] = record("qwen2-tiny", 2, "eth", eth * scale, versions=versions)
-    store["llama-wide-n2-ib#dddd"] = record("llama-wide", 2, "ib", 230 * scale, versions=versions)
-    store["llama-wide-n2-eth#eeee"] = record("llama-wide", 2, "eth", 43 * scale, versions=versions)
-    store["collectives-n2-ib#ffff"] = bandwidth_record(2, "ib", 1.8)
-    store["collectives-n2-eth#gggg"] = bandwidth_record(2, "eth", 0.36)
+        store[f"qwen2-tiny-n2-ib#bbbb{suffix}"] = record("qwen2-tiny", 2, "ib", ib)
+        store[f"qwen2-tiny-n2-eth#cccc{suffix}"] = record("qwen2-tiny", 2, "eth", eth)
+    store["llama-wide-n2-ib#dddd"] = record("llama-wide", 2, "ib", 230)
+    store["llama-wide-n2-eth#eeee"] = record("llama-wide", 2, "eth", 43)
+    store["collectives-n2-ib#ffff"] = bandwidth_record(2, "ib", 1.8, versions=VERSIONS)
+    store["collectives-n2-eth#gggg"] = bandwidth_record(2, "eth", 0.36, versions=VERSIONS)
     store["llama-wide-n1-any#hhhh"] = {"case": {"model": "llama-wide", "nodes": 1, "fabric": "ib"},
                                        "error": "llama-wide-n1-ib on the emulated cluster: rank 0 exited 1\nTraceback"}
     return store
@@ -309,36 +312,6 @@ def gpu_night(path: Path):
 # -- Measurements read as the Measurer reads its records, and a gate's outcome -----------------------
 
 
-TRAIN_VERSIONS = {"torch": "2.13.0", "nccl": None, "python": "3.11.7"}
-
-
-DISTURBANCE = "cpu steal 40 ms"
-
-
-def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, steps: int = 4,
-                 disturbed: int = 0, tokens_per_step: int | None = None, cluster: str = "emulated",
-                 versions: dict | None = None, lost: float = 0.0, **result_fields) -> dict:
-    """A store record (``{"case", "cluster", "result"}``) of one training launch of ``case`` whose
-    ``steps`` measured steps all take the time that gives ``tokens_per_s``; the last ``disturbed``
-    of them carry a disturbance flag (more than half: the launch is disturbed as a whole), and other
-    processes took ``lost`` of each of their step's time."""
-    world = case.nodes * gpus_per_node
-    tokens_per_step = tokens_per_step or 64 * world
-    step = tokens_per_step / tokens_per_s
-    flags = [""] * (steps - disturbed) + [DISTURBANCE] * disturbed
-    fields = dict(
-        model=case.model, world_size=world, hosts=[f"node{i}" for i in range(case.nodes)],
-        local_world_size=gpus_per_node, batch_size=1, seq_len=64, tokens_per_step=tokens_per_step,
-        step_s=[step] * steps, warmup_step_s=[step * 3],
-        signals=StepSignals(disturbed=flags, foreign_s=[step * lost if f else 0.0 for f in flags],
-                            steal_s=[0.0] * steps) if disturbed else StepSignals(),
-        stopped="precision", versions=dict(TRAIN_VERSIONS if versions is None else versions),
-        fabric={"name": case.fabric, "emulated_mbit": 2000, "nccl_env": {}, "crosses_fabric": case.crosses_fabric},
-        cluster="emulated (network namespaces on this machine)")
-    result = TrainResult(**{**fields, **result_fields})  # result_fields: any other TrainResult field
-    return {"case": asdict(case), "cluster": cluster, "result": result.to_dict()}
-
-
 def train_measurement(model: str, nodes: int, fabric: str, tokens_per_s: float, *, launch: int = 0,
                       shared_with: str | None = None, **record) -> Measurement:
     """Launch ``launch`` of (model, nodes, fabric) at ``tokens_per_s``, read as the Measurer reads its
@@ -348,13 +321,9 @@ def train_measurement(model: str, nodes: int, fabric: str, tokens_per_s: float, 
     return Measurement.from_record(case, train_record(measured_for, tokens_per_s, **record), launch)
 
 
-def bandwidth_measurement(nodes: int, fabric: str, gbit: float) -> BandwidthMeasurement:
-    rows = [CollectiveRow(op, size, size / (gbit / 8 * 1e9), gbit / 8, gbit / 8 * scale)
-            for op in ("all_reduce", "all_gather") for size, scale in ((1 << 20, 0.5), (16 << 20, 1.0))]
-    result = CollectivesResult(world_size=nodes, rows=rows, versions=dict(TRAIN_VERSIONS),
-                               fabric={"name": fabric, "emulated_mbit": gbit * 1000})
-    return BandwidthMeasurement.from_record({"case": asdict(Case("collectives", nodes, fabric)), "cluster": "emulated",
-                                             "result": result.to_dict()})
+def bandwidth_measurement(nodes: int, fabric: str, gbit: float, **record) -> BandwidthMeasurement:
+    """That launch read as the Measurer reads its records."""
+    return BandwidthMeasurement.from_record(bandwidth_record(nodes, fabric, gbit, **record))
 
 
 def outcome(verdict: Verdict = Verdict.PASS, reruns: tuple[str, ...] = ()) -> GateOutcome:

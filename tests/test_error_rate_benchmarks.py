@@ -117,15 +117,17 @@ def test_a_launch_measured_again_for_a_later_gate_moves_with_its_round_and_pairs
     """A round's reference launched again next to a later gate's candidate (``+partners``): a
     replayed night keeps it in its round, the round's own launch stays the configuration's launch
     of the round, and the pool's round ratios pair the later gate's candidate with it."""
-    from helpers import training_record
+    from helpers import train_record
+
+    from pytest_fabric import Case
 
     ib, ib2 = "qwen2-tiny-n2-ib#a", "qwen2-tiny-n2-ib2#b"
     pool = {}
     for r in range(4):
         at = f"@{r}" if r else ""
-        pool[ib + at] = training_record("qwen2-tiny", 2, "ib", 1000.0 + r)
-        pool[ib + at + "+qwen2-tiny-n2-ib2"] = training_record("qwen2-tiny", 2, "ib", 900.0 + r)
-        pool[ib2 + at] = training_record("qwen2-tiny", 2, "ib2", 990.0)
+        pool[ib + at] = train_record(Case("qwen2-tiny", 2, "ib"), 1000.0 + r)
+        pool[ib + at + "+qwen2-tiny-n2-ib2"] = train_record(Case("qwen2-tiny", 2, "ib"), 900.0 + r)
+        pool[ib2 + at] = train_record(Case("qwen2-tiny", 2, "ib2"), 990.0)
     store = nightly_resample.night_store(pool, [0, 3, 1])
     assert store[ib + "@1+qwen2-tiny-n2-ib2"] is pool[ib + "@3+qwen2-tiny-n2-ib2"]
     assert len(store) == 3 * 3

@@ -18,7 +18,7 @@ import statistics
 import pytest
 from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, VERDICTS, VERSIONS, geomean, junit_text, nights, saved,
                      outcome as gate_outcome,
-                     session_store, training_record, training_record_v1)
+                     session_store, train_measurement, train_record)
 
 from pytest_fabric import Case, Measurement
 from pytest_fabric.history.junit import suite_properties
@@ -88,7 +88,7 @@ def test_the_callers_identity_wins_over_what_the_records_say(tmp_path):
 
 
 def test_launches_are_ordered_by_launch_number_not_by_key_text(tmp_path):
-    store = {f"m-n2-ib#h@{i}" if i else "m-n2-ib#h": training_record("m", 2, "ib", 100 + i) for i in range(12)}
+    store = {f"m-n2-ib#h@{i}" if i else "m-n2-ib#h": train_record(Case("m", 2, "ib"), 100 + i) for i in range(12)}
     path = tmp_path / "n.json"
     save_results(path, store, {}, [])
     assert load_results(path).measurements["m-n2-ib"] == pytest.approx([100 + i for i in range(12)])
@@ -110,7 +110,7 @@ def test_a_session_store_loads_as_it_is(tmp_path):
 def test_a_store_of_version_1_results_still_loads_and_saves(tmp_path):
     """Stores and saved nights written before result version 2: plain dicts, hosts under "nodes",
     the rank's own median_step_s and tokens/s (ignored: the harness values each launch itself)."""
-    old = session_store(record=training_record_v1)
+    old = session_store(result_version=1)
     assert "format" not in old["qwen2-tiny-n2-ib#bbbb"]["result"] and "nodes" in old["qwen2-tiny-n2-ib#bbbb"]["result"]
     store = tmp_path / "measurements.json"
     store.write_text(json.dumps(old))
@@ -178,8 +178,7 @@ def junit_skeleton(*names: str) -> str:
 
 def launches(model: str, nodes: int, fabric: str, values, gpus_per_node: int = 1) -> list[Measurement]:
     """One Measurement per launch value, read back from store records as the plugin does."""
-    case = Case(model, nodes, fabric)
-    return [Measurement.from_record(case, training_record(model, nodes, fabric, v, gpus_per_node), launch=i)
+    return [train_measurement(model, nodes, fabric, v, launch=i, gpus_per_node=gpus_per_node, addresses=True)
             for i, v in enumerate(values)]
 
 
@@ -251,16 +250,6 @@ def test_the_junit_reader_ignores_the_human_sentences(tmp_path):
     assert run.cases["qwen2-tiny-n2-ib"].gpus == 2
 
 
-def disturbed_record(model: str, nodes: int, fabric: str, tokens_per_s: float) -> dict:
-    """A training record whose every step the node's signals marked disturbed: the launch is
-    disturbed as a whole (``Measurement.disturbed``), its round runs again, and it is not counted."""
-    record = training_record(model, nodes, fabric, tokens_per_s)
-    signals, n = record["result"]["signals"], len(record["result"]["step_s"])
-    signals.update(steal_s=[0.04] * n, foreign_s=[0.0] * n, probe_s=[0.0] * n, sm_clock_mhz=[None] * n,
-                   throttle=[[] for _ in range(n)], disturbed=["cpu steal 40 ms"] * n)
-    return record
-
-
 def test_a_disturbed_launch_is_left_out_of_the_value_read_back(tmp_path):
     """CaseResult.mean is documented as 'the number the terminal and JUnit showed': a launch
     disturbed as a whole is not counted in it, read from JUnit or from a saved night."""
@@ -268,17 +257,18 @@ def test_a_disturbed_launch_is_left_out_of_the_value_read_back(tmp_path):
     from pytest_fabric.measuring.measurement import configuration_tokens_per_s
 
     ms = launches("qwen2-tiny", 2, "ib", IB_LAUNCHES)
-    aside = Measurement.from_record(Case("qwen2-tiny", 2, "ib"), disturbed_record("qwen2-tiny", 2, "ib", 900.0),
-                                    launch=3)
+    # Every step of it marked disturbed by the node's signals: the launch is disturbed as a whole
+    # (``Measurement.disturbed``), its round runs again, and it is not counted.
+    aside = train_measurement("qwen2-tiny", 2, "ib", 900.0, launch=3, disturbed=4)
     assert not aside.counted and all(m.counted for m in ms)
     judged = configuration_tokens_per_s([*ms, aside])
     assert judged == pytest.approx(geomean(IB_LAUNCHES), rel=1e-12)
     path = tmp_path / "junit.xml"
     path.write_text(junit_skeleton("test_x[qwen2-tiny-n2-ib]"))
     add_to_junit(path, {"suites/test_x.py::test_x[qwen2-tiny-n2-ib]": text_of([*ms, aside])}, {})
-    store = {f"qwen2-tiny-n2-ib#b@{i}" if i else "qwen2-tiny-n2-ib#b": training_record("qwen2-tiny", 2, "ib", v)
+    store = {f"qwen2-tiny-n2-ib#b@{i}" if i else "qwen2-tiny-n2-ib#b": train_record(Case("qwen2-tiny", 2, "ib"), v)
              for i, v in enumerate(IB_LAUNCHES)}
-    store["qwen2-tiny-n2-ib#b@3"] = disturbed_record("qwen2-tiny", 2, "ib", 900.0)
+    store["qwen2-tiny-n2-ib#b@3"] = train_record(Case("qwen2-tiny", 2, "ib"), 900.0, disturbed=4)
     save_results(tmp_path / "night.json", store, {}, [])
     for source in (path, tmp_path / "night.json"):
         assert load_results(source).cases["qwen2-tiny-n2-ib"].mean == pytest.approx(judged, rel=1e-6), source
