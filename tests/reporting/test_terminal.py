@@ -1,6 +1,8 @@
 """The terminal's tables: throughput per model x nodes x fabric, and collective bandwidth.
 
-The testcase text and the JUnit additions are junit.py's, tested in test_junit.py.
+The testcase text and the JUnit additions are junit.py's, tested in test_junit.py. A launch is
+``helpers.train_measurement``'s: one GPU per node unless a test says otherwise, so that tokens/s/GPU is
+tokens/s over the nodes.
 """
 
 from __future__ import annotations
@@ -14,15 +16,10 @@ from pytest_fabric.measuring.measurement import configuration_tokens_per_s
 from pytest_fabric.reporting.terminal import bandwidth_table, summary_tables
 
 
-def measurement(model: str, nodes: int, fabric: str, tokens_per_s: float, **kw):
-    # One GPU per node, so that tokens/s/GPU is tokens/s over the nodes.
-    return train_measurement(model, nodes, fabric, tokens_per_s, **kw)
-
-
 def test_summary_table_per_model_with_delta_against_ib():
     rows = summary_tables(
-        [measurement("m", 1, "ib", 100.0), measurement("m", 1, "eth", 100.0, shared_with="ib"),
-         measurement("m", 2, "ib", 200.0), measurement("m", 2, "eth", 150.0)],
+        [train_measurement("m", 1, "ib", 100.0), train_measurement("m", 1, "eth", 100.0, shared_with="ib"),
+         train_measurement("m", 2, "ib", 200.0), train_measurement("m", 2, "eth", 150.0)],
         ["ib", "eth"])
     assert rows[0] == "m:"
     assert rows[1].split()[:13] == ["nodes", "GPUs", "ib", "tok/s", "eth", "tok/s", "eth", "vs", "ib",
@@ -37,8 +34,8 @@ def test_summary_table_shows_the_configuration_value_over_repeated_launches_and_
     # The comparison gates launch a configuration several times: the table shows the value they
     # judged (the geometric mean of the launches), not the arithmetic mean.
     ib = [200.0, 220.0, 242.0]
-    rows = summary_tables([measurement("m", 2, "ib", v, launch=i) for i, v in enumerate(ib)]
-                          + [measurement("m", 2, "eth", 110.0)], ["ib", "eth"])
+    rows = summary_tables([train_measurement("m", 2, "ib", v, launch=i) for i, v in enumerate(ib)]
+                          + [train_measurement("m", 2, "eth", 110.0)], ["ib", "eth"])
     value = 220.0  # geometric mean of 200, 220, 242 (220 / 1.1, 220, 220 x 1.1)
     assert math.exp(sum(map(math.log, ib)) / 3) == pytest.approx(value)
     assert sum(ib) / 3 != pytest.approx(value, abs=0.05)
@@ -46,8 +43,9 @@ def test_summary_table_shows_the_configuration_value_over_repeated_launches_and_
 
 
 def test_summary_table_leaves_a_disturbed_launch_out_and_names_it():
-    ms = [measurement("m", 2, "ib", 200.0, launch=0), measurement("m", 2, "ib", 50.0, launch=1, disturbed=4),
-          measurement("m", 2, "ib", 200.0, launch=2)]
+    ms = [train_measurement("m", 2, "ib", 200.0, launch=0),
+          train_measurement("m", 2, "ib", 50.0, launch=1, disturbed=4),
+          train_measurement("m", 2, "ib", 200.0, launch=2)]
     rows = summary_tables(ms, ["ib"])
     # Three launches were made, one of them disturbed as a whole: it is not counted, and the table
     # says so, with the value JUnit shows.
@@ -58,14 +56,14 @@ def test_summary_table_leaves_a_disturbed_launch_out_and_names_it():
 
 
 def test_summary_table_lists_models_separately_and_marks_missing_cells():
-    rows = summary_tables([measurement("b", 2, "ib", 10.0), measurement("a", 2, "eth", 5.0)], ["ib", "eth"])
+    rows = summary_tables([train_measurement("b", 2, "ib", 10.0), train_measurement("a", 2, "eth", 5.0)], ["ib", "eth"])
     assert [r for r in rows if r.endswith(":")] == ["a:", "b:"]
     a_row = rows[rows.index("a:") + 2].split()
     assert a_row[2] == "-" and a_row[3] == "5.0" and a_row[4] == "-"
 
 
 def test_summary_table_per_gpu_uses_every_gpu():
-    rows = summary_tables([measurement("m", 2, "ib", 800.0, gpus_per_node=4)], ["ib"])
+    rows = summary_tables([train_measurement("m", 2, "ib", 800.0, gpus_per_node=4)], ["ib"])
     assert rows[2].split()[:4] == ["2", "8", "800.0", "100.0"]
 
 
@@ -88,7 +86,7 @@ def test_mfu_and_peak_memory_columns_on_the_recorded_gpu_result_and_na_on_cpu():
     from helpers import gpu_expected, gpu_measurement
 
     gpu = gpu_measurement("eth")
-    cpu = measurement("qwen2.5-1.5b", 1, "ib", 1000.0)
+    cpu = train_measurement("qwen2.5-1.5b", 1, "ib", 1000.0)
     rows = summary_tables([gpu], ["eth"])
     header, row = rows[1].split(), rows[2].split()
     assert header[-5:] == ["eth", "MFU", "eth", "peak", "GiB"]

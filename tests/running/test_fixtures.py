@@ -539,11 +539,9 @@ def test_equal_rates_predict_no_difference():
 
 def test_prediction_reads_real_measurements_as_the_store_records_them():
     from pytest_fabric.core.fabrics import build_table
-    from pytest_fabric.measuring.measurement import Measurement
 
     def runs(fabric, tokens_per_s):
-        case = Case("qwen2-tiny", 2, fabric)
-        return [Measurement.from_record(case, train_record(case, tokens_per_s), launch=i) for i in range(3)]
+        return [train_measurement("qwen2-tiny", 2, fabric, tokens_per_s, launch=i) for i in range(3)]
 
     session = StandInSession(options=options(settings=LaunchSettings(fabric_table=build_table())),
                              cluster=SimpleNamespace(name="emulated"))
