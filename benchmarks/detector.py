@@ -14,8 +14,7 @@ disturbance the detector should, and will, see). For each nodes x model:
   affected, and the hit rate is the affected steps flagged / affected steps. (On 8 nodes over 2
   cores node 0 shares its core with nodes 2, 4 and 6; the hog takes that core from all of them.)
 
-The launches also show a whole-launch slow phase where the machine has one (``machine slow`` in
-the launch column). Prints one table; exit 1 when a quiet case flags more than 5% of its steps or a
+Prints one table; exit 1 when a quiet case flags more than 5% of its steps or a
 planted case catches fewer than 90% of its affected steps (the targets of the issue that asked
 for it).
 """

@@ -151,21 +151,17 @@ DISTURBANCE = "cpu steal 40 ms"
 
 # The fields of a training result that stores written before result version 2 held (with the hosts
 # under "nodes" and the rank's own derived figures).
-V1_FIELDS = ("model", "world_size", "local_world_size", "batch_size", "seq_len", "tokens_per_step", "step_s",
-             "device", "dtype", "attention", "versions", "fabric", "cluster", "host", "launch_s")
 
 
 def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, steps: int = 4,
                  disturbed: int = 0, tokens_per_step: int | None = None, cluster: str = "emulated",
                  versions: dict | None = None, lost: float = 0.0, addresses: bool = False,
-                 result_version: int = 2, **result_fields) -> dict:
+                 **result_fields) -> dict:
     """A store record (``{"case", "cluster", "result"}``) of one training launch of ``case`` whose
     ``steps`` measured steps all take the time that gives ``tokens_per_s``; the last ``disturbed``
     of them carry a disturbance flag (more than half: the launch is disturbed as a whole), and other
     processes took ``lost`` of each of their step's time. ``addresses``: hosts named with their
-    addresses (``node0/198.18.0.1``), as the emulated cluster's saved nights hold them.
-    ``result_version`` 1: the result as stores written before result version 2 hold it, a plain dict
-    without a format, the hosts under "nodes", the rank's own derived figures (median_step_s, tokens/s)."""
+    addresses (``node0/198.18.0.1``), as the emulated cluster's saved nights hold them."""
     world = case.nodes * gpus_per_node
     tokens_per_step = tokens_per_step or 64 * world
     step = tokens_per_step / tokens_per_s
@@ -177,13 +173,10 @@ def train_record(case: Case, tokens_per_s: float, *, gpus_per_node: int = 1, ste
         step_s=[step] * steps, warmup_step_s=[step * 3],
         signals=StepSignals(disturbed=flags, foreign_s=[step * lost if f else 0.0 for f in flags],
                             steal_s=[0.0] * steps) if disturbed else StepSignals(),
-        stopped="precision", versions=dict(TRAIN_VERSIONS if versions is None else versions),
+        stopped="time cap", versions=dict(TRAIN_VERSIONS if versions is None else versions),
         fabric={"name": case.fabric, "emulated_mbit": 2000, "nccl_env": {}, "crosses_fabric": case.crosses_fabric},
         cluster="emulated (network namespaces on this machine)")
     result = TrainResult(**{**fields, **result_fields}).to_dict()  # result_fields: any other TrainResult field
-    if result_version == 1:
-        result = {**{k: result[k] for k in V1_FIELDS}, "nodes": result["hosts"], "median_step_s": step,
-                  "tokens_per_s": tokens_per_s, "tokens_per_s_per_gpu": tokens_per_s / world}
     return {"case": asdict(case), "cluster": cluster, "result": result}
 
 
@@ -214,15 +207,14 @@ def geomean(values) -> float:
     return statistics.geometric_mean(values)
 
 
-def session_store(scale: float = 1.0, versions: dict | None = None, result_version: int = 2) -> dict:
+def session_store(scale: float = 1.0, versions: dict | None = None) -> dict:
     """A two-fabric, two-model session: repeated launches on two nodes, a shared single-node launch,
     collective bandwidth and one failed launch, as the emulated cluster records them (hosts with their
-    addresses, ``VERSIONS`` unless ``versions``); ``result_version`` 1: training results as stores
-    written before result version 2 hold them."""
+    addresses, ``VERSIONS`` unless ``versions``)."""
 
     def record(model: str, nodes: int, fabric: str, tokens_per_s: float) -> dict:
         return train_record(Case(model, nodes, fabric), tokens_per_s * scale, addresses=True,
-                            versions=versions or VERSIONS, result_version=result_version)
+                            versions=versions or VERSIONS)
 
     store = {"qwen2-tiny-n1-any#aaaa": record("qwen2-tiny", 1, "ib", 1000)}
     for i, (ib, eth) in enumerate(zip(IB_LAUNCHES, ETH_LAUNCHES)):
@@ -241,7 +233,7 @@ def session_store(scale: float = 1.0, versions: dict | None = None, result_versi
 IDENTITY = {"cluster_kind": "emulated", "nodes": 2, "gpus_per_node": 1, "fabrics": ["ib", "eth"]}
 
 
-VERDICTS = [{"test": "suites/test_parity.py::test_parity[qwen2-tiny-n2-eth]", "outcome": "passed",
+VERDICTS = [{"test": "suites/test_parity.py::test_parity[qwen2-tiny-n2-eth]", "outcome": "pass",
              "message": "pass: eth/ib = 0.941 ..."}]
 
 

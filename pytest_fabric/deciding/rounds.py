@@ -6,7 +6,7 @@ a paired design (Kalibera & Jones 2013: compare within the level that varies mos
 round counts alike: no launch is weighed down or set aside.
 
 A launch disturbed as a whole (``steps.LaunchEstimate.disturbed``: most of its steps taken by
-something outside the job, or the machine in a slow phase) makes its whole round be launched again,
+something outside the job) makes its whole round be launched again,
 under a rule fixed before the night: at most ``reruns`` re-runs per gate (``--reruns``); after that
 a disturbed round counts as it is, and the verdict line says so. The rule never looks at the
 values, only at the detector's flags, so it cannot move the estimate toward either verdict.

@@ -210,16 +210,13 @@ class LaunchEstimate:
         return f"mean of {self.used} of {self.steps} steps{aside}; fast steps {self.fast_step_s * 1000:.1f} ms"
 
 
-def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = None,
-                    slow_phase: float = 0.0) -> LaunchEstimate:
+def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = None) -> LaunchEstimate:
     """The launch's value (the mean of its clean steady steps: tokens over the time they took, what
     the job pays) and its own precision (``mean_standard_error``, in logs).
 
     A launch whose flagged steps leave fewer than ``MIN_CLEAN_STEPS`` clean ones or are more than
-    half of its steps, or run in another phase of the machine (``slow_phase`` off 0: its CPU probe that much
-    slower, or faster where negative, than its configuration's usual launch's, as
-    ``workload.signals.slow_phase`` judged) is marked ``disturbed``: its value falls back to all
-    steady steps when too few are clean, and its round is launched again (``rounds.run_rounds``).
+    half of its steps is marked ``disturbed``: its value falls back to all steady steps when too few
+    are clean, and its round is launched again (``rounds.run_rounds``).
     The 25% quantile (``fast_step_s``) is kept as a diagnostic: the mean far above it says some steps
     stall.
     """
@@ -236,12 +233,6 @@ def launch_estimate(step_s: Sequence[float], disturbed: Sequence[str] | None = N
                    + ", ".join(f"{kind}: {n}" for kind, n in reasons.most_common()) + ")")
     if len(clean) < MIN_CLEAN_STEPS:
         clean = [float(t) for t in step_s[start:]]
-    if slow_phase > 0:
-        why.append(f"machine slow {slow_phase:.0%} for the whole launch (its CPU probe against its "
-                   f"configuration's launches)")
-    elif slow_phase < 0:
-        why.append(f"machine fast {1 / (1 + slow_phase) - 1:.0%} for the whole launch (its CPU probe against its "
-                   f"configuration's launches)")
     mean = statistics.fmean(clean)
     log_se = mean_standard_error(clean) / mean
     fast = _quantile(sorted(clean), FAST_QUANTILE)

@@ -17,7 +17,6 @@ from ..core.case import BANDWIDTH, Case
 from ..core.units import mbit_to_gbit
 from ..deciding.gates import record_from_fields
 from ..deciding.verdicts import ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED
-from ..workload.result import host_list
 from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, case_of_test
 
 GATE_PREFIX = "fabric.gate."
@@ -119,7 +118,7 @@ def load_junit(path: Path) -> SavedRun:
     for m in metrics.values():
         if m.get("cluster"):
             identity.setdefault("cluster_kind", m["cluster"])
-        if listed := host_list(m, str):
+        if listed := m.get("hosts"):
             hosts = sorted(h for h in listed.split(",") if h)
             if len(hosts) > len(identity.get("hosts", [])):
                 identity["hosts"] = hosts
@@ -204,8 +203,9 @@ def _junit_verdict(case: Any, gates: list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(r, (Failure, Error)):
             outcome = FAIL if isinstance(r, Failure) else ERROR
         elif isinstance(r, Skipped):
-            # Files older than the INCONCLUSIVE skip wrote an inconclusive gate as a pytest xfail.
-            undecided = r.type in ("fabric.inconclusive", "pytest.xfail")
+            # A skip is a gate's undecided verdict where the plugin marked it so, or where its gates say
+            # so (pytest's own xfail, in a file the plugin did not complete).
+            undecided = r.type == "fabric.inconclusive" or any(g.get("outcome") == INCONCLUSIVE for g in gates)
             outcome = INCONCLUSIVE if undecided else SKIPPED
         else:
             continue

@@ -11,7 +11,6 @@ from typing import Any
 
 from ..core.case import BANDWIDTH
 from ..core.models import MFU_CONVENTION
-from ..workload.result import host_list
 
 def identity_from_records(records: Mapping[str, Any]) -> dict[str, Any]:
     """What the store's records say about the set-up: cluster, hosts, device, versions.
@@ -29,7 +28,7 @@ def identity_from_records(records: Mapping[str, Any]) -> dict[str, Any]:
         "cluster_kind": widest.get("cluster"),
         "cluster": r.get("cluster"),
         "nodes": max(int(rec.get("case", {}).get("nodes", 0)) for rec in launched),
-        "hosts": sorted(hosts) if (hosts := host_list(r)) is not None else None,
+        "hosts": sorted(hosts) if isinstance(hosts := r.get("hosts"), list) else None,
         "gpus_per_node": r.get("local_world_size"),
         "device": r.get("device"),
         "dtype": r.get("dtype"),

@@ -39,7 +39,6 @@ from .nccl_evidence import prove_transport
 from .nccl_logs import nccl_debug_env
 from .nic_inventory import NicInventory
 from ..workload import faults
-from ..workload.signals import launch_probe, usual_probe
 from ..workload.config import CollectivesConfig, TrainConfig
 from ..workload.result import CollectivesResult, TrainResult
 
@@ -144,8 +143,6 @@ class Measurer:
         # Launches whose ranks failed first on each node, by case, and who hears of a node left out for it.
         self._first_failures: dict[str, list[str]] = {}
         self.on_left_out: Callable[[str, str], None] | None = None
-        # The typical judged CPU probe of stored records by store key (0.0: fewer than 3 judged).
-        self._probes: dict[str, float] = {}
 
     def key(self, case: Case) -> str:
         """Cache key: the case plus every setting that changes the measurement."""
@@ -321,8 +318,6 @@ class Measurer:
                                              inventory=inventory, env_logged=True)
             result.transport = facts.summary()
             result.transport_problem = problem
-        if isinstance(result, TrainResult):
-            self._judge_speed(case, result)
         result.cluster = self.cluster.describe()
         result.launch_s = round(outcome.elapsed_s, 2)
         result.run_dir = str(run_dir)
@@ -347,34 +342,6 @@ class Measurer:
             self.progress(f"node {node} left out: {why}")
         if self.on_left_out is not None:
             self.on_left_out(node, why)
-
-    def _judge_speed(self, case: Case, result: TrainResult) -> None:
-        """Record with the result its configuration's usual CPU probe: the lower median of the typical
-        busy-step probes of every launch of the same configuration this session, this one included,
-        so that a launch run in another phase of the machine is known as such for good
-        (``steps.launch_estimate``, ``signals.slow_phase``). Per configuration: the job's own load
-        sets the vCPU's speed (two busy cores probe slower than one; a node idling on the network
-        slower still), so only launches of the same job are comparable; the first launch of a
-        configuration is its own reference."""
-        speed = launch_probe(result.signals.probe_s, result.signals.cpu_busy)
-        if speed:
-            result.signals.probe_usual_s = usual_probe([*self._stored_speeds(self.key(case)), speed])
-
-    def _stored_speeds(self, key: str) -> list[float]:
-        """The typical judged probe of each of the store's launches of configuration ``key`` (its
-        own-window, matched and again-launched ones alike: the same job): launches this process did
-        not measure count too, those of a killed session this one resumed and those of another
-        xdist worker, so a launch is judged against every launch of its configuration tonight."""
-        speeds = []
-        for stored_key, stored in self.store.all().items():
-            if LaunchKey.parse(stored_key).base != key:
-                continue
-            if stored_key not in self._probes:
-                signals = ((stored or {}).get("result") or {}).get("signals") or {}
-                self._probes[stored_key] = launch_probe(signals.get("probe_s") or [], signals.get("cpu_busy") or [])
-            if self._probes[stored_key]:
-                speeds.append(self._probes[stored_key])
-        return speeds
 
     @contextmanager
     def _machine_slot(self, case: Case) -> Iterator[None]:

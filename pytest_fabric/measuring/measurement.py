@@ -25,7 +25,6 @@ from ..deciding.contrasts import configuration_value
 from ..deciding.steps import LaunchEstimate, launch_estimate
 from ..core.units import MIB
 from ..workload.result import CollectiveRow, CollectivesResult, TrainResult
-from ..workload.signals import slow_phase
 
 __all__ = ["BandwidthMeasurement", "LaunchKey", "LaunchRecord", "Measurement", "MeasurementError",
            "configuration_tokens_per_s", "block_name", "launch_number", "launch_value"]
@@ -205,13 +204,10 @@ class Measurement:
 
 
 def launch_value(result: TrainResult) -> LaunchEstimate:
-    """A training result's launch value (``steps.launch_estimate``): its steps, their disturbance
-    flags, and the phase of the machine its CPU probes show against its configuration's usual
-    launch. The one place a launch's value is taken from a result (measurements, calibration, the
+    """A training result's launch value (``steps.launch_estimate``): its steps and their disturbance
+    flags. The one place a launch's value is taken from a result (measurements, calibration, the
     benchmarks)."""
-    sig = result.signals
-    return launch_estimate(result.step_s, sig.disturbed or None,
-                           slow_phase=slow_phase(sig.probe_s, sig.probe_reference_s, sig.cpu_busy, sig.probe_usual_s))
+    return launch_estimate(result.step_s, result.signals.disturbed or None)
 
 
 def configuration_tokens_per_s(launches: Sequence[Measurement], per_gpu: bool = False, every: bool = False) -> float:

@@ -100,22 +100,17 @@ def _number(value: Any) -> float | None:
         return None
 
 
-def _word(outcome: str) -> str:
-    """Saved nights written before the outcome words used pytest's."""
-    return {"passed": PASS, "failed": FAIL, "xfailed": INCONCLUSIVE}.get(outcome, outcome)
-
-
 def build_tables(run: SavedRun, records: Mapping[str, Any] | None = None) -> Tables:
     """The rows of ``run``; ``records`` (a session's store, or a saved night's ``records``) add the
     busbw of every payload."""
     tests, gates = [], []
     for v in run.verdicts:
-        test, outcome = str(v.get("test", "?")), _word(str(v.get("outcome", "?")))
+        test, outcome = str(v.get("test", "?")), str(v.get("outcome", "?"))
         tests.append((test, outcome, str(v.get("message", ""))))
         where = verdict_case(v)
         for g in v.get("gates") or []:
             launches = g.get("launches", "")
-            gates.append(GateRow(test, _word(str(g.get("outcome", outcome))), str(g["a"]), str(g["b"]),
+            gates.append(GateRow(test, str(g.get("outcome", outcome)), str(g["a"]), str(g["b"]),
                                  float(g["ratio"]), float(g["ci_low"]), float(g["ci_high"]),
                                  float(g.get("confidence", CONFIDENCE)), float(g["threshold"]),
                                  where[0] if where else "", where[1] if where else 0,

@@ -47,8 +47,6 @@ class TrainConfig:
     # ``steps``), at most ``max_steps`` steps (window.measuring_done): one window fixed before the launch.
     max_steps: int = 200
     measure_s: float = 6.0
-    # Time a fixed CPU kernel after each step (CPU runs): the VM's speed is a signal (signals.py).
-    cpu_probe: bool = True
 
     def __post_init__(self) -> None:
         if self.fsdp not in FSDP_VERSIONS:

@@ -23,20 +23,8 @@ from ..core.units import gbyte_to_gbit
 
 TRAIN_FORMAT = "pytest-fabric-train-result"
 COLLECTIVES_FORMAT = "pytest-fabric-collectives-result"
-# 2: typed results; per-step disturbance signals; no derived figures (tokens/s, MFU) from the rank;
-#    the host list is "hosts" (version 1 called it "nodes").
+# 2: typed results; per-step disturbance signals; no derived figures (tokens/s, MFU) from the rank.
 RESULT_VERSION = 2
-# The host list's key, then version 1's: every reader of a result of any version (result.json, a store
-# record, JUnit machine lines) finds it with ``host_list``.
-HOST_KEYS = ("hosts", "nodes")
-
-
-def host_list(data: Any, kind: type = list) -> Any:
-    """The host list of a result (or of its machine lines, ``kind=str``), whatever version wrote it:
-    the first of ``HOST_KEYS`` whose value is a ``kind`` (for ``str``, a non-empty one); None if none."""
-    return next((data[k] for k in HOST_KEYS if isinstance(data.get(k), kind) and (kind is not str or data[k])), None)
-
-
 class ResultFormatError(ValueError):
     """A result file that is not (or not yet) readable as the rank program's result."""
 
@@ -60,14 +48,20 @@ def _check_format(data: Any, expected: str, where: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ResultFormatError(f"{where}: a result is a JSON object, got {type(data).__name__}")
     fmt = data.get("format")
-    if fmt is not None and fmt != expected:
+    if fmt is None and "version" not in data:
+        raise ResultFormatError(f"{where}: a result of pytest-fabric 0.1 (no format, no version); run its "
+                                f"launches again")
+    if fmt != expected:
         raise ResultFormatError(f"{where}: format {fmt!r}, expected {expected!r}")
-    version = data.get("version", 1)
+    version = data.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ResultFormatError(f"{where}: result version {version!r} is not a version (1, 2, ...)")
     if version > RESULT_VERSION:
         raise ResultFormatError(f"{where}: result version {version!r} is newer than this pytest-fabric reads "
                                 f"({RESULT_VERSION}); upgrade pytest-fabric")
+    if version < RESULT_VERSION:
+        raise ResultFormatError(f"{where}: result version {version!r} was written by an older pytest-fabric; "
+                                f"run its launches again")
     return data
 
 
@@ -84,25 +78,13 @@ class StepSignals:
 
     steal_s: list[float] = field(default_factory=list)
     foreign_s: list[float] = field(default_factory=list)
-    probe_s: list[float] = field(default_factory=list)  # CPU probe time (signals.py); 0: none
     sm_clock_mhz: list[float | None] = field(default_factory=list)
     throttle: list[list[str]] = field(default_factory=list)
     disturbed: list[str] = field(default_factory=list)
-    # The fastest busy-step CPU probe of this configuration's launches in the session when the launch
-    # ran (0: unknown): a launch whose fastest probe is well above it ran in a slow phase of the machine.
-    probe_reference_s: float = 0.0
-    # The usual CPU probe of this configuration's launches in the session when the launch ran (the
-    # lower median of their typical busy-step probes, this one's included; 0: an older result,
-    # judged by ``probe_reference_s``): a launch whose typical probe is well off it, either way, ran
-    # in another phase of the machine (``signals.slow_phase``).
-    probe_usual_s: float = 0.0
     # Wall clock (Unix seconds) at the end of each measured step on global rank 0; [] in older results.
     step_end_unix: list[float] = field(default_factory=list)
     # The GPU's busy share after each step (NVML utilization, the least busy GPU); [] where unknown.
     gpu_busy: list[float | None] = field(default_factory=list)
-    # The launch's ranks' run time over their cores' time per step (least busy group of cores): the
-    # CPU probe is judged only where it is high (workload/signals.py PROBE_BUSY_SHARE); [] in older results.
-    cpu_busy: list[float | None] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -130,7 +112,7 @@ class TrainResult(LaunchFacts):
     step_s: list[float]  # the slowest rank's time of each measured step
     warmup_step_s: list[float] = field(default_factory=list)
     signals: StepSignals = field(default_factory=StepSignals)
-    # Why measuring stopped: "time cap", "step cap" or "fixed" (version 1 results).
+    # Why measuring stopped (``window.measuring_done``).
     stopped: str = "fixed"
     flops_per_token: float = 0.0
     # How flops_per_token counts (models.MFU_CONVENTION); None: recorded before 0.2, when the output
@@ -193,8 +175,6 @@ class TrainResult(LaunchFacts):
     @classmethod
     def from_dict(cls, data: Any, where: str = "train result") -> TrainResult:
         data = dict(_check_format(data, TRAIN_FORMAT, where))
-        if data.get("version", 1) == 1:
-            data = _upgrade_train_v1(data)
         signals = data.get("signals") or {}
         if not isinstance(signals, dict):
             raise ResultFormatError(f"{where}: signals must be an object")
@@ -206,8 +186,7 @@ class TrainResult(LaunchFacts):
             raise ResultFormatError(f"{where}: step_s must be a non-empty list of positive step times, got {steps!r}")
         # One entry per measured step in every signal (none at all: no signals, every step clean);
         # stats would otherwise pair step times with the wrong steps' flags, or fail later.
-        for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy",
-                     "step_end_unix", "cpu_busy"):
+        for name in ("steal_s", "foreign_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy", "step_end_unix"):
             values = getattr(result.signals, name)
             if not isinstance(values, list) or (values and len(values) != len(steps)):
                 raise ResultFormatError(f"{where}: signals.{name} must list one entry per measured step "
@@ -217,27 +196,6 @@ class TrainResult(LaunchFacts):
         if not (isinstance(result.tokens_per_step, int) and result.tokens_per_step >= 1):
             raise ResultFormatError(f"{where}: tokens_per_step must be a positive integer")
         return result
-
-
-def _upgrade_train_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-1 result (a plain dict): host list under "nodes", derived figures the harness now
-    computes itself, no signals (every step counts as clean)."""
-    data = {k: v for k, v in data.items()
-            if k not in ("median_step_s", "tokens_per_s", "tokens_per_s_per_gpu", "mfu")}
-    if "hosts" not in data and (hosts := host_list(data)) is not None:
-        data["hosts"] = hosts
-        del data["nodes"]
-    data.setdefault("hosts", [])
-    data.setdefault("local_world_size", 1)
-    data.setdefault("batch_size", 0)
-    data.setdefault("seq_len", 0)
-    data.setdefault("model", str((data.get("fabric") or {}).get("model", "")))
-    n = len(data["step_s"]) if isinstance(data.get("step_s"), list) else 0  # from_dict refuses a bad one
-    data["signals"] = {"steal_s": [0.0] * n, "foreign_s": [0.0] * n, "probe_s": [0.0] * n, "sm_clock_mhz": [None] * n,
-                       "throttle": [[] for _ in range(n)], "disturbed": [""] * n}
-    data["stopped"] = "fixed"
-    data["version"] = RESULT_VERSION
-    return data
 
 
 @dataclass

@@ -158,7 +158,6 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             torch.cuda.synchronize()
 
     sampler = signals.NodeSampler(gpu_index=device.index if device.type == "cuda" else None)
-    probe = signals.cpu_probe if device.type == "cpu" and cfg.cpu_probe else None
     crosses = bool(cfg.fabric.get("crosses_fabric", True))
     stretch = faults.stretch(injected, cfg.fabric.get("name"), crosses)
     warmup: list[float] = []
@@ -187,7 +186,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         ended = time.time()  # wall clock, to place the step among outside events (benchmarks/detector.py)
         # Outside the timed region: the node's signals, then one small all-reduce so that every
         # rank sees every rank's figures and takes the same decisions.
-        row = sampler.step_row(elapsed, before, sampler.cpu(), probe() if probe else 0.0)
+        row = sampler.step_row(elapsed, before, sampler.cpu())
         view = _step_view(row, rank, world, device)
         losses.append(loss.detach())
         phase = "warmup" if step < cfg.warmup_steps else "measure"
@@ -223,11 +222,9 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             warmup_step_s=warmup,
             signals=StepSignals(
                 steal_s=[v.steal_s for v in measured], foreign_s=[v.foreign_s for v in measured],
-                probe_s=[v.probe_s for v in measured], sm_clock_mhz=[v.sm_clock_mhz for v in measured],
+                sm_clock_mhz=[v.sm_clock_mhz for v in measured],
                 throttle=[v.throttle for v in measured], disturbed=signals.judge_launch(measured),
                 gpu_busy=[v.gpu_busy for v in measured] if any(v.gpu_busy is not None for v in measured) else [],
-                cpu_busy=[None if v.cpu_busy is None else round(v.cpu_busy, 3) for v in measured]
-                if device.type == "cpu" else [],
                 step_end_unix=step_ends),
             stopped=stopped,
             flops_per_token=spec.flops_per_token(cfg.seq_len),

@@ -220,13 +220,6 @@ class TestLaunchEstimate:
         assert est.step_s == pytest.approx(1.12) and est.fast_step_s == pytest.approx(1.0)
         assert est.stall == pytest.approx(0.12) and est.stall > STALL_MARGIN
 
-    def test_a_slow_phase_marks_the_launch(self):
-        est = launch_estimate([1.0] * 10, slow_phase=0.4)
-        assert "machine slow 40%" in est.disturbed
-        fast = launch_estimate([1.0] * 10, slow_phase=-0.3)  # its probes took 30% less: 43% faster
-        assert "machine fast 43%" in fast.disturbed
-        assert launch_estimate([1.0] * 10).disturbed == ""
-
     def test_tokens_per_s(self):
         assert launch_estimate([0.5] * 8).tokens_per_s(1000) == pytest.approx(2000.0)
 

@@ -9,14 +9,12 @@ is the real one, only the launches are left out (tests of those live in test_fix
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 from helpers import assert_valid_junit, outcome, run_gates
 from lxml import etree
 
-from pytest_fabric.history.junit_read import load_junit
 from pytest_fabric.deciding.contrasts import Verdict
 from pytest_fabric.deciding.verdicts import (ERROR, FAIL, INCONCLUSIVE, PASS, SKIPPED, counts,
                                              outcome_of, undecided_night)
@@ -197,19 +195,6 @@ def test_undecided_night_reasons():
     assert "noise bound (15% per round)" in one
     why = undecided_night(["pass"], 3, "emulated cluster unavailable (needs root)")
     assert why.startswith("3 fabric comparison(s) skipped: emulated cluster unavailable (needs root)")
-
-
-def test_old_files_read_an_xfailed_gate_as_inconclusive(tmp_path):
-    """A JUnit file written before the INCONCLUSIVE skip (pytest's xfail) reads with the same word."""
-    xml = tmp_path / "old.xml"
-    xml.write_text(textwrap.dedent("""\
-        <testsuites><testsuite name="pytest" tests="1" skipped="1" failures="0" errors="0">
-        <testcase classname="suites.test_parity" name="test_within_5_percent_of_ib[m-n2-eth]" time="1">
-        <skipped type="pytest.xfail" message="inconclusive after the launch budget: eth/ib = 0.98"/>
-        <system-out>fabric.m-n2-eth.tokens_per_s=900.0
-fabric.m-n2-eth.gpus=2</system-out></testcase></testsuite></testsuites>"""))
-    (verdict,) = load_junit(xml).verdicts
-    assert verdict["outcome"] == INCONCLUSIVE and verdict["message"].startswith("inconclusive after")
 
 
 def test_the_family_wise_rule_is_said_in_words():

@@ -107,28 +107,15 @@ def test_a_session_store_loads_as_it_is(tmp_path):
     assert run.label == tmp_path.name  # a session directory is named after its start time
 
 
-def test_a_store_of_version_1_results_still_loads_and_saves(tmp_path):
-    """Stores and saved nights written before result version 2: plain dicts, hosts under "nodes",
-    the rank's own median_step_s and tokens/s (ignored: the harness values each launch itself)."""
-    old = session_store(result_version=1)
-    assert "format" not in old["qwen2-tiny-n2-ib#bbbb"]["result"] and "nodes" in old["qwen2-tiny-n2-ib#bbbb"]["result"]
+def test_a_store_of_pytest_fabric_0_1_results_is_refused_with_what_to_do(tmp_path):
+    old = session_store()
+    result = old["qwen2-tiny-n2-ib#bbbb"]["result"]
+    result["nodes"] = result.pop("hosts")
+    del result["format"], result["version"]
     store = tmp_path / "measurements.json"
     store.write_text(json.dumps(old))
-    night = tmp_path / "night.json"
-    save_results(night, old, IDENTITY, VERDICTS)
-    new = saved(tmp_path, "new.json")
-    for path in (store, night):
-        run = load_results(path)
-        assert run.measurements["qwen2-tiny-n2-ib"] == pytest.approx(list(IB_LAUNCHES))
-        assert run.cases["qwen2-tiny-n2-eth"].mean == pytest.approx(geomean(ETH_LAUNCHES), rel=1e-12)
-        assert run.measurements["qwen2-tiny-n1-eth"] == pytest.approx([1000])
-        assert run.identity["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]  # from "nodes"
-    # Read the same as the night written in the current format.
-    old_run, new_run = load_results(night), load_results(new)
-    assert set(old_run.cases) == set(new_run.cases)
-    for cid, values in new_run.measurements.items():
-        assert old_run.measurements[cid] == pytest.approx(values, rel=1e-12)
-    assert load_results(night).bandwidth == load_results(new).bandwidth
+    with pytest.raises(ResultsError, match="pytest-fabric 0.1.*run its launches again"):
+        load_results(store)
 
 
 # -- JUnit as the plugin writes it ---------------------------------------------------------------
@@ -284,48 +271,6 @@ def test_junit_reads_a_fabric_whose_name_has_a_dot(tmp_path):
     assert load_results(path).measurements["qwen2-tiny-n2-roce.v2"] == pytest.approx([1000.0, 1010.0], abs=5e-4)
 
 
-# A testcase's system-out as pytest-fabric wrote it before result version 2: per-launch metrics of the
-# first launch, the host list under .nodes=, the arithmetic mean in the sentence.
-OLD_SYSTEM_OUT = """pass: eth/ib = 0.941
-qwen2-tiny-n2-eth: mean 1700.0 tokens/s over 3 launches (1700.0, 1690.0, 1710.0), 2 GPU(s)
-ran with: emulated; attention sdpa; torch 2.13.0+cpu
-
-fabric.qwen2-tiny-n2-eth.tokens_per_s=1700.000
-fabric.qwen2-tiny-n2-eth.tokens_per_s_per_gpu=850.000
-fabric.qwen2-tiny-n2-eth.median_step_s=0.075294
-fabric.qwen2-tiny-n2-eth.steps=4
-fabric.qwen2-tiny-n2-eth.gpus=2
-fabric.qwen2-tiny-n2-eth.cluster=emulated
-fabric.qwen2-tiny-n2-eth.nodes=node1/198.18.0.2,node0/198.18.0.1
-fabric.qwen2-tiny-n2-eth.fabric_settings={"crosses_fabric": true, "emulated_mbit": 400, "name": "eth"}
-fabric.qwen2-tiny-n2-eth.attention=sdpa
-fabric.qwen2-tiny-n2-eth.device=cpu/float32
-fabric.qwen2-tiny-n2-eth.versions=torch 2.13.0+cpu
-fabric.qwen2-tiny-n2-eth.launch_tokens_per_s=1700.000,1690.000,1710.000
-fabric.qwen2-tiny-n1-eth.tokens_per_s=1000.000
-fabric.qwen2-tiny-n1-eth.gpus=1
-"""
-
-
-def test_junit_written_before_result_version_2_is_still_read(tmp_path):
-    from xml.sax.saxutils import escape
-
-    path = tmp_path / "old.xml"
-    path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-eth]").replace(
-        'time="2.0"/>', f'time="2.0"><system-out>{escape(OLD_SYSTEM_OUT)}</system-out></testcase>'))
-    run = load_results(path)
-    assert run.measurements["qwen2-tiny-n2-eth"] == pytest.approx(list(ETH_LAUNCHES), abs=5e-4)
-    assert run.cases["qwen2-tiny-n2-eth"].mean == pytest.approx(geomean(ETH_LAUNCHES), rel=1e-6)
-    assert run.measurements["qwen2-tiny-n1-eth"] == pytest.approx([1000.0])  # no launch line: its figure
-    assert run.identity["hosts"] == ["node0/198.18.0.1", "node1/198.18.0.2"]  # from .nodes=
-    assert run.identity["device"] == "cpu" and run.identity["dtype"] == "float32"
-    # A file with both lines: the current one, .hosts=, wins.
-    both = OLD_SYSTEM_OUT + "fabric.qwen2-tiny-n2-eth.hosts=node7/198.18.0.8,node8/198.18.0.9\n"
-    path.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-eth]").replace(
-        'time="2.0"/>', f'time="2.0"><system-out>{escape(both)}</system-out></testcase>'))
-    assert load_results(path).identity["hosts"] == ["node7/198.18.0.8", "node8/198.18.0.9"]
-
-
 # -- the step's figures: MFU and peak memory -------------------------------------------------------
 
 def test_a_saved_night_keeps_mfu_and_peak_memory_of_the_recorded_gpu_launch(tmp_path):
@@ -392,10 +337,6 @@ def test_junit_machine_lines_give_back_mfu_and_peak_memory(tmp_path):
     assert case.peak_memory_gib == pytest.approx(gib, abs=5e-3)
     assert run.cases["qwen2-tiny-n2-eth"].mfu is None and run.cases["qwen2-tiny-n2-eth"].mfu_peak is None
     assert run.identity["mfu_convention"] == MFU_CONVENTION
-    old = tmp_path / "old.xml"
-    old.write_text(junit_skeleton("test_parity[qwen2-tiny-n2-eth]").replace(
-        'time="2.0"/>', f'time="2.0"><system-out>{OLD_SYSTEM_OUT}</system-out></testcase>'))
-    assert load_results(old).cases["qwen2-tiny-n2-eth"].mfu is None
 
 
 # -- what is not ours ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FakeCluster, train_record
+from helpers import FakeCluster
 
 from pytest_fabric import Case, MeasurementError, LaunchSettings
 from pytest_fabric.cluster import Cluster
@@ -17,7 +17,7 @@ from pytest_fabric.cluster.base import OnThisMachine
 from pytest_fabric.measuring.measure import Measurer
 from pytest_fabric.measuring.store import ResultStore
 from pytest_fabric.workload.config import TrainConfig
-from pytest_fabric.workload.result import RESULT_VERSION, StepSignals, TrainResult
+from pytest_fabric.workload.result import RESULT_VERSION
 
 
 def measurer(tmp_path: Path, cluster: Cluster, **settings) -> Measurer:
@@ -135,27 +135,6 @@ def test_the_measured_steps_and_their_bounds_reach_the_rank_program(tmp_path):
     assert [(c.steps, c.measure_s, c.max_steps) for c in configs] == [(5, 2.5, 40)] * 2
 
 
-def test_a_result_of_the_first_version_is_still_read(tmp_path):
-    """Session stores and saved nights hold plain-dict results without a format (version 1)."""
-
-    class FirstVersionCluster(FakeCluster):
-        def launch(self, request, on_tick=None):
-            outcome = super().launch(request, on_tick)
-            config = TrainConfig.load(request.program[-1])
-            world = request.nodes * request.procs_per_node
-            tokens = config.batch_size * config.seq_len * world
-            Path(config.result_path).write_text(json.dumps({
-                "world_size": world, "nodes": [f"node{i}" for i in range(request.nodes)],
-                "batch_size": config.batch_size, "seq_len": config.seq_len, "tokens_per_step": tokens,
-                "step_s": [0.5] * config.steps, "median_step_s": 0.5, "tokens_per_s": tokens / 0.5,
-                "tokens_per_s_per_gpu": tokens / 0.5 / world, "fabric": config.fabric}))
-            return outcome
-
-    m = measurer(tmp_path, FirstVersionCluster()).measure(Case("qwen2-tiny", 2, "eth"))
-    assert m.result.hosts == ["node0", "node1"]  # "nodes" in version 1
-    assert m.tokens_per_s == 2 * 16 * 2 / 0.5 and not m.disturbed
-
-
 def test_a_result_from_a_newer_harness_is_an_error_that_says_so(tmp_path):
     class NewerCluster(FakeCluster):
         def launch(self, request, on_tick=None):
@@ -250,97 +229,3 @@ def test_a_free_machine_launches_at_once_without_a_message(tmp_path):
                  tmp_path / "launches", progress=said.append)
     m.measure(Case("qwen2-tiny", 2, "eth"))
     assert len(cluster.started_at) == 1 and not any("waiting" in s for s in said)
-
-
-def test_a_slow_phase_is_judged_against_the_same_configurations_usual_launch(tmp_path):
-    """Each configuration's launches set its reference: a later launch of the same configuration
-    whose busy steps all probe 70% slow ran in a slow phase; another configuration (another load on
-    the cores) is never judged against it; idle steps' probes say nothing."""
-
-    from pytest_fabric.measuring.measurement import Measurement
-
-    m = measurer(tmp_path, FakeCluster())
-    launches = iter(range(100))
-
-    def launch(case: Case, probe: float, busy: float = 0.95) -> Measurement:
-        record = train_record(case, 1000.0, steps=6)
-        result = TrainResult.from_dict(record["result"])
-        result.signals = StepSignals(probe_s=[probe] * 6, cpu_busy=[busy] * 6)
-        m._judge_speed(case, result)
-        record = {**record, "result": result.to_dict()}
-        # Stored as a measured launch is (``Measurer._cached``): the next launches are judged against it.
-        m.store.get_or_compute(f"{m.key(case)}@{next(launches)}", lambda: record)
-        return Measurement.from_record(case, record)
-
-    fast, slow = Case("qwen2-tiny", 2, "ib"), Case("qwen2-tiny", 1, "ib")
-    assert not launch(fast, 0.00014).disturbed
-    phase = launch(fast, 0.00024)
-    assert "machine slow 71%" in phase.disturbed
-    # Another configuration's first launch is its own reference, however slow.
-    assert not launch(slow, 0.00024).disturbed
-    # Steps that idled (a communication-bound launch): their probes are not judged at all.
-    assert not launch(fast, 0.00030, busy=0.3).disturbed
-
-
-def test_a_launch_is_judged_by_its_typical_probe_against_its_configurations_usual_one_either_way(tmp_path):
-    """A vCPU whose speed flips between two levels (2026-11-26: probes of 0.16-0.18 ms and of
-    0.23-0.27 ms): a long launch at the usual level catches a rare fast probe, and it neither counts
-    as fast nor makes the short launches after it slow; a launch that ran wholly at the other level,
-    faster or slower than the configuration usually runs, is not its usual launch."""
-    from pytest_fabric.measuring.measurement import Measurement
-
-    m = measurer(tmp_path, FakeCluster())
-    launches = iter(range(100))
-    case = Case("qwen2-tiny", 2, "ib")
-
-    def launch(probes: list[float]) -> Measurement:
-        record = train_record(case, 1000.0, steps=len(probes))
-        result = TrainResult.from_dict(record["result"])
-        result.signals = StepSignals(probe_s=probes, cpu_busy=[0.95] * len(probes))
-        m._judge_speed(case, result)
-        record = {**record, "result": result.to_dict()}
-        m.store.get_or_compute(f"{m.key(case)}@{next(launches)}", lambda: record)
-        return Measurement.from_record(case, record)
-
-    usual = [0.00025, 0.00026, 0.00024, 0.00025, 0.00026, 0.00025]
-    assert not launch(usual).disturbed
-    assert not launch(usual * 10 + [0.00016]).disturbed  # 61 probes, one of them at the fast level
-    assert not launch(usual).disturbed  # before: 56% slower than that one probe, "machine slow"
-    fast = launch([0.00017] * 6)
-    assert "machine fast 47%" in fast.disturbed
-    assert "machine slow" in launch([0.00033] * 6).disturbed
-
-
-def test_a_slow_phase_is_judged_against_the_launches_the_store_holds_from_other_processes(tmp_path):
-    """A session that resumed a killed one, or another xdist worker, shares the store: its launch is
-    judged against every stored launch of its configuration (those launched again for a round too, the same job),
-    not only against the ones this process measured; other configurations' and idle launches' probes
-    set no reference."""
-    from pytest_fabric.measuring.measurement import Measurement
-
-    case, other = Case("qwen2-tiny", 2, "ib"), Case("qwen2-tiny", 1, "ib")
-
-    def record(c: Case, probe: float, busy: float = 0.95) -> tuple[dict, TrainResult]:
-        stored = train_record(c, 1000.0, steps=6)
-        result = TrainResult.from_dict(stored["result"])
-        result.signals = StepSignals(probe_s=[probe] * 6, cpu_busy=[busy] * 6)
-        return stored, result
-
-    store = ResultStore(tmp_path / "store")
-    for key_case, key_suffix, probe, busy in [(other, "", 0.00005, 0.95), (case, "@2", 0.00005, 0.3),
-                                              (case, "@1~60s", 0.00014, 0.95)]:
-        stored, result = record(key_case, probe, busy)
-        key = measurer(tmp_path, FakeCluster()).key(key_case) + key_suffix
-        store.get_or_compute(key, lambda: {**stored, "result": result.to_dict()})
-
-    later = measurer(tmp_path, FakeCluster())  # a new process on the same store
-    stored, result = record(case, 0.00024)
-    later._judge_speed(case, result)
-    assert result.signals.probe_usual_s == 0.00014
-    phase = Measurement.from_record(case, {**stored, "result": result.to_dict()})
-    assert "machine slow 71%" in phase.disturbed
-    # With none of its configuration stored, a launch is its own reference.
-    alone = measurer(tmp_path / "elsewhere", FakeCluster())
-    stored, result = record(case, 0.00024)
-    alone._judge_speed(case, result)
-    assert result.signals.probe_usual_s == 0.00024

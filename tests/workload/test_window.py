@@ -85,7 +85,7 @@ class _StallingCluster(FakeCluster):
         result = json.loads(Path(config.result_path).read_text())
         stalls = request.fabric.name == "ib"
         result["step_s"] = [0.5 * (2.0 if stalls and i % 4 == 3 else 1.0) for i in range(12)]
-        for name in ("steal_s", "foreign_s", "probe_s", "sm_clock_mhz", "throttle", "disturbed", "cpu_busy"):
+        for name in ("steal_s", "foreign_s", "sm_clock_mhz", "throttle", "disturbed"):
             if result["signals"].get(name):
                 result["signals"][name] = [result["signals"][name][0]] * 12
         Path(config.result_path).write_text(json.dumps(result))
