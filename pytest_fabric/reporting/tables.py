@@ -146,8 +146,12 @@ def bandwidth_table(links: Iterable[LinkResult], order: Callable[[LinkResult], o
 
 
 def _cheapest(row: Mapping[str, CaseResult], cost: Mapping[str, float], prices: Mapping[str, float]) -> str:
-    """The fabric cheapest per token, or "undecided" when its cost interval overlaps another's."""
+    """The fabric cheapest per token, or "undecided" when its cost interval overlaps another's. Where
+    every fabric has the same launches (one node never crosses a fabric: one launch serves them all),
+    the price alone decides."""
     best = min(cost, key=cost.__getitem__)
+    if len({tuple(row[f].tokens_per_s) for f in cost}) == 1:
+        return best
 
     def bounds(f: str) -> tuple[float, float]:
         iv = configuration_interval(row[f].counted_tokens_per_s)

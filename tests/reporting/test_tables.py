@@ -78,6 +78,8 @@ def test_cost_tables_price_each_fabric_and_name_the_cheapest():
                             "ib price premium over eth", "cheapest per token"]
     one, two = table.rows
     assert one[4] == "n/a" and two[4] == "+33.3%" and two[5] == "+33.3%"
+    # One node: both fabrics are the same launch, so the price decides (no interval to overlap).
+    assert one[6] == "eth"
     assert cost_tables(SavedRun({}), {"ib": 1.0}) == []
 
 
