@@ -41,8 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "fabric_matrix(models=None, nodes=None, fabrics=None, exclude_fabrics=(), min_nodes=1): parametrize "
-        "the `fabric_case` fixture over model x nodes x fabric (each axis restricted to what the session selects)")
+        "fabric_matrix(models=None, nodes=None, fabrics=None, exclude_fabrics=(), min_nodes=1, shardings=None): "
+        "parametrize the `fabric_case` fixture over model x nodes x sharding x fabric (each axis restricted to what "
+        "the session selects)")
     config.addinivalue_line(
         "markers",
         "fabric_comparison: the test compares fabrics; it is skipped on a cluster where every fabric "
@@ -177,17 +178,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     o = session.options
     marker = metafunc.definition.get_closest_marker("fabric_matrix")
     kw = dict(marker.kwargs) if marker else {}
-    unknown = set(kw) - {"models", "nodes", "fabrics", "exclude_fabrics", "min_nodes"}
+    unknown = set(kw) - {"models", "nodes", "fabrics", "exclude_fabrics", "min_nodes", "shardings"}
     if unknown:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: fabric_matrix got unknown argument(s) "
                                 f"{', '.join(sorted(unknown))}; allowed: models, nodes, fabrics, exclude_fabrics, "
-                                f"min_nodes")
+                                f"min_nodes, shardings")
     # The session selects (--models/--fabrics); a marker only restricts: a suite lists which models
     # form its class (compute-bound, communication-bound) and runs those the session selected.
     models = [m for m in (kw.get("models") or o.models) if m in o.models]
     excluded = kw.get("exclude_fabrics", ())
     fabrics = [f for f in (kw.get("fabrics") or o.fabrics) if f in o.fabrics and f not in excluded]
-    cases = expand(models, session.nodes, fabrics, nodes=kw.get("nodes"), min_nodes=kw.get("min_nodes", 1))
+    shardings = [s for s in (kw.get("shardings") or o.shardings) if s in o.shardings]
+    cases = expand(models, session.nodes, fabrics, nodes=kw.get("nodes"), min_nodes=kw.get("min_nodes", 1),
+                   shardings=shardings)
     metafunc.parametrize("fabric_case", cases, ids=[c.id for c in cases])
 
 

@@ -1,4 +1,4 @@
-"""What one measurement is of: a (model, nodes, fabric) case, and the id everything names it by.
+"""What one measurement is of: a (model, nodes, fabric, sharding) case, and the id everything names it by.
 
 A hub type with no dependencies: the matrix, the suite file, saved nights and the JUnit reader
 all speak in cases, and none of them should pull in the launch stack to do so.
@@ -12,9 +12,14 @@ from dataclasses import dataclass
 # The model name of a collective-bandwidth case: it trains nothing, it only needs nodes and a fabric.
 BANDWIDTH = "collectives"
 
-# Case.id is "<model>-n<nodes>-<fabric>"; fabric names are lowercase letters, digits, '_', '.', '-'.
+# How parameters are sharded (workload/config.SHARDINGS): "full" over every rank, "hybrid" within a
+# node and replicated across nodes. A case id names a sharding other than "full" at its end.
+SHARDINGS = ("full", "hybrid")
+# Case.id is "<model>-n<nodes>-<fabric>[-<sharding>]"; fabric names are lowercase letters, digits,
+# '_', '.', '-' (one that ends in "-hybrid" is refused: fabrics.py).
 FABRIC_NAME = r"[a-z][a-z0-9_.-]*"
-_CASE_ID = re.compile(rf"^(?P<model>.+)-n(?P<nodes>\d+)-(?P<fabric>{FABRIC_NAME})$")
+_CASE_ID = re.compile(rf"^(?P<model>.+)-n(?P<nodes>\d+)-(?P<fabric>[a-z][a-z0-9_.-]*?)"
+                      rf"(?:-(?P<sharding>{'|'.join(s for s in SHARDINGS if s != 'full')}))?$")
 
 
 @dataclass(frozen=True, order=True)
@@ -22,16 +27,27 @@ class Case:
     model: str
     nodes: int  # how many nodes (a count; the hosts a launch ran on are in its result)
     fabric: str
+    sharding: str = "full"
 
     @property
     def id(self) -> str:
-        return f"{self.model}-n{self.nodes}-{self.fabric}"
+        return f"{self.model}-n{self.nodes}-{self.fabric}" + ("" if self.sharding == "full" else f"-{self.sharding}")
 
     def with_fabric(self, fabric: str) -> Case:
-        return Case(self.model, self.nodes, fabric)
+        return Case(self.model, self.nodes, fabric, self.sharding)
 
     def with_nodes(self, nodes: int) -> Case:
-        return Case(self.model, nodes, self.fabric)
+        """The same case on ``nodes`` nodes; on one node, full sharding (every layout is one replica)."""
+        return Case(self.model, nodes, self.fabric, self.sharding if nodes > 1 else "full")
+
+    def with_sharding(self, sharding: str) -> Case:
+        return Case(self.model, self.nodes, self.fabric, sharding)
+
+    @property
+    def layout(self) -> str:
+        """How a launch of this case shards: on one node every sharding is the same layout (one
+        replica), so one launch serves them all (``Measurer.key``)."""
+        return self.sharding if self.crosses_fabric else "full"
 
     @property
     def crosses_fabric(self) -> bool:
@@ -49,8 +65,9 @@ class Case:
 
     @classmethod
     def parse(cls, case_id: str) -> Case:
-        """``Case`` from its id (``qwen2-tiny-n2-eth``); ValueError when it is not one."""
+        """``Case`` from its id (``qwen2-tiny-n2-eth``, ``qwen2-tiny-n2-eth-hybrid``); ValueError when it
+        is not one."""
         match = _CASE_ID.match(case_id)
         if not match:
-            raise ValueError(f"{case_id!r} is not a case id (MODEL-nNODES-FABRIC)")
-        return cls(match["model"], int(match["nodes"]), match["fabric"])
+            raise ValueError(f"{case_id!r} is not a case id (MODEL-nNODES-FABRIC[-SHARDING])")
+        return cls(match["model"], int(match["nodes"]), match["fabric"], match["sharding"] or "full")

@@ -144,10 +144,11 @@ def build_table(
         if not line or line.startswith("#"):
             continue
         name, sep, base = (x.strip() for x in line.partition(":"))
-        if not sep or not _NAME.match(name) or base not in table:
+        if not sep or not _NAME.match(name) or base not in table or name.endswith("-hybrid"):
             raise FabricConfigError(
                 f"fabric definition {line!r}: write 'NAME: BASE' with NAME in lowercase letters, digits, '-', '_' "
-                f"and BASE one of {', '.join(table)} (e.g. 'roce-dc2: roce')")
+                f"(not ending in '-hybrid', which a case id uses for its sharding) and BASE one of "
+                f"{', '.join(table)} (e.g. 'roce-dc2: roce')")
         table[name] = replace(table[base], name=name, description=f"{table[base].description}, as {name}")
     for line in (e.strip() for e in env_overrides):
         if not line or line.startswith("#"):

@@ -31,7 +31,7 @@ from ..core.fabrics import FABRICS
 from ..core.models import MODELS
 from ..physics.fit import Calibration, calibrate
 from ..physics.comparison import BOUND_WORDS, predict_comparison
-from ..physics.step_model import DEFAULT_LINK_EFFICIENCY, JobShape, Observation, recorded_bytes
+from ..physics.step_model import DEFAULT_LINK_EFFICIENCY, JobShape, Observation, recorded_shape
 from ..measuring.measurement import LaunchRecord, launch_value
 from ..deciding.contrasts import configuration_value
 from ..core.units import mbit_to_gbit
@@ -101,10 +101,7 @@ def configurations(records: Mapping[str, Any], gbit: Mapping[str, float] | None 
             else:
                 notes.append(f"{key}: no link rate known for fabric {fabric!r} (give --gbit {fabric}=GBIT); left out")
                 continue
-        param_bytes, grad_bytes = recorded_bytes(r)
-        shape = JobShape(spec, nodes, int(r.get("local_world_size") or 1), r.get("batch_size"), r.get("seq_len"),
-                         param_bytes=param_bytes, grad_bytes=grad_bytes,
-                         activation_checkpointing=bool(r.get("activation_checkpointing", False)))
+        shape = recorded_shape(spec, nodes, r)
         obs = Observation(shape, step, inter_gbit=rate)
         label = fabric if nodes > 1 else "any"
         group = (label, shape, rate)

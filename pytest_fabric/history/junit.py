@@ -33,7 +33,8 @@ from typing import Any
 from ..core.atomic import replacing
 from ..core.fabrics import REFERENCE_FABRIC
 from ..deciding.gates import GateOutcome, machine_fields
-from ..physics.hostbound import configuration_mfu, mfu_peak, peak_memory_gib
+from ..physics.hostbound import (configuration_mfu, link_bytes_per_step, mfu_peak, model_bytes_per_step,
+                                 peak_memory_gib)
 from ..core.models import MFU_CONVENTION
 from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from ..core.redact import redact_file
@@ -79,6 +80,12 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
             f"{p}.mfu": "n/a" if (mfu := configuration_mfu(ms, value)) is None else f"{mfu:.4f}",
             f"{p}.mfu_peak": mfu_peak(ms) or "n/a",
             f"{p}.peak_memory_gib": "n/a" if (gib := peak_memory_gib(ms)) is None else f"{gib:.2f}",
+            # The layout, and what its node's fabric link carried per step against the traffic model.
+            f"{p}.sharding": r.sharding,
+            f"{p}.grad_accum": str(r.grad_accum),
+            f"{p}.reduce_dtype": r.reduce_dtype,
+            f"{p}.link_bytes_per_step": "n/a" if (b := link_bytes_per_step(ms)) is None else f"{b:.0f}",
+            f"{p}.model_bytes_per_step": "n/a" if (b := model_bytes_per_step(ms)) is None else f"{b:.0f}",
         }
     out[f"{p}.fabric_settings"] = json.dumps(r.fabric, sort_keys=True)
     out[f"{p}.versions"] = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)

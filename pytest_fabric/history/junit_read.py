@@ -178,7 +178,7 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
                 # The step's figures; "n/a" (a CPU run) and files written before them: None.
                 cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values],
                                         counted if not all(counted) else None, _known(m, "mfu", float), _known(m, "mfu_peak", str),
-                                        _known(m, "peak_memory_gib", float))
+                                        _known(m, "peak_memory_gib", float), case.sharding)
         except ValueError as exc:
             raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "
                                f"fabric.{cid}.tokens_per_s=<number>, fabric.{cid}.gpus=<integer> and "

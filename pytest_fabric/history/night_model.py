@@ -32,7 +32,7 @@ def parse_case_id(case_id: str) -> Case:
 
 @dataclass
 class CaseResult:
-    """One (model, nodes, fabric) of a night: a value per launch, and the step's figures."""
+    """One (model, nodes, fabric, sharding) of a night: a value per launch, and the step's figures."""
 
     model: str
     nodes: int
@@ -50,10 +50,17 @@ class CaseResult:
     mfu: float | None = None
     mfu_peak: str | None = None
     peak_memory_gib: float | None = None
+    sharding: str = "full"  # core.case.SHARDINGS
 
     @property
     def id(self) -> str:
-        return Case(self.model, self.nodes, self.fabric).id
+        return Case(self.model, self.nodes, self.fabric, self.sharding).id
+
+    @property
+    def workload(self) -> str:
+        """The model and, where it is not full sharding, the layout: what a table's rows group by
+        ("llama-wide", "llama-wide hybrid")."""
+        return self.model if self.sharding == "full" else f"{self.model} {self.sharding}"
 
     @property
     def launches(self) -> int:

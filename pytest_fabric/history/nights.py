@@ -154,7 +154,7 @@ def case_result(launches: Sequence[Measurement]) -> CaseResult:
                       [m.tokens_per_s for m in launches], [m.tokens_per_s_per_gpu for m in launches],
                       [m.counted for m in launches] if not all(m.counted for m in launches) else None,
                       configuration_mfu(launches, configuration_tokens_per_s(launches)), mfu_peak(launches),
-                      peak_memory_gib(launches))
+                      peak_memory_gib(launches), first.case.sharding)
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,6 +237,7 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
         "cases": {cid: {"model": c.model, "nodes": c.nodes, "fabric": c.fabric, "gpus": c.gpus,
                         "tokens_per_s": c.tokens_per_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu,
                         **({"counted": c.counted} if c.counted else {}),
+                        **({"sharding": c.sharding} if c.sharding != "full" else {}),
                         # absent where unknown: a CPU run has no MFU
                         **{k: v for k in _STEP_FIGURES if (v := getattr(c, k)) is not None}}
                   for cid, c in sorted(cases.items())},
@@ -391,7 +392,8 @@ def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
                                 _numbers(c, "tokens_per_s", where), _numbers(c, "tokens_per_s_per_gpu", where),
                                 _flags(c, "counted", len(c.get("tokens_per_s") or []), where) if "counted" in c else None,
                                 _optional(c, "mfu", (int, float), where), _optional(c, "mfu_peak", str, where),
-                                _optional(c, "peak_memory_gib", (int, float), where))
+                                _optional(c, "peak_memory_gib", (int, float), where),
+                                str(c.get("sharding") or "full"))
     links = {}
     for lid, b in _field(data, "bandwidth", dict, str(path)).items():
         where = f"{path}: bandwidth {lid!r}"
@@ -441,5 +443,6 @@ def _run_from_baseline(data: dict[str, Any], path: Path) -> SavedRun:
     if data.get("created"):
         identity["created"] = data["created"]
     cases = {cid: CaseResult(c["model"], c["nodes"], c["fabric"], c["gpus"], [float(c["center"])],
-                             [float(c["center"]) / c["gpus"]]) for cid, c in data["cases"].items()}
+                             [float(c["center"]) / c["gpus"]], sharding=Case.parse(cid).sharding)
+             for cid, c in data["cases"].items()}
     return SavedRun(identity, cases, source=path, kind="baseline")

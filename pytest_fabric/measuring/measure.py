@@ -66,6 +66,8 @@ class LaunchSettings:
     device: str = "auto"
     fsdp: int = 2
     mixed_precision: str = "auto"
+    reduce_dtype: str = "fp32"  # workload/config.REDUCE_DTYPES
+    grad_accum: int = 1  # micro-batches per optimizer step
     activation_checkpointing: bool = False
     compile: str = "auto"  # per-block torch.compile: "auto" (on GPUs), "on", "off"
     # GPU memory per rank in bytes for the pre-launch memory check (--gpu-memory); None: what
@@ -80,6 +82,7 @@ class LaunchSettings:
     def workload_knobs(self) -> dict[str, Any]:
         """The TrainConfig fields these settings decide (beyond model and shape)."""
         return {"device": self.device, "fsdp": self.fsdp, "mixed_precision": self.mixed_precision,
+                "reduce_dtype": self.reduce_dtype, "grad_accum": self.grad_accum,
                 "activation_checkpointing": self.activation_checkpointing, "compile": self.compile,
                 "model_path": self.model_path,
                 "steps": self.steps, "warmup_steps": self.warmup_steps, "max_steps": self.max_steps,
@@ -153,7 +156,7 @@ class Measurer:
         fabric_settings = s.fabric(case.fabric).settings() if case.crosses_fabric else None
         knobs = json.dumps([self.cluster.name, s.gpus_per_node, batch, seq, fabric_settings, s.workload_knobs()],
                            sort_keys=True)
-        return f"{case.model}-n{case.nodes}-{fabric}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
+        return f"{Case(case.model, case.nodes, fabric, case.layout).id}#{hashlib.sha1(knobs.encode()).hexdigest()[:10]}"
 
     def measure(self, case: Case, launch: int = 0, partners: Sequence[Case] = ()) -> Measurement:
         """Launch number ``launch`` (0, 1, ...) of ``case``: each is an independent launch, cached.
@@ -224,6 +227,7 @@ class Measurer:
             progress_path=str(run_dir / "progress.jsonl"),
             collective_timeout_s=s.launch_timeout_s,
             **s.workload_knobs(),
+            sharding=case.layout,
             fabric=self._fabric_record(case),
         )
         return self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))

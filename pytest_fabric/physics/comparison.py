@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.models import get_model
-from .step_model import (DEFAULT_LINK_EFFICIENCY, DEFAULT_RESOLUTION, JobShape, Observation, Penalty,
-                         predict_penalty, recorded_bytes)
+from .step_model import (DEFAULT_LINK_EFFICIENCY, DEFAULT_RESOLUTION, JobShape, Observation, Penalty, predict_penalty,
+                         recorded_shape)
 
 __all__ = ["BOUND_WORDS", "ComparisonPrediction", "comparison_line", "fit_flops", "predict_comparison"]
 
@@ -157,10 +157,7 @@ def comparison_line(model: str, nodes: int, rates: Mapping[str, float | None],
                 return f"predicted: unavailable (no nominal link rate known for fabric {f!r})"
         fast = a if rates[a] >= rates[b] else b
         r, tokens = (a_result, a_tokens) if fast == a else (b_result, b_tokens)
-        param_bytes, grad_bytes = recorded_bytes(r)
-        shape = JobShape(get_model(model), nodes, getattr(r, "local_world_size", None) or gpus_per_node,
-                         r.batch_size, r.seq_len, param_bytes=param_bytes, grad_bytes=grad_bytes,
-                         activation_checkpointing=r.activation_checkpointing)
+        shape = recorded_shape(get_model(model), nodes, r, gpus_per_node)
         prediction = predict_comparison(shape, rates={a: rates[a], b: rates[b]},
                                         fast_step_s=r.tokens_per_step / tokens, flops_per_s=flops_per_rank)
         point, low, high, confidence = ratio

@@ -54,11 +54,12 @@ DEFAULT_RATE_TOLERANCE = 0.10
 
 
 def node_bytes(params: float, nodes: int, param_bytes: float = 2, grad_bytes: float = 2,
-               root_params: float = 0, sharding: str = "full") -> tuple[float, float]:
+               root_params: float = 0, sharding: str = "full", grad_accum: int = 1) -> tuple[float, float]:
     """(bytes into, bytes out of) one node per step that no collective algorithm can avoid.
 
     ``params``: all parameters; ``root_params`` of them stay gathered from forward through backward
-    under full shard (FSDP's root unit). Zero on one node.
+    under full shard (FSDP's root unit). ``grad_accum`` micro-batches per step gather the other
+    parameters once more each (every backward; the first forward) and reduce once. Zero on one node.
     """
     if nodes < 1:
         raise ValueError(f"nodes must be at least 1, got {nodes}")
@@ -71,8 +72,8 @@ def node_bytes(params: float, nodes: int, param_bytes: float = 2, grad_bytes: fl
     grads = params * grad_bytes
     if sharding == "hybrid":
         return grads, grads
-    gathered = params * param_bytes * (1 if sharding == "no-reshard" else 2) - (
-        root_params * param_bytes if sharding == "full" else 0)
+    gathered = params * param_bytes * (1 if sharding == "no-reshard" else grad_accum + 1) - (
+        root_params * param_bytes * grad_accum if sharding == "full" else 0)
     share = (nodes - 1) / nodes
     return share * gathered + grads / nodes, share * grads + gathered / nodes
 
@@ -130,13 +131,14 @@ class Floor:
 
 
 def floor_for(spec: ModelSpec, nodes: int, link_gbit: float, *, param_bytes: float = 2, grad_bytes: float = 2,
-              sharding: str = "full", tolerance: float = DEFAULT_RATE_TOLERANCE) -> Floor:
-    """The floor of ``spec`` trained on ``nodes`` nodes linked at ``link_gbit`` per node."""
+              sharding: str = "full", tolerance: float = DEFAULT_RATE_TOLERANCE, grad_accum: int = 1) -> Floor:
+    """The floor of ``spec`` trained on ``nodes`` nodes linked at ``link_gbit`` per node, per step of
+    ``grad_accum`` micro-batches."""
     if not (link_gbit and 0 < link_gbit < math.inf):
         raise ValueError(f"a floor needs a positive link rate, got {link_gbit}")
     total, non_embedding = spec.param_count()
     b_in, b_out = node_bytes(total, nodes, param_bytes, grad_bytes, root_params=total - non_embedding,
-                             sharding=sharding)
+                             sharding=sharding, grad_accum=grad_accum)
     return Floor(nodes, b_in, b_out, link_gbit, sharding, tolerance)
 
 
@@ -158,12 +160,14 @@ def _size(n: float) -> str:
 def run_floor(spec: ModelSpec, nodes: int, link_gbit: float, result: object,
               tolerance: float = DEFAULT_RATE_TOLERANCE) -> Floor:
     """The floor of a measured run: its model and nodes, and the parameter and gradient precision
-    the run recorded (``result``: a ``TrainResult``). FSDP2 ``fully_shard`` and FSDP1 as the
-    workload runs them both reshard after forward: full shard."""
-    from .step_model import recorded_bytes
+    the run recorded (``result``: a ``TrainResult``), its sharding and micro-batches per step. FSDP2
+    ``fully_shard`` and FSDP1 as the workload runs them reshard after forward."""
+    from .step_model import recorded_shape
 
-    param_bytes, grad_bytes = recorded_bytes(result)
-    return floor_for(spec, nodes, link_gbit, param_bytes=param_bytes, grad_bytes=grad_bytes, tolerance=tolerance)
+    shape = recorded_shape(spec, nodes, result)
+    param_bytes, grad_bytes = shape.bytes
+    return floor_for(spec, nodes, link_gbit, param_bytes=param_bytes, grad_bytes=grad_bytes, tolerance=tolerance,
+                     sharding=shape.sharding, grad_accum=shape.grad_accum)
 
 
 def transport_hint(nccl_env: dict, rate_source: str) -> str:

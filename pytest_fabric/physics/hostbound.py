@@ -96,3 +96,31 @@ def peak_memory_gib(launches: Any) -> float | None:
 def gib_text(gib: float | None) -> str:
     """Peak memory as the tables show it: "90.0", or "n/a" where a night did not record it."""
     return "n/a" if gib is None else f"{gib:.1f}"
+
+
+def link_bytes_per_step(launches: Any) -> float | None:
+    """Bytes the busiest node's fabric link moved per measured step (the larger direction, the mean
+    over every step of the launches, ``signals.LinkCounters``); None where no launch counted them."""
+    steps = [max(tx, rx) for m in launches
+             for tx, rx in zip(m.result.signals.link_tx_bytes, m.result.signals.link_rx_bytes)]
+    return statistics.fmean(steps) if steps else None
+
+
+def model_bytes_per_step(launches: Any) -> float | None:
+    """What the traffic model counts each node sends across the fabric per step of what the launches
+    ran (``step_model.node_traffic_bytes``), set beside ``link_bytes_per_step``; None for a model
+    the catalog does not know."""
+    from ..core.models import get_model
+    from .step_model import node_traffic_bytes, recorded_shape
+
+    first = launches[0]
+    try:
+        spec = get_model(first.case.model)
+    except (KeyError, ValueError):
+        return None
+    return node_traffic_bytes(recorded_shape(spec, first.case.nodes, first.result))
+
+
+def bytes_text(n: float | None) -> str:
+    """Bytes per step as a table cell: "80.5 MB"; "n/a" where unknown."""
+    return "n/a" if n is None else f"{n / 1e6:.3g} MB"

@@ -9,6 +9,12 @@ The model (CONTEXT.md, "Why the fabric sometimes does not matter"):
 
 - FSDP full-shard moves (n-1)/n x N x (2 b_param + b_grad) bytes per rank per step: an
   all-gather of the parameters in forward, another in backward, a reduce-scatter of the gradients.
+  Hybrid sharding (HSDP) gathers and reduce-scatters within a node and crosses nodes only with an
+  all-reduce of each rank's gradient shard among the ranks holding the same shard, one per node:
+  2 (n-1)/n x N x b_grad per node. Gradient accumulation over k micro-batches gathers in the first
+  forward and every backward (the parameters stay unsharded between micro-batches) and reduces once.
+  gloo runs a reduce-scatter as an all-reduce (its reduce_scatter busbw is half its all_reduce's on
+  the same link), so its gradients cost twice a ring reduce-scatter (``RING_BYTES``).
 - NCCL's ring crosses each node boundary once per channel, so a whole node pushes about one rank's
   share across the fabric, spread over its NICs: the usable inter-node bandwidth is one node's
   aggregate NIC bandwidth. A ring runs at the pace of its slowest edge, so with several GPUs per
@@ -19,8 +25,6 @@ The model (CONTEXT.md, "Why the fabric sometimes does not matter"):
   fixed coordination overhead on any fabric; it is not a bandwidth effect.
 - Bounds: max(T_compute, T_comm) + exposed <= T_step <= T_compute + T_comm + exposed (plus the
   overhead on both sides), where T_comm is the traffic that can overlap.
-
-``predict`` re-exports every name here and ``comparison``'s (the model next to a measured comparison).
 
 Plain standard library; no torch: the plugin predicts while collecting tests, long before any launch.
 """
@@ -45,10 +49,11 @@ __all__ = [
     "Penalty",
     "Prediction",
     "bytes_per_param",
-    "fsdp_bytes_per_rank",
+    "node_traffic_bytes",
     "predict_penalty",
     "predict_step",
     "recorded_bytes",
+    "recorded_shape",
 ]
 
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -64,6 +69,22 @@ COMMUNICATION_BOUND_ABOVE = 1.0
 
 # A predicted slowdown smaller than this is within launch-to-launch noise: no gate can see it.
 DEFAULT_RESOLUTION = 0.02
+
+# Bytes one rank sends per byte of a collective's whole buffer, for a ring over w ranks, by backend:
+# NCCL's rings move (w-1)/w for an all-gather or a reduce-scatter and 2 (w-1)/w for an all-reduce;
+# gloo runs a reduce-scatter as an all-reduce (measured: its reduce_scatter busbw is half its
+# all_reduce busbw at every payload, benchmarks/results/default-nodes2-*.txt).
+RING_BYTES = {
+    "nccl": {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0},
+    "gloo": {"all_gather": 1.0, "reduce_scatter": 2.0, "all_reduce": 2.0},
+}
+
+
+def ring_bytes(op: str, ranks: int, backend: str = "nccl") -> float:
+    """Bytes one rank of a ring over ``ranks`` sends per byte of the collective's whole buffer."""
+    if ranks <= 1:
+        return 0.0
+    return RING_BYTES.get(backend, RING_BYTES["nccl"])[op] * (ranks - 1) / ranks
 
 
 def bytes_per_param(dtype: str) -> int:
@@ -86,24 +107,6 @@ def recorded_bytes(result: Any) -> tuple[int, int]:
     return param, _TORCH_DTYPE_BYTES.get(str(get("reduce_dtype")), param)
 
 
-def fsdp_bytes_per_rank(params: float, world: int, param_bytes: float = 2, grad_bytes: float = 2,
-                        root_params: float = 0) -> float:
-    """Bytes one rank sends (and receives) per step under FSDP full-shard.
-
-    (n-1)/n x N x (2 b_param + b_grad): parameters gathered in forward and again in backward,
-    gradients reduce-scattered once. Zero on a single rank. ``root_params`` of the ``params``
-    belong to a unit that stays gathered from forward through backward (FSDP2 does not reshard the
-    root module after forward: the embeddings and head) and are gathered once:
-    (n-1)/n x (N_root (b_param + b_grad) + (N - N_root)(2 b_param + b_grad)).
-    """
-    if world < 1:
-        raise ValueError(f"world size must be at least 1, got {world}")
-    if not 0 <= root_params <= params:
-        raise ValueError(f"root_params must be between 0 and params, got {root_params}")
-    share = (world - 1) / world
-    return share * ((params - root_params) * (2 * param_bytes + grad_bytes) + root_params * (param_bytes + grad_bytes))
-
-
 @dataclass(frozen=True)
 class JobShape:
     """What one step of a job computes and moves, whatever the link it runs on: the model, nodes and
@@ -122,10 +125,14 @@ class JobShape:
     param_bytes: float | None = None
     grad_bytes: float | None = None
     activation_checkpointing: bool = False
+    sharding: str = "full"  # "full" or "hybrid" (HSDP: sharded within a node, replicated across nodes)
+    grad_accum: int = 1  # micro-batches per optimizer step (a step is an optimizer step)
+    backend: str = "nccl"  # the collectives' library: its algorithms set the bytes (RING_BYTES)
 
     def __hash__(self) -> int:  # ModelSpec holds a dict: hash by its name (equal shapes have equal names)
         return hash((self.spec.name, self.nodes, self.gpus_per_node, self.batch, self.seq, self.dtype,
-                     self.param_bytes, self.grad_bytes, self.activation_checkpointing))
+                     self.param_bytes, self.grad_bytes, self.activation_checkpointing, self.sharding,
+                     self.grad_accum, self.backend))
 
     @property
     def world(self) -> int:
@@ -133,8 +140,8 @@ class JobShape:
 
     @property
     def tokens_per_rank(self) -> int:
-        """Tokens one rank processes per step."""
-        return (self.batch or self.spec.batch_size) * (self.seq or self.spec.seq_len)
+        """Tokens one rank processes per (optimizer) step: every micro-batch's."""
+        return (self.batch or self.spec.batch_size) * (self.seq or self.spec.seq_len) * self.grad_accum
 
     @property
     def bytes(self) -> tuple[float, float]:
@@ -152,6 +159,37 @@ class JobShape:
         return replace(self, nodes=nodes)
 
 
+def recorded_shape(spec: ModelSpec, nodes: int, result: Any, gpus_per_node: int = 1) -> JobShape:
+    """The shape a measurement ran (a ``TrainResult`` or its dict form): ranks per node, batch and
+    sequence, bytes per parameter and gradient, activation checkpointing, sharding, micro-batches per
+    step and the collectives' backend, each as recorded (``gpus_per_node`` where none was)."""
+    get = result.get if isinstance(result, dict) else (lambda name: getattr(result, name, None))
+    param_bytes, grad_bytes = recorded_bytes(result)
+    return JobShape(spec, nodes, int(get("local_world_size") or gpus_per_node), get("batch_size"), get("seq_len"),
+                    param_bytes=param_bytes, grad_bytes=grad_bytes,
+                    activation_checkpointing=bool(get("activation_checkpointing")), sharding=get("sharding") or "full",
+                    grad_accum=int(get("grad_accum") or 1),
+                    backend=str((get("versions") or {}).get("backend") or "nccl"))
+
+
+def node_traffic_bytes(shape: JobShape) -> float:
+    """Bytes each node sends (and receives) across the fabric per optimizer step, as the collectives'
+    rings move them (``RING_BYTES``): under full sharding a ring over every rank, whose node boundary
+    carries one rank's share; under hybrid sharding one all-reduce of the gradients across nodes (a
+    node's ranks each reduce their shard with its replicas). What a node's link counters read per step
+    (``signals.LinkCounters``), protocol headers aside."""
+    if shape.nodes <= 1:
+        return 0.0
+    pb, gb = shape.bytes
+    total, non_embedding = shape.spec.param_count()
+    root = total - non_embedding  # embeddings and head: the root unit, gathered once
+    if shape.sharding == "hybrid":
+        return ring_bytes("all_reduce", shape.nodes, shape.backend) * total * gb
+    gathered = (shape.grad_accum + 1) * non_embedding + root
+    return (ring_bytes("all_gather", shape.world, shape.backend) * gathered * pb
+            + ring_bytes("reduce_scatter", shape.world, shape.backend) * total * gb)
+
+
 @dataclass(frozen=True)
 class Prediction:
     step_s: float
@@ -167,8 +205,8 @@ class Prediction:
     lower_s: float
     upper_s: float
     world: int = 1
-    # What the timing assumes each rank moves: the root unit (embeddings, head) gathered once.
-    bytes_per_rank: float = 0.0
+    # What the timing assumes each node sends across the fabric per step (``node_traffic_bytes``).
+    node_bytes: float = 0.0
 
     @property
     def traffic_s(self) -> float:
@@ -211,8 +249,8 @@ def predict_step(
     link_efficiency: float = DEFAULT_LINK_EFFICIENCY,
     overhead_s: float = 0.0,
 ) -> Prediction:
-    """Predicted FSDP full-shard step of ``shape``: nodes x gpus_per_node ranks, batch x seq tokens
-    per rank per step.
+    """Predicted FSDP step of ``shape``: nodes x gpus_per_node ranks, batch x seq tokens per rank per
+    micro-batch, ``shape.grad_accum`` micro-batches per step, fully or hybrid sharded.
 
     ``flops_per_s``: the compute throughput one rank achieves (not the datasheet peak).
     ``inter_gbit``: one node's aggregate NIC rate in Gbit/s (the fabric; required with > 1 node).
@@ -237,20 +275,27 @@ def predict_step(
     layer_params = non_embedding / layers
     root_params = total - non_embedding  # embeddings and head: the root FSDP unit
 
-    # Seconds per byte of a collective's per-rank share: the ring's slowest edge sets the pace.
-    rates = []
-    if nodes > 1:
-        rates.append(gbit_to_bytes_per_s(inter_gbit) * link_efficiency)
-    if gpus_per_node > 1 and intra_gbit:
-        rates.append(gbit_to_bytes_per_s(intra_gbit) * link_efficiency)
-    spb = 1.0 / min(rates) if rates else 0.0
-    share = (world - 1) / world
+    # Seconds per byte at each link: the node's NICs and a GPU's NVLink (None: never the bottleneck).
+    inter = 1.0 / (gbit_to_bytes_per_s(inter_gbit) * link_efficiency) if nodes > 1 else 0.0
+    intra = 1.0 / (gbit_to_bytes_per_s(intra_gbit) * link_efficiency) if gpus_per_node > 1 and intra_gbit else 0.0
+    backend = shape.backend
+    if shape.sharding == "hybrid":
+        # Gathers and reduce-scatters stay in the node; the gradient shards are then all-reduced across
+        # nodes, the node's ranks sharing its NICs.
+        def gather(params: float) -> float:
+            return ring_bytes("all_gather", gpus_per_node, backend) * params * pb * intra
 
-    def gather(params: float) -> float:
-        return share * params * pb * spb
+        def scatter(params: float) -> float:
+            return (ring_bytes("reduce_scatter", gpus_per_node, backend) * params * gb * intra
+                    + ring_bytes("all_reduce", nodes, backend) * params * gb * inter)
+    else:
+        spb = max(inter, intra)  # one ring over every rank: its slowest edge sets the pace
 
-    def scatter(params: float) -> float:
-        return share * params * gb * spb
+        def gather(params: float) -> float:
+            return ring_bytes("all_gather", world, backend) * params * pb * spb
+
+        def scatter(params: float) -> float:
+            return ring_bytes("reduce_scatter", world, backend) * params * gb * spb
 
     tokens = shape.tokens_per_rank
     compute_s = shape.flops() / flops_per_s
@@ -260,9 +305,11 @@ def predict_step(
     # layer's and the root's reduce-scatter after all of it (the root stays gathered through
     # backward, so it is gathered once).
     exposed_s = gather(root_params) + a_l + r_l + scatter(root_params)
-    # Overlappable, per layer: layer 0 keeps only its backward re-gather, every other layer its
-    # forward gather, backward re-gather and gradient reduce-scatter.
-    comm_layers = [a_l] + [2 * a_l + r_l] * (layers - 1)
+    # Overlappable, per layer: layer 0 keeps only its backward re-gathers, every other layer its
+    # forward gather (the first micro-batch's: later ones find it unsharded), a re-gather in each
+    # micro-batch's backward, and one gradient reduction.
+    k = shape.grad_accum
+    comm_layers = [k * a_l] + [(k + 1) * a_l + r_l] * (layers - 1)
     comm_s = sum(comm_layers)
     overlapped_s = sum(max(compute_l, m) for m in comm_layers)
     overhead = overhead_s if nodes > 1 else 0.0
@@ -278,7 +325,7 @@ def predict_step(
         lower_s=max(compute_s, comm_s) + exposed_s + overhead,
         upper_s=compute_s + comm_s + exposed_s + overhead,
         world=world,
-        bytes_per_rank=fsdp_bytes_per_rank(total, world, pb, gb, root_params=root_params),
+        node_bytes=node_traffic_bytes(shape),
     )
 
 

@@ -201,7 +201,7 @@ def job_summary(tables: Tables) -> str:
     if tables.configs:
         lines += [f"### Throughput (tokens/s, {CONFIDENCE:.0%} interval)", "", *md_table(
             ["model", "nodes", "fabric", "GPUs", "tokens/s", "interval", "tokens/s/GPU", "MFU", "peak GiB", "launches"],
-            [[c.model, c.nodes, c.fabric, c.gpus, f"{c.tokens_per_s:.1f}", _interval(c.low, c.high, 1),
+            [[c.workload, c.nodes, c.fabric, c.gpus, f"{c.tokens_per_s:.1f}", _interval(c.low, c.high, 1),
               f"{c.tokens_per_s / c.gpus:.1f}", mfu_text(c.mfu), gib_text(c.peak_memory_gib), c.launches]
              for c in tables.configs], "lrlrrrrrrr"), "", md_cell(mfu_convention(tables)), ""]
     largest = largest_payloads(tables.busbw)
@@ -230,7 +230,7 @@ def openmetrics(tables: Tables) -> str:
         families.setdefault(name, (help_text, []))[1].append(f"{name}{_labels(**labels)} {value:.10g}")
 
     for c in tables.configs:
-        where = {"model": c.model, "nodes": c.nodes, "fabric": c.fabric}
+        where = {"model": c.model, "nodes": c.nodes, "fabric": c.fabric, "sharding": c.sharding}
         add("fabric_tokens_per_second", "tokens/s of the whole job (geometric mean of the counted launches)",
             where, c.tokens_per_s)
         add("fabric_launches", "launches the configuration measured", where, c.launch_count)
@@ -282,7 +282,7 @@ def benchmark_json(tables: Tables) -> dict[str, dict[str, dict[str, float]]]:
     so a tracker trends each ratio and its interval without reading prose."""
     out: dict[str, dict[str, dict[str, float]]] = {}
     for c in tables.configs:
-        measures = out.setdefault(Case(c.model, c.nodes, c.fabric).id, {})
+        measures = out.setdefault(c.id, {})
         measures["tokens-per-second"] = {"value": c.tokens_per_s, "lower_value": c.low, "upper_value": c.high}
         if c.mfu is not None:  # none on CPU: no GPU peak
             measures["mfu"] = {"value": c.mfu}

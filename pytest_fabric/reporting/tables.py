@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..core.case import Case
 from ..physics.cost import break_even_premium, cost_per_million_tokens
 from ..core.fabrics import REFERENCE_FABRIC
 from ..physics.hostbound import gib_text, mfu_text
@@ -62,7 +63,7 @@ def reference(fabrics: Sequence[str]) -> str | None:
 def by_model(cases: Iterable[CaseResult]) -> ByModel:
     table: ByModel = {}
     for c in cases:
-        table.setdefault(c.model, {}).setdefault(c.nodes, {})[c.fabric] = c
+        table.setdefault(c.workload, {}).setdefault(c.nodes, {})[c.fabric] = c
     return table
 
 
@@ -216,13 +217,22 @@ class ConfigRow:
     peak_memory_gib: float | None = None
     launch_count: int = 0  # the launches measured...
     disturbed: int = 0  # ...and how many of them were disturbed as a whole (not counted)
+    sharding: str = "full"
+
+    @property
+    def id(self) -> str:
+        return Case(self.model, self.nodes, self.fabric, self.sharding).id
+
+    @property
+    def workload(self) -> str:
+        return self.model if self.sharding == "full" else f"{self.model} {self.sharding}"
 
 
 def config_rows(run: SavedRun) -> list[ConfigRow]:
     """Every configuration of the night, by model, nodes and fabric, with its interval, MFU and memory."""
     rows = []
-    for c in sorted(run.cases.values(), key=lambda c: (c.model, c.nodes, c.fabric)):
+    for c in sorted(run.cases.values(), key=lambda c: (c.workload, c.nodes, c.fabric)):
         iv = configuration_interval(c.counted_tokens_per_s)
         rows.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, c.count_text,
-                              c.mfu, c.mfu_peak, c.peak_memory_gib, c.launches, c.disturbed))
+                              c.mfu, c.mfu_peak, c.peak_memory_gib, c.launches, c.disturbed, c.sharding))
     return rows

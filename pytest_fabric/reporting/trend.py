@@ -56,7 +56,7 @@ def write_trend(runs: Sequence[SavedRun], directory: Path | str) -> Written:
         groups: dict[tuple[str, str], list[str]] = {}
         for cid in case_ids:
             c = next(r.cases[cid] for r in runs if cid in r.cases)
-            groups.setdefault((c.model, c.fabric), []).append(cid)
+            groups.setdefault((c.workload, c.fabric), []).append(cid)
         for (model, fabric), ids in sorted(groups.items()):
             png = directory / PLOTS_DIR / f"trend-{slug(model)}-{slug(fabric)}.png"
             plot_trend(Figure, png, f"{model} on {fabric}", labels, runs, ids)

@@ -1,4 +1,4 @@
-"""The model x nodes x fabric matrix a test is parametrized over."""
+"""The model x nodes x sharding x fabric matrix a test is parametrized over."""
 
 from __future__ import annotations
 
@@ -21,12 +21,16 @@ def expand(
     fabrics: Sequence[str],
     nodes: Iterable[int] | None = None,
     min_nodes: int = 1,
+    shardings: Sequence[str] = ("full",),
 ) -> list[Case]:
-    """Cases in a fixed order (model, then nodes ascending, then fabric) so ids match on every worker.
+    """Cases in a fixed order (model, then nodes ascending, then sharding, then fabric) so ids match
+    on every worker.
 
     ``nodes`` defaults to the powers of two up to ``max_nodes``; explicit node counts above
-    ``max_nodes`` are dropped: the matrix never asks for more nodes than the cluster has.
+    ``max_nodes`` are dropped: the matrix never asks for more nodes than the cluster has. On one node
+    every sharding is one layout (a single replica): it appears once, as full sharding.
     """
     node_counts = sorted({n for n in (nodes if nodes is not None else powers_of_two_up_to(max_nodes))
                           if min_nodes <= n <= max_nodes})
-    return [Case(m, n, f) for m in models for n in node_counts for f in fabrics]
+    return [Case(m, n, f, s) for m in models for n in node_counts for s in (shardings if n > 1 else ("full",))
+            for f in fabrics]

@@ -17,7 +17,7 @@ from ..deciding.gates import INCONCLUSIVE_POLICIES, REGRESSION_MEASURES
 from ..core.models import DEFAULT_CPU_MODELS, MODELS
 from ..deciding.sequential import FAMILY_RULES
 from ..deciding.rounds import RERUNS
-from ..workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION
+from ..workload.config import DEVICES, FSDP_VERSIONS, MIXED_PRECISION, REDUCE_DTYPES
 
 # name, help, default (as the ini string)
 OPTIONS: list[tuple[str, str, str | None]] = [
@@ -79,6 +79,13 @@ OPTIONS: list[tuple[str, str, str | None]] = [
     ("fsdp", "FSDP version: 2 (fully_shard, default) or 1 (FullyShardedDataParallel, size-based wrap; GPU only)",
      "2"),
     ("mixed-precision", "auto (bf16 on GPU, fp32 on CPU), bf16 or fp32 (default auto)", "auto"),
+    ("sharding", "comma-separated layouts, an axis of the matrix: full (FSDP over every rank) and hybrid (HSDP: "
+                 "sharded within a node, replicated across nodes; only gradients cross the fabric) (default full)",
+     "full"),
+    ("reduce-dtype", "what gradients are reduced in under bf16 compute: fp32 (torchtitan's default) or bf16 (half "
+                     "the reduction's bytes) (default fp32)", "fp32"),
+    ("grad-accum", "micro-batches per optimizer step: gradients accumulate unsharded and are reduced once per "
+                   "step, so each exchange carries that much more compute (default 1)", "1"),
     ("gpu-memory", "GiB of memory per GPU for the pre-launch memory check (a shape predicted not to fit is "
                    "refused with what to change) (default: what nvidia-smi reports where ranks run on this "
                    "machine's GPUs, else no check)", None),
@@ -129,6 +136,7 @@ LINELISTS = [
 CHOICES = {"inconclusive": INCONCLUSIVE_POLICIES, "compile": ("auto", "on", "off"), "undecided-night": ("fail", "pass"),
             "ssh-host-key-checking": STRICT_HOST_KEY_CHECKING, "device": DEVICES,
             "fsdp": tuple(str(v) for v in FSDP_VERSIONS), "mixed-precision": MIXED_PRECISION,
+            "reduce-dtype": REDUCE_DTYPES,
             "regression-on": REGRESSION_MEASURES, "family-wise": FAMILY_RULES}
 
 

@@ -28,6 +28,7 @@ from ..history.baselines import Baseline
 from ..deciding.sequential import FAMILY_RULES
 from ..deciding.rounds import RERUNS
 from ..measuring.nic_inventory import parse_inventory
+from ..core.case import SHARDINGS
 from ..core.units import GIB
 from .option_table import CHOICES, DEFAULTS, dest
 
@@ -254,6 +255,7 @@ class FabricOptions:
     family_wise: str = FAMILY_RULES[0]  # sequential.FAMILY_RULES
     # How far a step may appear to beat the physical floor before it is an error (floor.py).
     floor_tolerance: float = DEFAULT_RATE_TOLERANCE
+    shardings: tuple[str, ...] = ("full",)  # --sharding: an axis of the matrix (core.case.SHARDINGS)
 
     def cluster_options(self) -> ClusterOptions:
         """What the cluster is built with (make_cluster)."""
@@ -304,6 +306,8 @@ def parse(config: pytest.Config) -> FabricOptions:
         device=device,
         fsdp=fsdp,
         mixed_precision=_choice(config, "mixed-precision"),
+        reduce_dtype=_choice(config, "reduce-dtype"),
+        grad_accum=_int(config, "grad-accum", 1) or 1,
         activation_checkpointing=_flag(config, "activation-checkpointing"),
         compile=_choice(config, "compile"),
         gpu_memory_bytes=(gib * GIB if (gib := _positive(config, "gpu-memory", "80")) else None),
@@ -333,6 +337,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         nodes=_int(config, "nodes", 1),
         fabrics=fabrics or DEFAULT_FABRICS,
         models=models or DEFAULT_CPU_MODELS,
+        shardings=_names(config, "sharding", {s: s for s in SHARDINGS}) or ("full",),
         cluster=cluster,
         hostfile=hostfile,
         ssh_config=ssh_config,

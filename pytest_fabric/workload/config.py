@@ -12,6 +12,12 @@ MIXED_PRECISION = ("auto", "bf16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 FSDP_VERSIONS = (2, 1)
 COMPILE = ("auto", "on", "off")
+# How parameters are sharded (--sharding): "full" shards over every rank (FSDP2 fully_shard on a 1-D
+# mesh, FSDP1 FULL_SHARD); "hybrid" shards within a node and replicates across nodes (HSDP: a 2-D
+# mesh, replicate x shard in torchtitan's order; FSDP1 HYBRID_SHARD), so only gradients cross nodes.
+SHARDINGS = ("full", "hybrid")
+# What gradients are reduced in (--reduce-dtype), torchtitan's default (fp32) first.
+REDUCE_DTYPES = ("fp32", "bf16")
 
 
 class ConfigError(ValueError):
@@ -47,6 +53,11 @@ class TrainConfig:
     # ``steps``), at most ``max_steps`` steps (window.measuring_done): one window fixed before the launch.
     max_steps: int = 200
     measure_s: float = 6.0
+    sharding: str = "full"  # SHARDINGS
+    reduce_dtype: str = "fp32"  # REDUCE_DTYPES; under fp32 compute it is fp32 whatever is asked
+    # Micro-batches per optimizer step (--grad-accum): gradients accumulate unsharded, without a
+    # reduction or a reshard between them (FSDP2), and are reduced once; a step is an optimizer step.
+    grad_accum: int = 1
 
     def __post_init__(self) -> None:
         if self.fsdp not in FSDP_VERSIONS:
@@ -55,6 +66,12 @@ class TrainConfig:
             raise ConfigError(f"mixed_precision={self.mixed_precision!r}: use one of {', '.join(MIXED_PRECISION)}")
         if self.compile not in COMPILE:
             raise ConfigError(f"compile={self.compile!r}: use one of {', '.join(COMPILE)}")
+        if self.sharding not in SHARDINGS:
+            raise ConfigError(f"sharding={self.sharding!r}: use one of {', '.join(SHARDINGS)}")
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise ConfigError(f"reduce_dtype={self.reduce_dtype!r}: use one of {', '.join(REDUCE_DTYPES)}")
+        if not (isinstance(self.grad_accum, int) and self.grad_accum >= 1):
+            raise ConfigError(f"grad_accum={self.grad_accum!r}: need a whole number of micro-batches >= 1")
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r}: use auto, cpu or cuda")
         if self.device == "cpu":

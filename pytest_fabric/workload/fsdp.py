@@ -38,6 +38,7 @@ class Precision:
     """What the forward and backward run in, and what gradients are reduced in."""
 
     name: str  # "bf16" or "fp32"
+    reduce: str = "fp32"  # "fp32" (torchtitan's default) or "bf16": the gradient reduction's dtype
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -45,9 +46,10 @@ class Precision:
 
     @property
     def reduce_dtype(self) -> torch.dtype:
-        # Gradients are reduced in the compute dtype: bf16 under mixed precision, as the hand-made
-        # benchmarks and the traffic model (predict.py: 2 bytes per gradient) assume.
-        return self.param_dtype
+        # Under bf16 compute the reduction runs in fp32 (2x the reduce-scatter's bytes of bf16, as
+        # torchtitan does) unless bf16 is asked; fp32 compute reduces in fp32. The traffic model counts
+        # the recorded dtype (step_model.recorded_bytes).
+        return BF16 if self.name == "bf16" and self.reduce == "bf16" else torch.float32
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -73,7 +75,7 @@ def build(fsdp: int, weights: Weights, attention: str, device: torch.device, mes
     if fsdp == 2:
         model = _fsdp2(model, weights, device, mesh, precision, activation_checkpointing, generator, rank, compiled)
         return model, {"tied_parameters": tied, "compile": compiled}
-    model, built = _fsdp1(model, weights, device, precision, activation_checkpointing, generator, rank)
+    model, built = _fsdp1(model, weights, device, mesh, precision, activation_checkpointing, generator, rank)
     return model, {**built, "tied_parameters": tied, "compile": False}
 
 
@@ -139,12 +141,12 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
 
 
-def _fsdp1(model: nn.Module, weights: Weights, device: torch.device, precision: Precision,
+def _fsdp1(model: nn.Module, weights: Weights, device: torch.device, mesh: Any, precision: Precision,
            activation_checkpointing: bool, generator: torch.Generator, rank: int) -> tuple[nn.Module, dict[str, Any]]:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing,
     )
-    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
     layers = decoder_layers(model)
@@ -159,9 +161,13 @@ def _fsdp1(model: nn.Module, weights: Weights, device: torch.device, precision: 
     mixed = None
     if precision.name == "bf16":
         mixed = MixedPrecision(param_dtype=precision.param_dtype, reduce_dtype=precision.reduce_dtype)
+    # A 2-D mesh (replicate x shard) is hybrid sharding: FSDP1's HYBRID_SHARD over the same mesh.
+    layout = ({"sharding_strategy": ShardingStrategy.HYBRID_SHARD, "device_mesh": mesh} if mesh.ndim == 2
+              else {"sharding_strategy": ShardingStrategy.FULL_SHARD})
     model = FullyShardedDataParallel(
         model, auto_wrap_policy=policy, device_id=device, sync_module_states=True, mixed_precision=mixed,
-        param_init_fn=_materializer(model, weights, device, generator, rank), use_orig_params=use_orig_params)
+        param_init_fn=_materializer(model, weights, device, generator, rank), use_orig_params=use_orig_params,
+        **layout)
     if activation_checkpointing:
         apply_activation_checkpointing(model, checkpoint_wrapper_fn=_checkpoint_wrapper(),
                                        check_fn=lambda m: isinstance(m, layer_class))

@@ -85,6 +85,10 @@ class StepSignals:
     step_end_unix: list[float] = field(default_factory=list)
     # The GPU's busy share after each step (NVML utilization, the least busy GPU); [] where unknown.
     gpu_busy: list[float | None] = field(default_factory=list)
+    # Bytes the busiest node's fabric link sent and received in each step (signals.LinkCounters); []
+    # where no counter was known.
+    link_tx_bytes: list[float] = field(default_factory=list)
+    link_rx_bytes: list[float] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -133,6 +137,8 @@ class TrainResult(LaunchFacts):
     reduce_dtype: str = "float32"
     attention: str = "sdpa"
     fsdp: str = "fsdp2"
+    sharding: str = "full"  # "full" or "hybrid" (config.SHARDINGS)
+    grad_accum: int = 1  # micro-batches per optimizer step: a step's tokens count all of them
     fsdp1_min_num_params: int | None = None
     fsdp1_use_orig_params: bool | None = None  # False where weights are tied (workload/fsdp.py)
     tied_parameters: list[list[str]] = field(default_factory=list)
@@ -186,7 +192,8 @@ class TrainResult(LaunchFacts):
             raise ResultFormatError(f"{where}: step_s must be a non-empty list of positive step times, got {steps!r}")
         # One entry per measured step in every signal (none at all: no signals, every step clean);
         # stats would otherwise pair step times with the wrong steps' flags, or fail later.
-        for name in ("steal_s", "foreign_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy", "step_end_unix"):
+        for name in ("steal_s", "foreign_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy", "step_end_unix",
+                     "link_tx_bytes", "link_rx_bytes"):
             values = getattr(result.signals, name)
             if not isinstance(values, list) or (values and len(values) != len(steps)):
                 raise ResultFormatError(f"{where}: signals.{name} must list one entry per measured step "

@@ -18,6 +18,12 @@ CPU runs (the emulated and local clusters pin each node's ranks to their own cor
 ``/proc/stat`` counts in clock ticks (10 ms at the usual USER_HZ of 100), so a step's figure is
 only good to about two ticks; the rule's thresholds sit above that.
 
+Every run: the bytes each node's fabric link moved during the step, read by the node's first rank
+from the kernel's counters (``LinkCounters``: the interfaces ``GLOO_SOCKET_IFNAME`` or
+``NCCL_SOCKET_IFNAME`` name, ``/sys/class/net/<if>/statistics``; the HCAs ``NCCL_IB_HCA`` names,
+``/sys/class/infiniband/<hca>/ports/<port>/counters``, in 4-byte units): what the step really sent
+and received across nodes, set against the traffic model's count (``physics/floor.py``).
+
 GPU runs: NVML's SM clock and clock-throttle reasons (through ``pynvml`` when it is installed;
 otherwise nothing is recorded and no GPU step is set aside), and the GPU's busy share: NVML's
 utilization (the share of its last sample period, 1/6 to 1 s, in which a kernel ran), read right
@@ -36,7 +42,7 @@ Standard library only: the harness imports the rule and the names without torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 # A step is set aside when other work took more than this share of its cores' time...
@@ -66,7 +72,8 @@ DISTURBING_THROTTLE = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdow
 
 # Per rank and step, the numbers every rank contributes to the step's all-reduce (in this order).
 FIELDS = ("step_s", "own_run_s", "cores_busy_s", "cores_steal_s", "cores", "sm_clock_mhz",
-          "throttle_mask", "core_mask", "gpu_busy")  # gpu_busy: a fraction, -1 where unknown
+          "throttle_mask", "core_mask", "gpu_busy",  # gpu_busy: a fraction, -1 where unknown
+          "link_tx_bytes", "link_rx_bytes")  # the node's fabric link, by its first rank; -1: unknown
 
 
 def throttle_names(mask: int) -> list[str]:
@@ -78,6 +85,64 @@ class CpuSample:
     busy_s: float  # user + nice + system time of the watched cores, cumulative
     steal_s: float  # steal time of the watched cores, cumulative
     own_run_s: float  # run time of this process's threads, cumulative
+    link_tx: float = -1.0  # bytes the node's fabric link sent, cumulative (-1: not read here)
+    link_rx: float = -1.0
+
+
+class LinkCounters:
+    """The kernel's byte counters of the node's fabric link: the network interfaces the rank
+    program's sockets use (``GLOO_SOCKET_IFNAME``, else ``NCCL_SOCKET_IFNAME``: NCCL's syntax, a
+    comma-separated list of name prefixes, ``=`` for an exact name, ``^`` to exclude) and the
+    InfiniBand HCAs NCCL uses (``NCCL_IB_HCA``, ``mlx5_0:1,mlx5_1``). ``open`` finds them; None where
+    none is named or found (nothing is recorded then)."""
+
+    def __init__(self, files: list[tuple[str, str, int]]) -> None:
+        self.files = files  # (path, "tx" or "rx", bytes per unit)
+
+    @classmethod
+    def open(cls, environ: Mapping[str, str], root: str = "/sys/class") -> LinkCounters | None:
+        files: list[tuple[str, str, int]] = []
+        spec = environ.get("GLOO_SOCKET_IFNAME") or environ.get("NCCL_SOCKET_IFNAME") or ""
+        names = _listed(spec, _entries(f"{root}/net"))
+        for name in names:
+            files += [(f"{root}/net/{name}/statistics/tx_bytes", "tx", 1), (f"{root}/net/{name}/statistics/rx_bytes", "rx", 1)]
+        hcas = environ.get("NCCL_IB_HCA", "")
+        for hca in _listed(",".join(h.split(":")[0] for h in hcas.split(",")), _entries(f"{root}/infiniband")):
+            for port in _entries(f"{root}/infiniband/{hca}/ports"):
+                base = f"{root}/infiniband/{hca}/ports/{port}/counters"
+                files += [(f"{base}/port_xmit_data", "tx", 4), (f"{base}/port_rcv_data", "rx", 4)]
+        files = [f for f in files if os.path.exists(f[0])]
+        return cls(files) if files else None
+
+    def read(self) -> tuple[float, float]:
+        """(bytes sent, bytes received), cumulative; (-1, -1) where a counter cannot be read."""
+        out = {"tx": 0.0, "rx": 0.0}
+        try:
+            for path, direction, unit in self.files:
+                with open(path) as f:
+                    out[direction] += int(f.read().strip()) * unit
+        except (OSError, ValueError):
+            return -1.0, -1.0
+        return out["tx"], out["rx"]
+
+
+def _entries(directory: str) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []
+
+
+def _listed(spec: str, present: Sequence[str]) -> list[str]:
+    """The entries of ``present`` a NCCL-style list selects: prefixes, ``=`` exact names, ``^`` exclusions."""
+    spec = spec.strip()
+    if not spec:
+        return []
+    exclude = spec.startswith("^")
+    exact = spec.lstrip("^").startswith("=")
+    wanted = [w.strip() for w in spec.lstrip("^").lstrip("=").split(",") if w.strip()]
+    chosen = [e for e in present if any(e == w if exact else e.startswith(w) for w in wanted)]
+    return [e for e in present if e not in chosen and e != "lo"] if exclude else chosen
 
 
 def _own_run_s() -> float:
@@ -102,7 +167,7 @@ def _own_run_s() -> float:
 class NodeSampler:
     """Samples this rank's cores and its own run time (CPU side) and its GPU (NVML), cheaply."""
 
-    def __init__(self, gpu_index: int | None = None) -> None:
+    def __init__(self, gpu_index: int | None = None, link: LinkCounters | None = None) -> None:
         try:
             self.cores = sorted(os.sched_getaffinity(0))
         except (AttributeError, OSError):
@@ -111,6 +176,7 @@ class NodeSampler:
         # The cores as a bit mask (exact in a float64 up to core 52; beyond, the count still works).
         self.core_mask = float(sum(1 << c for c in self.cores if c < 53))
         self._nvml = _Nvml.open(gpu_index) if gpu_index is not None else None
+        self.link = link  # the node's fabric counters, read by its first rank only
 
     def cpu(self) -> CpuSample:
         busy = steal = 0
@@ -126,7 +192,8 @@ class NodeSampler:
                         steal += values[7] if len(values) > 7 else 0
         except (OSError, ValueError):
             pass
-        return CpuSample(busy / CLK_TCK, steal / CLK_TCK, _own_run_s())
+        link = self.link.read() if self.link else (-1.0, -1.0)
+        return CpuSample(busy / CLK_TCK, steal / CLK_TCK, _own_run_s(), *link)
 
     def gpu(self) -> tuple[float, int]:
         """(SM clock in MHz, throttle-reason mask) of this rank's GPU; (0, 0) when unknown."""
@@ -139,9 +206,11 @@ class NodeSampler:
     def step_row(self, step_s: float, before: CpuSample, after: CpuSample) -> list[float]:
         """This rank's contribution to the step's all-reduce, in ``FIELDS`` order."""
         clock, mask = self.gpu()
+        link = ([after.link_tx - before.link_tx, after.link_rx - before.link_rx] if min(before.link_tx, after.link_tx) >= 0
+                else [-1.0, -1.0])
         return [step_s, max(0.0, after.own_run_s - before.own_run_s), max(0.0, after.busy_s - before.busy_s),
                 max(0.0, after.steal_s - before.steal_s), float(len(self.cores)), clock, float(mask),
-                self.core_mask, self.gpu_busy()]
+                self.core_mask, self.gpu_busy(), *link]
 
 
 class _Nvml:
@@ -188,6 +257,9 @@ class StepView:
     throttle: list[str]  # every throttle reason any GPU reported
     steal_cores: int = 1  # cores of the node with that steal
     gpu_busy: float | None = None  # the least busy GPU's busy share (NVML); None: unknown (CPU, no pynvml)
+    # Bytes the busiest node's fabric link sent and received in the step; None: no counter known.
+    link_tx_bytes: float | None = None
+    link_rx_bytes: float | None = None
 
 
 def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
@@ -234,8 +306,11 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     for r in rows:
         mask |= int(r[6])
     busy = [r[8] for r in rows if len(r) > 8 and r[8] >= 0]
+    tx = [node[0][9] for node in nodes if len(node[0]) > 10 and node[0][9] >= 0]
+    rx = [node[0][10] for node in nodes if len(node[0]) > 10 and node[0][10] >= 0]
     return StepView(step_s, steal[0], foreign[0], foreign[1], min(clocks) if clocks else None, throttle_names(mask),
-                    steal_cores=steal[1], gpu_busy=min(busy) if busy else None)
+                    steal_cores=steal[1], gpu_busy=min(busy) if busy else None,
+                    link_tx_bytes=max(tx) if tx else None, link_rx_bytes=max(rx) if rx else None)
 
 
 def disturbance(view: StepView) -> str:

@@ -14,6 +14,7 @@ The step time of a step is the slowest rank's, which is what the job waits for. 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import faulthandler
 import json
@@ -131,14 +132,14 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     injected = faults.from_env()  # harness self-tests only; empty in real runs
     device = _pick_device(cfg.device)
     cfg.check_device(device.type)  # before joining the group: every rank refuses at once
-    precision = fsdp.Precision(cfg.precision(device.type))
+    precision = fsdp.Precision(cfg.precision(device.type), cfg.reduce_dtype)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeouts = {"collective_timeout_s": cfg.collective_timeout_s, **_harden_timeouts(cfg.collective_timeout_s)}
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.collective_timeout_s),
                             device_id=device if device.type == "cuda" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     _warm_up(device)
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = device_mesh(init_device_mesh, device.type, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), cfg.sharding)
 
     spec = ModelSpec(cfg.model["name"], cfg.model["arch"], cfg.model["config"], "")
     attention = _pick_attention(cfg.attention, device, precision)
@@ -150,14 +151,16 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     optimizer, optimizer_kind = fsdp.adamw(model.parameters(), device)
 
     batch = make_batch(cfg.seed, rank, cfg.batch_size, cfg.seq_len, spec.config["vocab_size"]).to(device)
-    tokens_per_step = cfg.batch_size * cfg.seq_len * world
+    tokens_per_step = cfg.batch_size * cfg.seq_len * world * cfg.grad_accum
     progress = _Progress(cfg.progress_path, rank == 0)
 
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    sampler = signals.NodeSampler(gpu_index=device.index if device.type == "cuda" else None)
+    # The node's first rank reads its fabric link's byte counters (one reading per node).
+    link = signals.LinkCounters.open(os.environ) if int(os.environ.get("LOCAL_RANK", "0")) == 0 else None
+    sampler = signals.NodeSampler(gpu_index=device.index if device.type == "cuda" else None, link=link)
     crosses = bool(cfg.fabric.get("crosses_fabric", True))
     stretch = faults.stretch(injected, cfg.fabric.get("name"), crosses)
     warmup: list[float] = []
@@ -171,10 +174,9 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         sync()
         before = sampler.cpu()
         start = time.perf_counter()
-        out = model(input_ids=batch, labels=batch, use_cache=False)
-        loss, compute_dtype = out.loss, out.logits.dtype
-        del out
-        loss.backward()
+        for micro in range(cfg.grad_accum):
+            loss, compute_dtype = _micro_step(model, batch, cfg.fsdp, last=micro == cfg.grad_accum - 1,
+                                              scale=1.0 / cfg.grad_accum)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
@@ -225,6 +227,10 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                 sm_clock_mhz=[v.sm_clock_mhz for v in measured],
                 throttle=[v.throttle for v in measured], disturbed=signals.judge_launch(measured),
                 gpu_busy=[v.gpu_busy for v in measured] if any(v.gpu_busy is not None for v in measured) else [],
+                link_tx_bytes=[v.link_tx_bytes for v in measured] if all(v.link_tx_bytes is not None for v in measured)
+                else [],
+                link_rx_bytes=[v.link_rx_bytes for v in measured] if all(v.link_rx_bytes is not None for v in measured)
+                else [],
                 step_end_unix=step_ends),
             stopped=stopped,
             flops_per_token=spec.flops_per_token(cfg.seq_len),
@@ -244,6 +250,8 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             reduce_dtype=str(precision.reduce_dtype).removeprefix("torch."),
             attention=attention,
             fsdp=f"fsdp{cfg.fsdp}",
+            sharding=cfg.sharding,
+            grad_accum=cfg.grad_accum,
             fsdp1_min_num_params=built.get("fsdp1_min_num_params"),
             fsdp1_use_orig_params=built.get("fsdp1_use_orig_params"),
             tied_parameters=built["tied_parameters"],
@@ -261,6 +269,36 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         result = None  # the harness self-test: the file stays cut in the middle
     finish(result, cfg.result_path)
     return result
+
+
+def device_mesh(init: Any, device_type: str, world: int, local_world: int, sharding: str) -> Any:
+    """The ranks' mesh: 1-D over every rank (full shard), or for hybrid sharding 2-D, nodes x ranks
+    per node, named ("replicate", "shard") in torchtitan's order: FSDP shards over a node's ranks and
+    replicates across nodes (``init``: ``init_device_mesh``, torchrun numbers a node's ranks together)."""
+    if sharding != "hybrid":
+        return init(device_type, (world,))
+    if local_world < 1 or world % local_world:
+        raise ConfigError(f"hybrid sharding needs the same ranks on every node: {world} ranks, {local_world} per node")
+    return init(device_type, (world // local_world, local_world), mesh_dim_names=("replicate", "shard"))
+
+
+def _micro_step(model: Any, batch: torch.Tensor, fsdp_version: int, last: bool, scale: float) -> tuple[Any, Any]:
+    """One micro-batch's forward and backward. Before the last one of an optimizer step, gradients
+    accumulate unsharded: FSDP2 neither reduces them nor reshards the parameters after backward
+    (``set_requires_gradient_sync``, ``set_reshard_after_backward``), FSDP1 skips the reduction
+    (``no_sync``); the last reduces once."""
+    context = contextlib.nullcontext()
+    if fsdp_version == 2:
+        model.set_requires_gradient_sync(last)
+        model.set_reshard_after_backward(last)
+    elif not last:
+        context = model.no_sync()
+    with context:
+        out = model(input_ids=batch, labels=batch, use_cache=False)
+        loss, dtype = out.loss, out.logits.dtype
+        del out
+        (loss * scale).backward()
+    return loss, dtype
 
 
 def _step_view(row: list[float], rank: int, world: int, device: torch.device) -> signals.StepView:

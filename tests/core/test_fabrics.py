@@ -31,6 +31,7 @@ def test_user_fabric_copies_its_base_and_takes_overrides():
     [
         ({"defines": ["x: nosuch"]}, "'NAME: BASE'"),
         ({"defines": ["Bad Name: ib"]}, "'NAME: BASE'"),
+        ({"defines": ["eth-hybrid: eth"]}, "not ending in '-hybrid'"),
         ({"env_overrides": ["nosuch.NCCL_NET=IB"]}, "'FABRIC.VARIABLE=VALUE'"),
         ({"env_overrides": ["ib.lowercase=1"]}, "'FABRIC.VARIABLE=VALUE'"),
         ({"env_overrides": ["ib.NCCL_NET"]}, "'FABRIC.VARIABLE=VALUE'"),

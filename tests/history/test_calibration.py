@@ -4,9 +4,7 @@ fabric penalty predicted from the fast fabric alone, on synthetic runs whose ans
 fixtures/calibration/synthetic-night.json is a --fabric-save file whose step times the model itself
 generated: 2e10 FLOP/s per rank, 50 ms multi-node overhead, link efficiency 0.9, qwen2-tiny and
 llama-wide on 1 node and on 2 nodes over ib (2000 Mbit/s) and eth (400), fp32, two identical
-launches each. Its records are version-1 results (written before typed results: hosts under
-"nodes", no signals), so the file also checks that older nights still calibrate; the same records
-in the current format (``TrainResult``, version 2) must give the same configurations.
+launches each, over gloo (whose reduce-scatter moves an all-reduce's bytes: ``step_model.RING_BYTES``).
 """
 
 from __future__ import annotations
@@ -25,19 +23,9 @@ from pytest_fabric.core.models import get_model
 from pytest_fabric.physics.step_model import JobShape, Observation, predict_step
 from pytest_fabric.history.night_model import ResultsError
 from pytest_fabric.history.nights import load_records
-from pytest_fabric.workload.result import RESULT_VERSION, TRAIN_FORMAT, TrainResult
 
 FIXTURE = REPO / "fixtures" / "calibration" / "synthetic-night.json"
 FLOPS, OVERHEAD, EFFICIENCY = 2e10, 0.05, 0.9
-
-
-def current_format(records: dict) -> dict:
-    """The records with each result as the rank program writes it now (TrainResult, version 2)."""
-    out = copy.deepcopy(records)
-    for key, r in out.items():
-        if "result" in r:
-            r["result"] = TrainResult.from_dict(r["result"], key).to_dict()
-    return out
 
 
 def synthetic(flops=FLOPS, overhead=OVERHEAD, efficiency=EFFICIENCY, noise=0.0, seed=0, rates=(("ib", 2.0),
@@ -63,7 +51,8 @@ class TestConfigurations:
         assert all(c.launches == 2 for c in configs)
         eth = configs[2].observation
         assert eth.inter_gbit == 0.4 and eth.shape.bytes == (4, 4)
-        assert eth.step_s == pytest.approx(predict_step(JobShape(get_model("llama-wide"), 2, dtype="fp32"),
+        assert eth.shape.backend == "gloo"  # as recorded: its reduce-scatter moves an all-reduce's bytes
+        assert eth.step_s == pytest.approx(predict_step(JobShape(get_model("llama-wide"), 2, dtype="fp32", backend="gloo"),
                                                         flops_per_s=FLOPS, inter_gbit=0.4, overhead_s=OVERHEAD).step_s)
 
     def test_rates_off_the_emulated_cluster(self):
@@ -88,22 +77,11 @@ class TestConfigurations:
         configs, notes = configurations(records)
         assert len(configs) == 6 and notes == ["x#1: model 'gpt-9' is not in the catalog; left out"]
 
-    def test_records_in_the_current_format_give_the_same_configurations(self):
-        old = load_records(FIXTURE)
-        new = current_format(old)
-        r = new["llama-wide-n2-eth#synthetic"]["result"]
-        assert (r["format"], r["version"], r["hosts"]) == (TRAIN_FORMAT, RESULT_VERSION, ["node0/198.18.0.1",
-                                                                                          "node1/198.18.0.2"])
-        assert "nodes" not in r and "median_step_s" not in r and len(r["signals"]["disturbed"]) == len(r["step_s"])
-        (a, notes_a), (b, notes_b) = configurations(old), configurations(new)
-        assert notes_a == notes_b == []
-        assert [(c.label, c.launches, c.observation) for c in a] == [(c.label, c.launches, c.observation) for c in b]
-
     def test_launches_combine_by_their_geometric_mean(self):
         """Two launches of one configuration at different speeds: its step time is the geometric
         mean of the launches' step times (the same value as tokens/s: the geometric mean of
         tokens/s is tokens_per_step over it), not the median of the two."""
-        records = current_format(load_records(FIXTURE))
+        records = copy.deepcopy(load_records(FIXTURE))
         first, second = records["qwen2-tiny-n2-ib#synthetic"], records["qwen2-tiny-n2-ib#synthetic@1"]
         for record, step in ((first, 0.2), (second, 0.8)):
             record["result"]["step_s"] = [step] * 6
@@ -118,7 +96,7 @@ class TestConfigurations:
     def test_disturbed_steps_are_set_aside_as_the_gates_do(self):
         """Steps the node's signals marked disturbed do not count in a launch's value: the median of
         the clean steps (0.1 s), not of every step (0.3 s)."""
-        records = current_format(load_records(FIXTURE))
+        records = copy.deepcopy(load_records(FIXTURE))
         for key in ("qwen2-tiny-n2-eth#synthetic", "qwen2-tiny-n2-eth#synthetic@1"):
             r = records[key]["result"]
             r["step_s"] = [0.1, 0.1, 0.5, 0.5, 0.5, 0.5, 0.1, 0.1]

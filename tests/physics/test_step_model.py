@@ -11,7 +11,7 @@ from pytest_fabric.core.models import ModelSpec, get_model
 from pytest_fabric.physics.cost import break_even_premium, break_even_price, cost_per_million_tokens
 from pytest_fabric.physics.fit import calibrate
 from pytest_fabric.physics.comparison import fit_flops, predict_comparison
-from pytest_fabric.physics.step_model import (JobShape, Observation, bytes_per_param, fsdp_bytes_per_rank,
+from pytest_fabric.physics.step_model import (JobShape, Observation, bytes_per_param, node_traffic_bytes,
                                               predict_penalty, predict_step)
 
 # A Llama small enough to count by hand: hidden 8, MLP 16, 2 layers, 2 heads of 4, 1 KV head,
@@ -31,30 +31,53 @@ class TestBytes:
         assert HAND.param_count() == (1352, 1192)
 
     def test_headline_formula(self):
-        # (n-1)/n x N x (2 b_param + b_grad), 2 nodes x 2 GPUs.
-        assert fsdp_bytes_per_rank(1352, 4, 2, 2) == pytest.approx(0.75 * 1352 * 6)  # 6084
-        assert fsdp_bytes_per_rank(1352, 4, 4, 4) == pytest.approx(0.75 * 1352 * 12)  # fp32: 12168
-        assert fsdp_bytes_per_rank(1352, 1) == 0
+        # (n-1)/n x N x (2 b_param + b_grad) a node sends, 2 nodes x 2 GPUs, the root gathered once:
+        # 0.75 x (1192 x 2 x 2 + 160 x 2 + 1352 x 2) = 5844 in bf16, twice that in fp32.
+        assert node_traffic_bytes(JobShape(HAND, 2, 2)) == pytest.approx(5844)
+        assert node_traffic_bytes(JobShape(HAND, 2, 2, dtype="fp32")) == pytest.approx(2 * 5844)
+        assert node_traffic_bytes(JobShape(HAND, 1, 8)) == 0
 
     def test_seven_b_moves_about_six_n_bytes(self):
-        total, _ = get_model("qwen2.5-7b").param_count()
-        assert fsdp_bytes_per_rank(total, 16) == pytest.approx(15 / 16 * 6 * total)
-        assert fsdp_bytes_per_rank(total, 16) / 1e9 == pytest.approx(42.9, abs=0.2)
+        total, non_embedding = get_model("qwen2.5-7b").param_count()
+        root = total - non_embedding
+        assert node_traffic_bytes(JobShape(get_model("qwen2.5-7b"), 2, 8)) == pytest.approx(
+            15 / 16 * (4 * non_embedding + 2 * root + 2 * total))
+
+    def test_hybrid_sharding_crosses_nodes_with_one_gradient_all_reduce(self):
+        # 2 (n-1)/n x N x b_grad per node, whatever the GPUs per node: 1352 x 2 bytes at 2 nodes.
+        assert node_traffic_bytes(JobShape(HAND, 2, 2, sharding="hybrid")) == pytest.approx(1352 * 2)
+        assert node_traffic_bytes(JobShape(HAND, 8, 8, sharding="hybrid")) == pytest.approx(2 * 7 / 8 * 1352 * 2)
+        # fp32 gradient reduction under bf16 compute doubles it.
+        assert node_traffic_bytes(JobShape(HAND, 2, 2, sharding="hybrid", grad_bytes=4)) == pytest.approx(1352 * 4)
+
+    def test_gradient_accumulation_gathers_once_more_per_micro_batch_and_reduces_once(self):
+        one, four = (node_traffic_bytes(JobShape(HAND, 2, 2, grad_accum=k)) for k in (1, 4))
+        assert four - one == pytest.approx(0.75 * 3 * 1192 * 2)  # three more backward gathers of the layers
+        assert node_traffic_bytes(JobShape(HAND, 2, 2, sharding="hybrid", grad_accum=4)) == pytest.approx(1352 * 2)
+
+    def test_gloo_reduces_scatter_as_an_all_reduce(self):
+        nccl, gloo = (node_traffic_bytes(JobShape(HAND, 2, 2, backend=b)) for b in ("nccl", "gloo"))
+        assert gloo - nccl == pytest.approx(0.75 * 1352 * 2)
 
     def test_prediction_moves_the_root_once_and_times_it_at_the_node_rate(self):
         p = predict_step(JobShape(HAND, nodes=2, gpus_per_node=2), flops_per_s=1e9, inter_gbit=1.0,
                          link_efficiency=1.0)
-        # Embeddings and head stay gathered through backward: 0.75 x (1192 x 6 + 160 x 4) = 5844.
-        assert p.bytes_per_rank == pytest.approx(5844)
+        assert p.node_bytes == pytest.approx(5844)
         # One node's NIC carries one rank's share: 5844 bytes at 1 Gbit/s.
         assert p.traffic_s == pytest.approx(5844 / 1.25e8)
         assert p.world == 4
+
+    def test_hybrid_prediction_times_the_gradient_all_reduce_at_the_node_rate(self):
+        p = predict_step(JobShape(HAND, nodes=2, gpus_per_node=2, sharding="hybrid"), flops_per_s=1e9,
+                         inter_gbit=1.0, link_efficiency=1.0)
+        assert p.node_bytes == pytest.approx(1352 * 2)
+        assert p.traffic_s == pytest.approx(1352 * 2 / 1.25e8)  # NVLink never the bottleneck (no intra rate)
 
     def test_dtype_bytes(self):
         assert bytes_per_param("bf16") == 2 and bytes_per_param("fp32") == 4
         fp32 = predict_step(JobShape(HAND, 2, dtype="fp32"), flops_per_s=1e9, inter_gbit=1.0)
         bf16 = predict_step(JobShape(HAND, 2, dtype="bf16"), flops_per_s=1e9, inter_gbit=1.0)
-        assert fp32.bytes_per_rank == pytest.approx(2 * bf16.bytes_per_rank)
+        assert fp32.node_bytes == pytest.approx(2 * bf16.node_bytes)
         with pytest.raises(ValueError):
             bytes_per_param("int3")
 

@@ -258,8 +258,8 @@ def test_a_disturbed_launch_is_left_out_the_same_way_in_every_dashboard():
     assert (row.launch_count, row.disturbed, row.launches) == (3, 1, "3 (1 disturbed)")
     assert re.search(r"\| m \| 2 \| ib \| 2 \| [\d.]+ \| .* \| 3 \(1 disturbed\) \|", job_summary(build_tables(run)))
     metrics = openmetrics(build_tables(run))
-    assert 'fabric_launches{model="m",nodes="2",fabric="ib"} 3' in metrics
-    assert 'fabric_launches_disturbed{model="m",nodes="2",fabric="ib"} 1' in metrics
+    assert 'fabric_launches{model="m",nodes="2",fabric="ib",sharding="full"} 3' in metrics
+    assert 'fabric_launches_disturbed{model="m",nodes="2",fabric="ib",sharding="full"} 1' in metrics
 
 
 def test_every_gate_shows_the_noise_it_used_in_the_summary_and_the_metrics():

@@ -80,3 +80,21 @@ def test_case_id_parses_back(case):
 def test_not_a_case_id(text):
     with pytest.raises(ValueError, match="is not a case id"):
         Case.parse(text)
+
+
+def test_the_sharding_axis_sits_between_nodes_and_fabric_and_one_node_has_one_layout():
+    cases = expand(["m"], 2, ["ib", "eth"], shardings=("full", "hybrid"))
+    assert [c.id for c in cases] == ["m-n1-ib", "m-n1-eth", "m-n2-ib", "m-n2-eth", "m-n2-ib-hybrid", "m-n2-eth-hybrid"]
+
+
+@pytest.mark.parametrize("case", [Case("qwen2.5-7b", 8, "roce.v2", "hybrid"), Case("m", 2, "roce-dc2", "hybrid"),
+                                  Case("m", 2, "roce-dc2"), Case("llama-3.1-8b", 16, "eth")])
+def test_a_case_id_names_its_sharding_and_reads_back(case):
+    assert Case.parse(case.id) == case
+    assert case.id.endswith("-hybrid") == (case.sharding == "hybrid")
+
+
+def test_one_node_is_one_layout_whatever_the_sharding():
+    hybrid = Case("m", 2, "ib", "hybrid")
+    assert hybrid.layout == "hybrid" and hybrid.with_nodes(1) == Case("m", 1, "ib") and hybrid.with_nodes(1).layout == "full"
+    assert hybrid.with_fabric("eth").sharding == "hybrid"

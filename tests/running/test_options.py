@@ -81,6 +81,9 @@ BAD_INPUT = [
     (["--fabric-flops", "fast"], "--fabric-flops must be a positive number such as 4e14, got 'fast'"),
     (["--fabric-flops", "0"], "--fabric-flops must be a positive number such as 4e14, got '0'"),
     (["--nodes", "251"], "--nodes 251: the emulated cluster has 250 nodes; use --nodes 250 or fewer"),
+    (["--sharding", "zero3"], "--sharding: unknown 'zero3'; choose from: full, hybrid"),
+    (["--reduce-dtype", "fp8"], "--reduce-dtype: 'fp8' is not one of fp32, bf16"),
+    (["--grad-accum", "0"], "--grad-accum*"),
     # containers and the ranks' environment (a value that starts with '-' is given as --opt=VALUE)
     (["--launch-prefix", "apptainer exec '/images/pt.sif"], "--launch-prefix: cannot split *"),
     (["--srun-args=--container-image='nvcr.io#nvidia/pytorch"], "--srun-args: cannot split *"),
@@ -175,6 +178,13 @@ def test_ini_sets_defaults_and_the_command_line_wins(pytester):
 
 
 # -- ids -------------------------------------------------------------------------------------------
+
+def test_the_sharding_axis_names_its_layout_in_the_ids(pytester):
+    got = ids(pytester, "--models", "qwen2-tiny", "--fabrics", "eth", "--sharding", "full,hybrid")
+    assert got == ["qwen2-tiny-n1-eth", "qwen2-tiny-n2-eth", "qwen2-tiny-n2-eth-hybrid"]
+    pytester.makeini("[pytest]\nfabric_sharding = hybrid\n")
+    assert ids(pytester, "--models", "qwen2-tiny", "--fabrics", "eth") == ["qwen2-tiny-n1-eth", "qwen2-tiny-n2-eth-hybrid"]
+
 
 def test_default_matrix_ids(pytester):
     assert ids(pytester) == [

@@ -748,3 +748,63 @@ def test_tied_weights_are_found_and_fsdp1_keeps_them_out_of_use_orig_params():
     assert fsdp.fsdp1_use_orig_params(tied) is False and fsdp.fsdp1_use_orig_params(untied) is True
     failure = (REPO / "fixtures/gpu/node0-fsdp1-failure-h200.log").read_text()
     assert "lm_head" in failure and "BFloat16 != float" in failure
+
+
+# --- Sharding, gradient reduction, accumulation ------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fields", "message"), [({"sharding": "zero3"}, "sharding='zero3'"),
+                                                 ({"reduce_dtype": "fp8"}, "reduce_dtype='fp8'"),
+                                                 ({"grad_accum": 0}, "grad_accum=0")])
+def test_a_layout_that_cannot_run_is_refused_before_any_rank_starts(tmp_path, fields, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config(tmp_path, **fields)
+
+
+def test_hybrid_sharding_is_a_nodes_by_ranks_mesh_in_torchtitans_order():
+    calls = []
+
+    def init(device, shape, mesh_dim_names=None):
+        calls.append((device, shape, mesh_dim_names))
+
+    train.device_mesh(init, "cpu", 8, 2, "full")
+    train.device_mesh(init, "cuda", 64, 8, "hybrid")
+    assert calls == [("cpu", (8,), None), ("cuda", (8, 8), ("replicate", "shard"))]
+    with pytest.raises(ConfigError, match="same ranks on every node"):
+        train.device_mesh(init, "cpu", 6, 4, "hybrid")
+
+
+def test_gradients_reduce_in_fp32_under_bf16_unless_bf16_is_asked():
+    assert fsdp.Precision("bf16").reduce_dtype == torch.float32
+    assert fsdp.Precision("bf16", "bf16").reduce_dtype == torch.bfloat16
+    assert fsdp.Precision("fp32", "bf16").reduce_dtype == torch.float32  # fp32 compute reduces in fp32
+
+
+def test_link_counters_read_the_interfaces_and_hcas_nccl_and_gloo_name(tmp_path):
+    for name, tx, rx in (("fab0", 1000, 2000), ("fab01", 5, 5), ("eth0", 7, 7), ("lo", 9, 9)):
+        stats = tmp_path / "net" / name / "statistics"
+        stats.mkdir(parents=True)
+        (stats / "tx_bytes").write_text(f"{tx}\n")
+        (stats / "rx_bytes").write_text(f"{rx}\n")
+    for hca, port in (("mlx5_0", "1"), ("mlx5_1", "1")):
+        counters = tmp_path / "infiniband" / hca / "ports" / port / "counters"
+        counters.mkdir(parents=True)
+        (counters / "port_xmit_data").write_text("100\n")  # in 4-byte units
+        (counters / "port_rcv_data").write_text("50\n")
+    assert signals.LinkCounters.open({"GLOO_SOCKET_IFNAME": "fab0"}, str(tmp_path)).read() == (1005.0, 2005.0)
+    assert signals.LinkCounters.open({"NCCL_SOCKET_IFNAME": "=fab0"}, str(tmp_path)).read() == (1000.0, 2000.0)
+    assert signals.LinkCounters.open({"NCCL_SOCKET_IFNAME": "^fab"}, str(tmp_path)).read() == (7.0, 7.0)
+    assert signals.LinkCounters.open({"NCCL_IB_HCA": "=mlx5_0:1"}, str(tmp_path)).read() == (400.0, 200.0)
+    assert signals.LinkCounters.open({"NCCL_IB_HCA": "mlx5"}, str(tmp_path)).read() == (800.0, 400.0)
+    assert signals.LinkCounters.open({}, str(tmp_path)) is None
+    assert signals.LinkCounters.open({"GLOO_SOCKET_IFNAME": "ib9"}, str(tmp_path)) is None
+
+
+def test_a_steps_link_bytes_are_its_busiest_nodes_read_by_each_nodes_first_rank():
+    def row(tx, rx):
+        return [0.5, 0.1, 0.1, 0.0, 1.0, 0.0, 0.0, 1.0, -1.0, tx, rx]
+
+    # Two nodes of two ranks: the second rank of each node reads nothing (-1).
+    view = signals.combine([row(300.0, 100.0), row(-1.0, -1.0), row(200.0, 400.0), row(-1.0, -1.0)], 2)
+    assert (view.link_tx_bytes, view.link_rx_bytes) == (300.0, 400.0)
+    assert signals.combine([row(-1.0, -1.0)], 1).link_tx_bytes is None
