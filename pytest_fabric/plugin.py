@@ -25,8 +25,8 @@ from .measuring.link_rate import LinkRate
 from .measuring.measurement import BandwidthMeasurement, Measurement
 from .deciding.references import References
 from .reporting.reporter import REPORTER_NAME, FabricReporter
-from .running.session import (ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, NOTES_KEY, OUTCOMES_KEY, SESSION_KEY,
-                      FabricSession, session_directory, with_inputs)
+from .running.session import (CONTRADICTION_KEY, ERRORED_KEY, MEASURED_KEY, NO_FABRICS_KEY, NOTES_KEY, OUTCOMES_KEY,
+                              SESSION_KEY, FabricSession, session_directory, with_inputs)
 from .deciding.verdicts import INCONCLUSIVE, headline, outcome_of
 from .workload import faults
 
@@ -46,8 +46,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "the session selects)")
     config.addinivalue_line(
         "markers",
-        "fabric_comparison: the test compares fabrics; it is skipped on a cluster where every fabric "
-        "runs over the same links (the local cluster)")
+        "fabric_comparison(expect=None): the test compares fabrics; it is skipped on a cluster where every fabric "
+        "runs over the same links (the local cluster). expect='within' (the candidate keeps up) or 'ahead' (the "
+        "reference leads): checked against the model's prediction before the night (with --fabric-flops)")
     config.addinivalue_line(
         "markers",
         "fabric_regression: the test gates tonight against --fabric-baseline; collected only when one is given")
@@ -69,7 +70,8 @@ def pytest_configure(config: pytest.Config) -> None:
             f"use --nodes {cluster.max_nodes()} or fewer")
     ranks = nodes * opts.settings.gpus_per_node
     max_ranks = cluster.max_ranks()
-    if max_ranks is not None and ranks > max_ranks:
+    # --collect-only launches nothing: it may plan for a cluster larger than this machine.
+    if max_ranks is not None and ranks > max_ranks and not config.option.collectonly:
         raise pytest.UsageError(
             f"--nodes {nodes} x --gpus-per-node {opts.settings.gpus_per_node} = {ranks} ranks, but the "
             f"{cluster.name} cluster runs every rank on this machine and allows at most {max_ranks}; "
@@ -144,6 +146,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = [item for item in items if item.get_closest_marker("fabric_regression") is None]
             config.hook.pytest_deselected(items=off)
     fabric.gates = sum(1 for item in items if "fabric_compare" in getattr(item, "fixturenames", ()))
+    fabric.check_expectations(items)
 
 
 # A test that asks for one of these may launch ranks: its session checks every node first.
@@ -156,6 +159,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     here in one line. Under xdist the controller collects nothing, and the first worker to launch
     checks the nodes."""
     fabric = session.config.stash[SESSION_KEY]
+    terminal = session.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None and fabric.expectations_checked:
+        for line in fabric.expectation_lines():
+            terminal.write_line(f"fabric: {line}")
     launches = any(name in LAUNCHING_FIXTURES for item in session.items for name in getattr(item, "fixturenames", ()))
     if launches and not session.config.option.collectonly and not hasattr(session.config, "workerinput"):
         fabric.prepared_cluster()
@@ -249,6 +256,8 @@ def fabric_case(request: pytest.FixtureRequest) -> Case:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("fabric_comparison") is None:
         return
+    if CONTRADICTION_KEY in item.stash:
+        item.stash.setdefault(NOTES_KEY, []).append(f"predicted to fail before the night: {item.stash[CONTRADICTION_KEY]}")
     session = item.config.stash[SESSION_KEY]
     cluster = session.prepared_cluster()
     if not cluster.realizes_fabrics:
@@ -280,6 +289,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report.fabric_headline = headline(gates)
     report.fabric_gates = [g.record() for g in gates]
     report.fabric_no_fabrics = item.stash.get(NO_FABRICS_KEY, False)
+    report.fabric_contradiction = item.stash.get(CONTRADICTION_KEY, None)
     return report
 
 

@@ -13,7 +13,7 @@ from pytest_fabric import REFERENCE_FABRIC
 from pytest_fabric.deciding.gates import DEFAULT_AHEAD
 
 
-@pytest.mark.fabric_comparison
+@pytest.mark.fabric_comparison(expect="ahead")
 @pytest.mark.fabric_matrix(models=COMMUNICATION_BOUND, exclude_fabrics=[REFERENCE_FABRIC], min_nodes=2)
 def test_reference_shows_its_advantage(fabric_case, fabric_compare, fabric_references):
     fabric_compare.ahead(fabric_case.with_fabric(REFERENCE_FABRIC), fabric_case,

@@ -12,7 +12,7 @@ from pytest_fabric import REFERENCE_FABRIC
 from pytest_fabric.deciding.gates import DEFAULT_WITHIN
 
 
-@pytest.mark.fabric_comparison
+@pytest.mark.fabric_comparison(expect="within")
 @pytest.mark.fabric_matrix(models=COMPUTE_BOUND, exclude_fabrics=[REFERENCE_FABRIC], min_nodes=2)
 def test_candidate_keeps_up_with_the_reference(fabric_case, fabric_compare, fabric_references):
     fabric_compare.within(fabric_case, fabric_case.with_fabric(REFERENCE_FABRIC),

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..core.models import get_model
 from .step_model import (DEFAULT_LINK_EFFICIENCY, DEFAULT_RESOLUTION, JobShape, Observation, Penalty, predict_penalty,
-                         recorded_shape)
+                         predict_step, recorded_shape)
 
 __all__ = ["BOUND_WORDS", "ComparisonPrediction", "comparison_line", "fit_flops", "predict_comparison"]
 
@@ -206,3 +206,33 @@ def predict_comparison(
         penalty = predict_penalty(shape, flops_per_s=flops_per_s, fast_gbit=fast_gbit, slow_gbit=slow_gbit,
                                   link_efficiency=link_efficiency, **options)
     return ComparisonPrediction(fast, slow, fast_gbit, slow_gbit, shape.nodes, flops_per_s, source, penalty)
+
+
+def predicted_contradiction(shape: JobShape, kind: str, threshold: float, reference: tuple[str, float],
+                            candidate: tuple[str, float], flops_per_s: float, **options) -> str | None:
+    """What to announce before the night for a gate the model predicts will fail on these links, or
+    None where the prediction agrees with it.
+
+    ``kind`` "within": the gate needs candidate/reference tokens/s >= ``threshold``; "ahead":
+    reference/candidate >= ``threshold``. ``reference`` and ``candidate``: (fabric, per-node Gbit/s).
+    The words name the predicted ratio, what bounds the candidate's step, what the gate needs, and
+    what the other layout (full or hybrid sharding) is predicted to give. Other ``options``
+    (intra_gbit, link_efficiency, overhead_s) go to ``predict_step``."""
+    def ratio(s: JobShape) -> tuple[float, str]:
+        ref = predict_step(s, flops_per_s=flops_per_s, inter_gbit=reference[1], **options)
+        cand = predict_step(s, flops_per_s=flops_per_s, inter_gbit=candidate[1], **options)
+        return cand.tokens_per_s / ref.tokens_per_s, cand.bound
+
+    r, bound = ratio(shape)
+    if (r if kind == "within" else 1 / r) >= threshold:
+        return None
+    other = replace(shape, sharding="full" if shape.sharding == "hybrid" else "hybrid")
+
+    def said(x: float) -> str:
+        return f"{(1 - x) * 100:.0f}% slower" if x <= 1 else f"{(x - 1) * 100:.0f}% faster"
+
+    need = (f"the gate needs {candidate[0]} at most {(1 - threshold) * 100:.0f}% slower" if kind == "within"
+            else f"the gate needs {reference[0]} at least {(threshold - 1) * 100:.0f}% ahead")
+    return (f"{'parity' if kind == 'within' else 'advantage'} {shape.spec.name} n{shape.nodes} {shape.sharding}: "
+            f"predicted {candidate[0]} {said(r)} than {reference[0]} on {candidate[1]:g} against {reference[1]:g} "
+            f"Gbit/s per node ({bound}-bound here); {need}; {other.sharding} sharding predicted {said(ratio(other)[0])}")

@@ -50,6 +50,8 @@ class FabricReporter:
         self.undecided: str | None = None  # why the night decided nothing (--undecided-night)
         self.storage_problems: list[str] = []  # files a full or read-only disk refused (storage.py)
         self.saved = True  # False once the disk refused --fabric-save
+        # nodeid -> the model's prediction against the test's expectation (session.check_expectations)
+        self.contradictions: dict[str, str] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # Under xdist the controller sees every worker's reports here.
@@ -66,6 +68,8 @@ class FabricReporter:
         self.no_fabrics += bool(getattr(report, "fabric_no_fabrics", False) and report.skipped)
         if getattr(report, "fabric_gates", None):
             self.gates[report.nodeid] = report.fabric_gates
+        if getattr(report, "fabric_contradiction", None):
+            self.contradictions[report.nodeid] = report.fabric_contradiction
         if word == INCONCLUSIVE:
             self.undecided_text[report.nodeid] = str(getattr(report, "wasxfail", "") or message)
         if report.when != "call":
@@ -124,7 +128,8 @@ class FabricReporter:
         if not xmlpath or not Path(xmlpath).exists():
             return
         path = Path(xmlpath)
-        if self.fabric.outputs or self.no_fabrics or any(gate for _, _, gate in self.outcomes.values()):
+        if (self.fabric.outputs or self.no_fabrics or self.contradictions
+                or any(gate for _, _, gate in self.outcomes.values())):
             add_to_junit(path, self.fabric.outputs, self._suite_properties(), prefix=config.option.junitprefix,
                          inconclusive={nodeid: (message, self.undecided_text.get(nodeid, ""))
                                        for nodeid, (word, message, _) in self.outcomes.items() if word == INCONCLUSIVE})
@@ -191,6 +196,9 @@ class FabricReporter:
             facts["fabric.undecided"] = self.undecided
         if left_out := fabric.nodes_left_out():
             facts["fabric.nodes_left_out"] = "; ".join(f"{node}: {why}" for node, why in left_out.items())
+        # Each gate predicted to fail before the night, by its test's name.
+        facts.update({f"fabric.predicted_to_fail.{nodeid.rpartition('::')[2]}": message
+                      for nodeid, message in sorted(self.contradictions.items())})
         return suite_properties([*self.night.measured, *self.night.bandwidth], facts)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

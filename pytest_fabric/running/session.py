@@ -23,22 +23,23 @@ import pytest
 from . import options as fabric_options
 from ..core.case import Case
 from ..cluster import Cluster, ClusterUnavailable, local_fallback
-from ..core.fabrics import Fabric
+from ..core.fabrics import REFERENCE_FABRIC, Fabric
 from ..physics.floor import Floor, impossible_payloads, run_floor, transport_hint
-from ..deciding.gates import GateOutcome
+from ..deciding.gates import DEFAULT_AHEAD, DEFAULT_WITHIN, GateOutcome
 from ..measuring.link_rate import LinkRate, link_rate
 from ..measuring.measure import Measurer
 from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from ..core.models import get_model
-from ..physics.comparison import comparison_line
+from ..physics.comparison import comparison_line, predicted_contradiction
+from ..physics.step_model import JobShape
 from ..core.redact import remember
 from ..deciding.references import ReferenceError, References
 from ..history.baselines import Baseline
 from ..history.night_model import ResultsError
-from ..deciding.contrasts import Interval, NoisePrior
+from ..deciding.contrasts import Interval, NoisePrior, ahead_gate, within_gate
 from ..measuring import nodes as node_checks
 from ..measuring.nodes import NODES_FILE, NodeCheck, RunDirError
-from ..measuring.preflight import NodeFacts
+from ..measuring.preflight import NodeFacts, visible_gpus
 from ..measuring.store import ResultStore, resume_path
 
 
@@ -61,6 +62,9 @@ class FabricSession:
     # The healthy nodes' facts from the node check before the first launch (check_nodes): their NICs'
     # rates are the links' (link_rate.py). Empty where no check ran (the local cluster).
     node_facts: list[NodeFacts] = field(default_factory=list)
+    # The gates the model predicts will fail on the session's links (check_expectations), by node id.
+    contradictions: dict[str, str] = field(default_factory=dict)
+    expectations_checked: int = 0
 
     def family(self) -> int:
         """How many gates a failure's error allowance is shared over (--family-wise)."""
@@ -230,6 +234,60 @@ class FabricSession:
         except Exception as exc:  # noqa: BLE001 - an output line must never turn a test into an error
             return f"floor: {m.case.fabric} unavailable ({type(exc).__name__}: {exc})"
 
+    def check_expectations(self, items: Sequence[pytest.Item]) -> None:
+        """Before the night, each comparison that declares what it expects (``fabric_comparison(expect=)``)
+        is set against the model's prediction on the session's links (declared, emulated or the nodes'),
+        ranks per node, shape, precision, sharding and --fabric-flops: a gate predicted to fail is
+        noted on its item (``CONTRADICTION_KEY``) and in ``contradictions``, and still measured. Without
+        --fabric-flops nothing is predicted (a rank's compute throughput decides what bounds a step)."""
+        for item in items:
+            marker = item.get_closest_marker("fabric_comparison")
+            kind = marker.kwargs.get("expect") if marker is not None else None
+            case = getattr(item, "callspec", None) and item.callspec.params.get("fabric_case")
+            if kind is None or not isinstance(case, Case):
+                continue
+            if kind not in EXPECTATIONS:
+                raise pytest.UsageError(f"{item.nodeid}: fabric_comparison(expect={kind!r}): use one of "
+                                        f"{', '.join(map(repr, EXPECTATIONS))}")
+            message = self.expectation(case, kind)
+            self.expectations_checked += message is not None or self._predictable(case)
+            if message:
+                item.stash[CONTRADICTION_KEY] = self.contradictions[item.nodeid] = message
+
+    def expectation_lines(self) -> list[str]:
+        """What the pre-night check found, for the terminal: each gate predicted to fail, or that none is."""
+        if not self.contradictions:
+            return [f"pre-night check: the model predicts all {self.expectations_checked} comparison(s) as their gates "
+                    f"expect, on these links and --fabric-flops"]
+        return [f"predicted to fail: {message}" for message in self.contradictions.values()]
+
+    def _predictable(self, case: Case) -> bool:
+        return self.options.flops_per_rank is not None and case.crosses_fabric and case.fabric != REFERENCE_FABRIC
+
+    def expectation(self, case: Case, kind: str) -> str | None:
+        """The model's words where ``case``'s gate against the reference fabric is predicted to fail
+        (``comparison.predicted_contradiction``), else None; None too where it cannot be predicted."""
+        if not self._predictable(case):
+            return None
+        s, o = self.options.settings, self.options
+        try:
+            rates = {f: self.link(f)[1] for f in (REFERENCE_FABRIC, case.fabric)}
+            if not all(rates.values()):
+                return None
+            gpu = s.device == "cuda" or (s.device == "auto" and visible_gpus() > 0)
+            bf16 = s.mixed_precision == "bf16" or (s.mixed_precision == "auto" and gpu)
+            batch, seq = s.shape(case.model, case.nodes * s.gpus_per_node)
+            shape = JobShape(get_model(case.model), case.nodes, s.gpus_per_node, batch, seq,
+                             param_bytes=2 if bf16 else 4, grad_bytes=2 if bf16 and s.reduce_dtype == "bf16" else 4,
+                             activation_checkpointing=s.activation_checkpointing, sharding=case.layout,
+                             grad_accum=s.grad_accum, backend="nccl" if gpu else "gloo")
+            threshold = (within_gate(o.references.within(case, DEFAULT_WITHIN))[0] if kind == "within"
+                         else ahead_gate(o.references.ahead(case, DEFAULT_AHEAD))[0])
+            return predicted_contradiction(shape, kind, threshold, (REFERENCE_FABRIC, rates[REFERENCE_FABRIC]),
+                                           (case.fabric, rates[case.fabric]), o.flops_per_rank)
+        except (KeyError, ValueError):  # a model or a shape the catalog cannot size: nothing predicted
+            return None
+
     def predicted(self, a: Case, b: Case, runs_a: Sequence[Measurement], runs_b: Sequence[Measurement],
                   interval: Interval) -> str:
         """The analytical model's line for comparing ``a`` with ``b`` (``comparison.comparison_line``)
@@ -245,7 +303,12 @@ class FabricSession:
                                self.options.flops_per_rank)
 
 
+# Comparisons declare what they expect: ``@pytest.mark.fabric_comparison(expect="within")`` (the
+# candidate keeps up with the reference) or ``expect="ahead"`` (the reference leads).
+EXPECTATIONS = ("within", "ahead")
+
 SESSION_KEY = pytest.StashKey[FabricSession]()
+CONTRADICTION_KEY = pytest.StashKey[str]()  # the model's prediction against a gate's expectation
 MEASURED_KEY = pytest.StashKey[list[Measurement | BandwidthMeasurement]]()
 # Lines shown below a test's verdicts (the prediction, the floor). The verdicts themselves are the
 # GateOutcomes under OUTCOMES_KEY: every renderer writes their words from those.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+from pathlib import Path
 import subprocess
 import sys
 
@@ -467,3 +468,79 @@ def test_the_familys_size_is_what_the_suites_collected_whatever_k_selects(pytest
     for selection in ([], ["-k", "one"], ["-k", "not one and not two"]):
         result = pytester.runpytest("--collect-only", "--models", "qwen2-tiny", *selection)
         result.stdout.fnmatch_lines(["GATES 2"])
+
+
+# -- the pre-night check ---------------------------------------------------------------------------
+
+EXPECTING = """
+import pytest
+from pytest_fabric import REFERENCE_FABRIC
+
+
+@pytest.mark.fabric_comparison(expect="within")
+@pytest.mark.fabric_matrix(models=["qwen2.5-7b"], exclude_fabrics=[REFERENCE_FABRIC], min_nodes=2)
+def test_parity(fabric_case, fabric_compare):
+    fabric_compare.within(fabric_case, fabric_case.with_fabric(REFERENCE_FABRIC))
+
+
+@pytest.mark.fabric_comparison(expect="ahead")
+@pytest.mark.fabric_matrix(models=["qwen2.5-7b"], exclude_fabrics=[REFERENCE_FABRIC], min_nodes=2)
+def test_advantage(fabric_case, fabric_compare):
+    fabric_compare.ahead(fabric_case.with_fabric(REFERENCE_FABRIC), fabric_case)
+"""
+EIGHT_GPUS = ("--collect-only", "-q", "--nodes", "8", "--gpus-per-node", "8", "--device", "cuda", "--fabrics", "ib,eth")
+FLOPS = ("--fabric-flops", "4e14")
+
+
+def test_a_gate_the_model_predicts_to_fail_is_announced_before_the_night(pytester):
+    # 8 GPUs per node on 50 Gbit/s Ethernet against 8 x 400G InfiniBand: a 7B model cannot keep up.
+    pytester.makepyfile(test_mine=EXPECTING)
+    result = pytester.runpytest(*EIGHT_GPUS, *FLOPS, "--models", "qwen2.5-7b", "--fabric-link-gbit", "ib=3200,eth=50",
+                                "--sharding", "full,hybrid")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["fabric: predicted to fail: parity qwen2.5-7b n8 full: predicted eth 9?% slower than "
+                                 "ib on 50 against 3200 Gbit/s per node (communication-bound here); the gate needs eth "
+                                 "at most 5% slower; hybrid sharding predicted 9?% slower"])
+    lines = [line for line in result.stdout.lines if line.startswith("fabric: predicted to fail")]
+    assert len(lines) == 6 and all(" parity " in line for line in lines)  # n2, n4, n8 x full, hybrid; advantage holds
+    # The same links at the same rate: now the advantage is the gate that cannot hold.
+    result = pytester.runpytest(*EIGHT_GPUS, *FLOPS, "--models", "qwen2.5-7b", "--fabric-link-gbit", "ib=3200,eth=3200")
+    lines = [line for line in result.stdout.lines if line.startswith("fabric: predicted to fail")]
+    assert len(lines) == 3 and all(" advantage " in line and "the gate needs ib at least 20% ahead" in line
+                                   for line in lines)
+
+
+def test_the_shipped_suites_agree_with_the_model_on_the_seed_studys_cluster(pytester):
+    pytester.copy_example(str(Path(__file__).resolve().parents[2] / "suites"))
+    result = pytester.runpytest(*EIGHT_GPUS, *FLOPS, "--models", "qwen2.5-1.5b,qwen2.5-7b,llama-3.1-8b,qwen2.5-72b,llama-3.1-70b",
+                                "--fabric-link-gbit", "ib=3200,eth=50", "--sharding", "full,hybrid")
+    result.stdout.fnmatch_lines(["fabric: pre-night check: the model predicts all 30 comparison(s) as their gates expect*"])
+    assert "predicted to fail" not in result.stdout.str()
+
+
+def test_without_a_compute_throughput_nothing_is_predicted(pytester):
+    pytester.makepyfile(test_mine=EXPECTING)
+    result = pytester.runpytest(*EIGHT_GPUS, "--models", "qwen2.5-7b", "--fabric-link-gbit", "ib=3200,eth=50")
+    assert result.ret == pytest.ExitCode.OK and "pre-night" not in result.stdout.str()
+    assert "predicted to fail" not in result.stdout.str()
+
+
+def test_an_unknown_expectation_is_a_usage_error(pytester):
+    pytester.makepyfile(test_mine=EXPECTING.replace('expect="ahead"', 'expect="faster"'))
+    result = pytester.runpytest("--collect-only", "-q", "--models", "qwen2.5-7b")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: *fabric_comparison(expect='faster'): use one of 'within', 'ahead'"])
+
+
+def test_a_gate_predicted_to_fail_is_named_in_junit(pytester):
+    # The local cluster runs no comparison (its fabrics share one link): the prediction still lands.
+    pytester.makepyfile(test_mine=EXPECTING)
+    junit = pytester.path / "junit.xml"
+    pytester.runpytest("--cluster", "local", "--nodes", "2", "--fabrics", "ib,eth", "--models", "qwen2.5-7b",
+                       "--fabric-link-gbit", "ib=3200,eth=50", *FLOPS, f"--junitxml={junit}")
+    from junitparser import JUnitXml
+
+    props = {p.name: p.value for suite in JUnitXml.fromfile(str(junit)) for p in suite.properties()}
+    said = props["fabric.predicted_to_fail.test_parity[qwen2.5-7b-n2-eth]"]
+    assert said.startswith("parity qwen2.5-7b n2 full: predicted eth ") and "the gate needs eth at most 5% slower" in said
+    assert not any(name.startswith("fabric.predicted_to_fail.test_advantage") for name in props)
