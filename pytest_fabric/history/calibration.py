@@ -53,7 +53,8 @@ class Configuration:
     @property
     def label(self) -> str:
         o = self.observation.shape
-        return f"{o.spec.name} n{o.nodes}x{o.gpus_per_node} {self.fabric}"
+        layout = "" if o.sharding == "full" or o.nodes == 1 else f" {o.sharding}"
+        return f"{o.spec.name} n{o.nodes}x{o.gpus_per_node}{layout} {self.fabric}"
 
     @property
     def shape(self) -> JobShape:
@@ -244,7 +245,8 @@ def study_lines(s: Study) -> list[str]:
     rows = []
     for p in s.penalties:
         o, shape = p.slow.observation, p.slow.shape
-        rows.append([f"{shape.spec.name} n{shape.nodes}x{shape.gpus_per_node}", f"{p.fast.fabric} vs {p.slow.fabric}",
+        layout = "" if shape.sharding == "full" else f" {shape.sharding}"
+        rows.append([f"{shape.spec.name} n{shape.nodes}x{shape.gpus_per_node}{layout}", f"{p.fast.fabric} vs {p.slow.fabric}",
                      f"{p.fast.observation.inter_gbit:g} / {o.inter_gbit:g}", _pct(p.measured),
                      _pct(p.predicted_fit),
                      "-" if p.predicted_fit is None else _pct(p.predicted_fit - p.measured)[:-1],
