@@ -42,8 +42,7 @@ class Run:
         return json.loads((self.directory / "measurements.json").read_text())
 
     def record(self, fabric: str) -> dict:
-        (record,) = [r for r in self.records.values() if r["case"] == {"model": "qwen2-tiny", "nodes": 2,
-                                                                         "fabric": fabric}]
+        (record,) = [r for r in self.records.values() if Case(**r["case"]) == Case("qwen2-tiny", 2, fabric)]
         return record
 
     def measured(self, fabric: str) -> Measurement:
