@@ -146,7 +146,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = [item for item in items if item.get_closest_marker("fabric_regression") is None]
             config.hook.pytest_deselected(items=off)
     fabric.gates = sum(1 for item in items if "fabric_compare" in getattr(item, "fixturenames", ()))
-    fabric.check_expectations(items)
 
 
 # A test that asks for one of these may launch ranks: its session checks every node first.
@@ -154,11 +153,13 @@ LAUNCHING_FIXTURES = {"fabric_measure", "fabric_compare", "fabric_cluster"}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Where any selected test launches, every node is checked now, before the first test
+    """The selected comparisons are set against the model (``check_expectations``), and what it
+    predicts to fail is said. Where any selected test launches, every node is checked now, before the first test
     (``FabricSession.check_nodes``): a session its nodes refuse (a run directory no node sees) ends
     here in one line. Under xdist the controller collects nothing, and the first worker to launch
     checks the nodes."""
     fabric = session.config.stash[SESSION_KEY]
+    fabric.check_expectations(session.items)  # the selected ones: what -k and -m left
     terminal = session.config.pluginmanager.get_plugin("terminalreporter")
     if terminal is not None and fabric.expectations_checked:
         for line in fabric.expectation_lines():

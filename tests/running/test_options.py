@@ -544,3 +544,10 @@ def test_a_gate_predicted_to_fail_is_named_in_junit(pytester):
     said = props["fabric.predicted_to_fail.test_parity[qwen2.5-7b-n2-eth]"]
     assert said.startswith("parity qwen2.5-7b n2 full: predicted eth ") and "the gate needs eth at most 5% slower" in said
     assert not any(name.startswith("fabric.predicted_to_fail.test_advantage") for name in props)
+
+
+def test_the_pre_night_check_covers_the_selected_gates_only(pytester):
+    pytester.makepyfile(test_mine=EXPECTING)
+    result = pytester.runpytest(*EIGHT_GPUS, *FLOPS, "--models", "qwen2.5-7b", "--fabric-link-gbit", "ib=3200,eth=50",
+                                "-k", "advantage")
+    result.stdout.fnmatch_lines(["fabric: pre-night check: the model predicts all 3 comparison(s) as their gates expect*"])
