@@ -120,7 +120,3 @@ def model_bytes_per_step(launches: Any) -> float | None:
         return None
     return node_traffic_bytes(recorded_shape(spec, first.case.nodes, first.result))
 
-
-def bytes_text(n: float | None) -> str:
-    """Bytes per step as a table cell: "80.5 MB"; "n/a" where unknown."""
-    return "n/a" if n is None else f"{n / 1e6:.3g} MB"
