@@ -33,6 +33,7 @@ from typing import Any
 from ..core.atomic import replacing
 from ..core.fabrics import REFERENCE_FABRIC
 from ..deciding.gates import GateOutcome, machine_fields
+from ..deciding.stragglers import stragglers
 from ..physics.hostbound import (configuration_mfu, link_bytes_per_step, mfu_peak, model_bytes_per_step,
                                  peak_memory_gib)
 from ..core.models import MFU_CONVENTION
@@ -86,10 +87,23 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
             f"{p}.reduce_dtype": r.reduce_dtype,
             f"{p}.link_bytes_per_step": "n/a" if (b := link_bytes_per_step(ms)) is None else f"{b:.0f}",
             f"{p}.model_bytes_per_step": "n/a" if (b := model_bytes_per_step(ms)) is None else f"{b:.0f}",
+            # Ranks whose own work stays above the others' (deciding/stragglers.py); CPU runs only so far:
+            # a GPU rank's CPU time is not its compute.
+            f"{p}.stragglers": straggler_text(ms),
         }
     out[f"{p}.fabric_settings"] = json.dumps(r.fabric, sort_keys=True)
     out[f"{p}.versions"] = ", ".join(f"{k} {v}" for k, v in r.versions.items() if v)
     return out
+
+
+def straggler_text(launches: Sequence[Measurement]) -> str:
+    """The configuration's stragglers over every measured step of its launches, "none", or "n/a"
+    where no per-rank work was recorded (a GPU run, a result from before)."""
+    first = launches[0].result
+    work = [row for m in launches for row in m.result.signals.rank_cpu_s]
+    if first.device != "cpu" or not work or len(work[0]) < 2:
+        return "n/a"
+    return "; ".join(s.line() for s in stragglers(work, first.local_world_size)) or "none"
 
 
 def gate_lines(outcome: GateOutcome) -> dict[str, str]:

@@ -89,6 +89,9 @@ class StepSignals:
     # where no counter was known.
     link_tx_bytes: list[float] = field(default_factory=list)
     link_rx_bytes: list[float] = field(default_factory=list)
+    # Per measured step, every rank's own step time and CPU time, by global rank (signals.StepView).
+    rank_step_s: list[list[float]] = field(default_factory=list)
+    rank_cpu_s: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -193,7 +196,7 @@ class TrainResult(LaunchFacts):
         # One entry per measured step in every signal (none at all: no signals, every step clean);
         # stats would otherwise pair step times with the wrong steps' flags, or fail later.
         for name in ("steal_s", "foreign_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy", "step_end_unix",
-                     "link_tx_bytes", "link_rx_bytes"):
+                     "link_tx_bytes", "link_rx_bytes", "rank_step_s", "rank_cpu_s"):
             values = getattr(result.signals, name)
             if not isinstance(values, list) or (values and len(values) != len(steps)):
                 raise ResultFormatError(f"{where}: signals.{name} must list one entry per measured step "

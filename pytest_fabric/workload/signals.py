@@ -260,6 +260,10 @@ class StepView:
     # Bytes the busiest node's fabric link sent and received in the step; None: no counter known.
     link_tx_bytes: float | None = None
     link_rx_bytes: float | None = None
+    # Every rank's own figures, by global rank: the step as its timer saw it (the slowest rank's
+    # compute shows as the others' wait) and its process's CPU time in the step (its own work, on CPU).
+    rank_step_s: tuple[float, ...] = ()
+    rank_cpu_s: tuple[float, ...] = ()
 
 
 def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
@@ -310,7 +314,8 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     rx = [node[0][10] for node in nodes if len(node[0]) > 10 and node[0][10] >= 0]
     return StepView(step_s, steal[0], foreign[0], foreign[1], min(clocks) if clocks else None, throttle_names(mask),
                     steal_cores=steal[1], gpu_busy=min(busy) if busy else None,
-                    link_tx_bytes=max(tx) if tx else None, link_rx_bytes=max(rx) if rx else None)
+                    link_tx_bytes=max(tx) if tx else None, link_rx_bytes=max(rx) if rx else None,
+                    rank_step_s=tuple(r[0] for r in rows), rank_cpu_s=tuple(r[1] for r in rows))
 
 
 def disturbance(view: StepView) -> str:

@@ -231,6 +231,8 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                 else [],
                 link_rx_bytes=[v.link_rx_bytes for v in measured] if all(v.link_rx_bytes is not None for v in measured)
                 else [],
+                rank_step_s=[[round(t, 6) for t in v.rank_step_s] for v in measured],
+                rank_cpu_s=[[round(t, 6) for t in v.rank_cpu_s] for v in measured],
                 step_end_unix=step_ends),
             stopped=stopped,
             flops_per_token=spec.flops_per_token(cfg.seq_len),

@@ -809,3 +809,10 @@ def test_a_steps_link_bytes_are_its_busiest_nodes_read_by_each_nodes_first_rank(
     view = signals.combine([row(300.0, 100.0), row(-1.0, -1.0), row(200.0, 400.0), row(-1.0, -1.0)], 2)
     assert (view.link_tx_bytes, view.link_rx_bytes) == (300.0, 400.0)
     assert signals.combine([row(-1.0, -1.0)], 1).link_tx_bytes is None
+
+
+def test_every_ranks_own_step_and_cpu_time_are_kept():
+    rows = [[0.50, 0.40, 0.1, 0.0, 1.0, 0.0, 0.0, 1.0, -1.0, -1.0, -1.0],
+            [0.52, 0.49, 0.1, 0.0, 1.0, 0.0, 0.0, 2.0, -1.0, -1.0, -1.0]]
+    view = signals.combine(rows, 1)
+    assert view.step_s == 0.52 and view.rank_step_s == (0.50, 0.52) and view.rank_cpu_s == (0.40, 0.49)

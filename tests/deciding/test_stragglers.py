@@ -1,0 +1,32 @@
+"""The straggler rule on per-rank work: a steady excess is named, noise and one slow step are not."""
+
+from __future__ import annotations
+
+import random
+
+from pytest_fabric.deciding.stragglers import stragglers
+
+
+def steps(n: int, ranks: int, slow: dict[int, float] | None = None, seed: int = 0, spread: float = 0.03):
+    rng = random.Random(seed)
+    return [[0.4 * (1 + rng.gauss(0, spread)) * (slow or {}).get(r, 1.0) for r in range(ranks)] for _ in range(n)]
+
+
+def test_a_rank_30_percent_slower_is_named_with_its_node():
+    (found,) = stragglers(steps(20, 4, {3: 1.3}), local_world_size=2)
+    assert (found.rank, found.node) == (3, 1) and 0.2 < found.excess < 0.4 and found.steps >= 18
+    assert found.line() == f"rank 3 (node 1) works {found.excess:.0%} longer per step than the others"
+
+
+def test_no_straggler_in_ten_quiet_runs():
+    assert all(stragglers(steps(20, 4, seed=seed)) == [] for seed in range(10))
+
+
+def test_one_slow_step_is_not_a_straggler():
+    work = steps(20, 4)
+    work[5][2] *= 3
+    assert stragglers(work) == []
+
+
+def test_one_rank_says_nothing():
+    assert stragglers(steps(10, 1)) == [] and stragglers([]) == []
