@@ -465,3 +465,41 @@ def interrupt_when(proc: subprocess.Popen, ready, sig: int, what: str, within_s:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             sweep_stale_namespaces()
+
+
+# A planted straggler (issue 33): the test's own sitecustomize, on the ranks' PYTHONPATH, makes one
+# global rank do ``extra`` more CPU work per step with a busy loop before each optimizer step (as a
+# throttled GPU or a shared core would), with no option or variable of the harness.
+_SLOW_RANK_SITE = '''
+import os, sys, threading, time
+
+def _plant():
+    # Once torch.optim is imported, a global optimizer pre-hook spins for EXTRA x the CPU time this
+    # process spent since the last step ended.
+    while "torch.optim.optimizer" not in sys.modules:
+        time.sleep(0.01)
+    import torch.optim.optimizer as optimizer
+    last = [time.process_time()]
+
+    def spin(opt, args, kwargs):
+        start = time.process_time()
+        until = start + EXTRA * (start - last[0])
+        while time.process_time() < until:
+            pass
+        last[0] = time.process_time()
+
+    optimizer.register_optimizer_step_pre_hook(spin)
+
+with open("/proc/self/cmdline", "rb") as f:
+    rank_program = b"pytest_fabric.workload.train" in f.read()
+if os.environ.get("RANK") == str(RANK) and rank_program:
+    threading.Thread(target=_plant, daemon=True).start()
+'''
+
+
+def slow_rank_site(directory: Path, rank: int, extra: float = 0.3) -> Path:
+    """A directory whose sitecustomize makes global rank ``rank`` work ``extra`` longer per step:
+    put it on PYTHONPATH (the ranks inherit it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(f"RANK = {rank}\nEXTRA = {extra}\n" + _SLOW_RANK_SITE)
+    return directory

@@ -68,7 +68,7 @@ def test_the_table_model_reads_the_night_model_only():
     # tables.py builds every output's rows from a SavedRun: it reads no file, store or JUnit (the
     # renderers above it do), so each number is computed once.
     assert {m for m in GRAPH[mod("tables")] if _folder(m) != "core"} <= {mod("night_model"), mod("cost"), mod("hostbound"),
-                                                                     mod("contrasts")}
+                                                                     mod("contrasts"), mod("stragglers")}
     for renderer in ("terminal", "htmlreport", "dashboards"):
         assert mod("tables") in GRAPH[mod(renderer)], renderer
 

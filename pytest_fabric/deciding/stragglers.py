@@ -2,11 +2,15 @@
 
 Every rank's step time is the same within a step (the slowest rank's compute shows as the others'
 wait in the collectives), so a straggler is found in each rank's own work: its CPU time in the step
-on CPU runs (``signals.StepView.rank_cpu_s``), its compute time on GPUs. A rank is named when its
-median over the measured steps is more than ``STRAGGLER_MARGIN`` above the median of the other ranks'
-medians, in at least ``STRAGGLER_SHARE`` of the steps too: a steady excess, not one slow step. 15%:
-launch-to-launch noise on the emulated cluster is a few percent per rank, and a rank 30% slower (a
-throttled GPU, a busy core) is what costs a night.
+on CPU runs (``signals.StepView.rank_cpu_s``). A rank is named when its median over the measured
+steps is more than ``STRAGGLER_MARGIN`` above the median of the other ranks' medians, and it exceeds
+the others' median by that margin in at least ``STRAGGLER_SHARE`` of the steps: a steady excess, not
+one slow step. A node whose every rank straggles is named as the node.
+
+Why 15%: on the emulated cluster one rank's work varies by a few percent between steps and ranks
+(benchmarks/results/stragglers-*.txt: the largest excess of any rank in A/A runs), while a rank 30%
+slower (a throttled GPU, a core shared with something else, a busy loop) is what costs a night: the
+job runs at its slowest rank's pace. Half of the steps: a straggler slows most steps, a burst does not.
 """
 
 from __future__ import annotations
@@ -22,17 +26,23 @@ STRAGGLER_SHARE = 0.5
 @dataclass(frozen=True)
 class Straggler:
     rank: int
-    node: int
+    node: str  # the node's name as the launcher gave it ("node1/198.18.0.2"), else "node <index>"
     excess: float  # its median work over the others' median, less 1 (0.3: 30% more)
     steps: int  # measured steps in which it exceeded the margin
+    of_steps: int  # measured steps in all
+    work_s: float  # its median work per step
+    others_s: float  # the other ranks' median
 
     def line(self) -> str:
-        return f"rank {self.rank} (node {self.node}) works {self.excess:.0%} longer per step than the others"
+        return (f"rank {self.rank} on {self.node} works {self.excess:.0%} longer per step than the others "
+                f"({self.work_s * 1000:.0f} ms against {self.others_s * 1000:.0f} ms, in {self.steps} of "
+                f"{self.of_steps} steps)")
 
 
-def stragglers(work: Sequence[Sequence[float]], local_world_size: int = 1,
+def stragglers(work: Sequence[Sequence[float]], local_world_size: int = 1, hosts: Sequence[str] = (),
                margin: float = STRAGGLER_MARGIN, share: float = STRAGGLER_SHARE) -> list[Straggler]:
-    """The ranks of ``work`` (per step, every rank's own work in seconds) that straggle."""
+    """The ranks of ``work`` (per step, every rank's own work in seconds) that straggle; ``hosts``:
+    the node of each global rank (else a node is named by its index, torchrun's numbering)."""
     if not work or len(work[0]) < 2:
         return []
     ranks = len(work[0])
@@ -45,5 +55,23 @@ def stragglers(work: Sequence[Sequence[float]], local_world_size: int = 1,
         over = sum(1 for step in work
                    if step[r] > (1 + margin) * statistics.median(v for i, v in enumerate(step) if i != r))
         if over >= share * len(work):
-            found.append(Straggler(r, r // max(1, local_world_size), medians[r] / others - 1, over))
+            node = hosts[r] if len(hosts) == ranks else f"node {r // max(1, local_world_size)}"
+            found.append(Straggler(r, node, medians[r] / others - 1, over, len(work), medians[r], others))
     return found
+
+
+def straggler_lines(found: Sequence[Straggler], ranks_of: dict[str, int] | None = None) -> list[str]:
+    """One line per straggling rank; a node whose every rank (``ranks_of``: ranks per node name)
+    straggles is one line naming the node."""
+    by_node: dict[str, list[Straggler]] = {}
+    for s in found:
+        by_node.setdefault(s.node, []).append(s)
+    out = []
+    for node, group in by_node.items():
+        if ranks_of and len(group) > 1 and len(group) == ranks_of.get(node):
+            low = min(s.excess for s in group)
+            out.append(f"{node}: all {len(group)} ranks ({', '.join(str(s.rank) for s in group)}) work at "
+                       f"least {low:.0%} longer per step than the other nodes' ranks")
+        else:
+            out += [s.line() for s in group]
+    return out

@@ -33,13 +33,13 @@ from typing import Any
 from ..core.atomic import replacing
 from ..core.fabrics import REFERENCE_FABRIC
 from ..deciding.gates import GateOutcome, machine_fields
-from ..deciding.stragglers import stragglers
 from ..physics.hostbound import (configuration_mfu, link_bytes_per_step, mfu_peak, model_bytes_per_step,
                                  peak_memory_gib)
 from ..core.models import MFU_CONVENTION
 from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from ..core.redact import redact_file
 from .junit_read import junit_suites
+from .nights import configuration_stragglers
 from ..deciding.verdicts import INCONCLUSIVE_PREFIX, verdict_line
 from ..workload.result import TrainResult
 
@@ -97,13 +97,9 @@ def measurement_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
 
 
 def straggler_text(launches: Sequence[Measurement]) -> str:
-    """The configuration's stragglers over every measured step of its launches, "none", or "n/a"
-    where no per-rank work was recorded (a GPU run, a result from before)."""
-    first = launches[0].result
-    work = [row for m in launches for row in m.result.signals.rank_cpu_s]
-    if first.device != "cpu" or not work or len(work[0]) < 2:
-        return "n/a"
-    return "; ".join(s.line() for s in stragglers(work, first.local_world_size)) or "none"
+    """The configuration's stragglers, "none", or "n/a" where not judged (``configuration_stragglers``)."""
+    found = configuration_stragglers(launches)
+    return "n/a" if found is None else "; ".join(found) or "none"
 
 
 def gate_lines(outcome: GateOutcome) -> dict[str, str]:

@@ -178,12 +178,20 @@ def _cases_from_metrics(metrics: dict[str, dict[str, str]], launches: dict[str, 
                 # The step's figures; "n/a" (a CPU run) and files written before them: None.
                 cases[cid] = CaseResult(case.model, case.nodes, case.fabric, gpus, values, [v / gpus for v in values],
                                         counted if not all(counted) else None, _known(m, "mfu", float), _known(m, "mfu_peak", str),
-                                        _known(m, "peak_memory_gib", float), case.sharding)
+                                        _known(m, "peak_memory_gib", float), case.sharding,
+                                        _straggler_lines(m.get("stragglers")))
         except ValueError as exc:
             raise ResultsError(f"{path}: metric lines of {cid} are malformed ({exc}); expected "
                                f"fabric.{cid}.tokens_per_s=<number>, fabric.{cid}.gpus=<integer> and "
                                f"fabric.{cid}.mfu= and .peak_memory_gib= a number or n/a") from None
     return cases, links
+
+
+def _straggler_lines(value: str | None) -> list[str] | None:
+    """``fabric.<case>.stragglers`` as lines (``junit.straggler_text``): "none" is [], "n/a" or absent None."""
+    if value is None or value == "n/a":
+        return None
+    return [] if value == "none" else value.split("; ")
 
 
 def _known(lines: Mapping[str, str], name: str, kind: type) -> Any:

@@ -51,6 +51,9 @@ class CaseResult:
     mfu_peak: str | None = None
     peak_memory_gib: float | None = None
     sharding: str = "full"  # core.case.SHARDINGS
+    # Ranks (or nodes) whose own work per step stayed above the others' (deciding/stragglers.py), one
+    # line each; [] none; None not judged (a GPU run, whose CPU time is not its compute; a baseline).
+    stragglers: list[str] | None = None
 
     @property
     def id(self) -> str:

@@ -34,6 +34,7 @@ from ..measuring.measurement import (BandwidthMeasurement, LaunchRecord, Measure
                                      configuration_tokens_per_s)
 from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, parse_case_id, verdict_case
 from ..core.redact import redact_data
+from ..deciding.stragglers import straggler_lines, stragglers
 from ..core.units import mbit_to_gbit
 
 from .setups import identity_from_records
@@ -154,7 +155,24 @@ def case_result(launches: Sequence[Measurement]) -> CaseResult:
                       [m.tokens_per_s for m in launches], [m.tokens_per_s_per_gpu for m in launches],
                       [m.counted for m in launches] if not all(m.counted for m in launches) else None,
                       configuration_mfu(launches, configuration_tokens_per_s(launches)), mfu_peak(launches),
-                      peak_memory_gib(launches), first.case.sharding)
+                      peak_memory_gib(launches), first.case.sharding, configuration_stragglers(launches))
+
+
+def configuration_stragglers(launches: Sequence[Measurement]) -> list[str] | None:
+    """The configuration's stragglers (``deciding/stragglers.py``) over the measured steps of its
+    launches, judged together where their ranks ran on the same nodes; None where no rank's own work
+    was recorded (a GPU run: a GPU rank's CPU time is not its compute; a result from before)."""
+    if any(m.result.device != "cpu" or not m.result.signals.rank_cpu_s for m in launches):
+        return None
+    by_hosts: dict[tuple[str, ...], list[list[float]]] = {}
+    for m in launches:
+        by_hosts.setdefault(tuple(m.result.rank_hosts), []).extend(m.result.signals.rank_cpu_s)
+    lines: list[str] = []
+    for hosts, work in by_hosts.items():
+        lws = launches[0].result.local_world_size
+        ranks_of = {h: hosts.count(h) for h in hosts}
+        lines += [line for line in straggler_lines(stragglers(work, lws, hosts), ranks_of) if line not in lines]
+    return lines
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,6 +256,7 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
                         "tokens_per_s": c.tokens_per_s, "tokens_per_s_per_gpu": c.tokens_per_s_per_gpu,
                         **({"counted": c.counted} if c.counted else {}),
                         **({"sharding": c.sharding} if c.sharding != "full" else {}),
+                        **({"stragglers": c.stragglers} if c.stragglers is not None else {}),
                         # absent where unknown: a CPU run has no MFU
                         **{k: v for k in _STEP_FIGURES if (v := getattr(c, k)) is not None}}
                   for cid, c in sorted(cases.items())},
@@ -382,6 +401,16 @@ def _optional(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], whe
     return value
 
 
+def _strings(obj: dict[str, Any], name: str, where: str) -> list[str] | None:
+    """A list of strings at ``name``; None where absent."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ResultsError(f"{where}: \"{name}\" must be a list of strings, got {value!r}")
+    return value
+
+
 def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
     identity = _field(data, "identity", dict, str(path))
     cases = {}
@@ -393,7 +422,7 @@ def _run_from_saved(data: dict[str, Any], path: Path) -> SavedRun:
                                 _flags(c, "counted", len(c.get("tokens_per_s") or []), where) if "counted" in c else None,
                                 _optional(c, "mfu", (int, float), where), _optional(c, "mfu_peak", str, where),
                                 _optional(c, "peak_memory_gib", (int, float), where),
-                                str(c.get("sharding") or "full"))
+                                str(c.get("sharding") or "full"), _strings(c, "stragglers", where))
     links = {}
     for lid, b in _field(data, "bandwidth", dict, str(path)).items():
         where = f"{path}: bandwidth {lid!r}"

@@ -31,7 +31,8 @@ from ..history.setups import identity_mismatch
 from .report_document import (NO_MATPLOTLIB, PLOTS_DIR, Document, Written, matplotlib_figure, slug,
                               write_document)
 from .report_plots import plot_busbw, plot_gates, plot_per_gpu
-from .tables import (bandwidth_table, by_model as group_by_model, cost_tables, reference, throughput_tables)
+from .tables import (bandwidth_table, by_model as group_by_model, cost_tables, reference, straggler_report,
+                     throughput_tables)
 
 __all__ = ["Written", "combine", "write_report"]
 
@@ -176,6 +177,13 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     if by_model:
         doc.para("tok/s: the value with its 95% interval [low, high]; vs: the change against the reference, with "
                  "the gate's interval where a gate compared the two. " + mfu_convention(tables) + ".")
+
+    found, judged = straggler_report(run)
+    if judged:
+        doc.heading("Stragglers")
+        doc.para(judged + " (its CPU time in the step, on CPU runs; deciding/stragglers.py).")
+        if found:
+            doc.bullets(found)
 
     if run.verdicts:
         doc.heading("Verdicts")

@@ -17,6 +17,7 @@ import pytest
 from ..core.version import VERSION as __version__
 from ..history.junit import SECTION, add_to_junit, suite_properties
 from ..core.redact import redact_file
+from .tables import straggler_report
 from .terminal import bandwidth_table, cost_lines, summary_tables
 from ..history.nights import SessionNight, save_results, session_night
 from ..running.session import FabricSession
@@ -223,6 +224,11 @@ class FabricReporter:
             terminalreporter.write_line(line)
         for line in bandwidth_table(bandwidth):
             terminalreporter.write_line(line)
+        found, judged = straggler_report(night.run)
+        if judged:
+            terminalreporter.write_line(judged)
+        for line in found:
+            terminalreporter.write_line(f"fabric: {line}", yellow=True)
         if fabric.options.prices:
             for line in cost_lines(night.run, fabric.options.prices):
                 terminalreporter.write_line(line)

@@ -20,6 +20,7 @@ from ..core.fabrics import REFERENCE_FABRIC
 from ..physics.hostbound import gib_text, mfu_text
 from ..history.night_model import CaseResult, LinkResult, SavedRun
 from ..deciding.contrasts import Interval, contrast_interval
+from ..deciding.stragglers import STRAGGLER_MARGIN
 from ..core.units import MIB
 
 __all__ = ["CONFIDENCE", "ConfigRow", "Table", "aligned_lines", "bandwidth_table", "by_model", "config_rows",
@@ -236,3 +237,14 @@ def config_rows(run: SavedRun) -> list[ConfigRow]:
         rows.append(ConfigRow(c.model, c.nodes, c.fabric, c.gpus, c.mean, iv.low, iv.high, c.count_text,
                               c.mfu, c.mfu_peak, c.peak_memory_gib, c.launches, c.disturbed, c.sharding))
     return rows
+
+
+def straggler_report(run: SavedRun) -> tuple[list[str], str | None]:
+    """(one line per straggler, naming its configuration, rank and node; the line saying how many
+    configurations were judged and found none, or None where none was judged)."""
+    judged = {cid: c.stragglers for cid, c in sorted(run.cases.items()) if c.stragglers is not None}
+    found = [f"straggler in {cid}: {line}" for cid, lines in judged.items() for line in lines]
+    if not judged:
+        return found, None
+    return found, (f"stragglers: {sum(1 for lines in judged.values() if lines)} of {len(judged)} configuration(s) "
+                   f"have a rank whose own work per step is over {STRAGGLER_MARGIN:.0%} above the others'")

@@ -60,3 +60,4 @@ def cost_lines(run: SavedRun, prices: Mapping[str, float]) -> list[str]:
     for table in cost_tables(run, prices):
         out.extend(aligned_lines(table))
     return out
+

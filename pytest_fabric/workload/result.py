@@ -132,6 +132,8 @@ class TrainResult(LaunchFacts):
     peak_memory_bytes: int = 0
     peak_memory_kind: str = ""
     peak_memory_bytes_per_rank: list[int] = field(default_factory=list)
+    # The node each global rank ran on (as the launcher named it, e.g. "node1/198.18.0.2"); [] before.
+    rank_hosts: list[str] = field(default_factory=list)
     first_loss: float | None = None
     final_loss: float | None = None
     device: str = "cpu"

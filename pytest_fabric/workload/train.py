@@ -244,6 +244,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             peak_memory_bytes=max(r["peak_memory_bytes"] for r in ranks),
             peak_memory_kind=memory_kind,
             peak_memory_bytes_per_rank=[r["peak_memory_bytes"] for r in ranks],
+            rank_hosts=[r["node"] for r in ranks],
             first_loss=float(losses[0].float().cpu()) if losses else None,
             final_loss=float(losses[-1].float().cpu()) if losses else None,
             device=device.type,

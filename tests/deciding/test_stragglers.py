@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from pytest_fabric.deciding.stragglers import stragglers
+from pytest_fabric.deciding.stragglers import straggler_lines, stragglers
 
 
 def steps(n: int, ranks: int, slow: dict[int, float] | None = None, seed: int = 0, spread: float = 0.03):
@@ -14,8 +14,22 @@ def steps(n: int, ranks: int, slow: dict[int, float] | None = None, seed: int = 
 
 def test_a_rank_30_percent_slower_is_named_with_its_node():
     (found,) = stragglers(steps(20, 4, {3: 1.3}), local_world_size=2)
-    assert (found.rank, found.node) == (3, 1) and 0.2 < found.excess < 0.4 and found.steps >= 18
-    assert found.line() == f"rank 3 (node 1) works {found.excess:.0%} longer per step than the others"
+    assert (found.rank, found.node) == (3, "node 1") and 0.2 < found.excess < 0.4 and found.steps >= 18
+    assert found.line().startswith(f"rank 3 on node 1 works {found.excess:.0%} longer per step than the others")
+    hosts = ["a/10.0.0.1", "a/10.0.0.1", "b/10.0.0.2", "b/10.0.0.2"]
+    (named,) = stragglers(steps(20, 4, {2: 1.3}), local_world_size=2, hosts=hosts)
+    assert (named.rank, named.node) == (2, "b/10.0.0.2")
+
+
+def test_a_node_whose_every_rank_is_slow_is_named_as_the_node():
+    hosts = ["a", "a", "b", "b", "c", "c"]
+    found = stragglers(steps(20, 6, {2: 1.4, 3: 1.4}), 2, hosts)
+    assert [s.rank for s in found] == [2, 3]
+    (line,) = straggler_lines(found, {"a": 2, "b": 2, "c": 2})
+    assert line.startswith("b: all 2 ranks (2, 3)")
+    # One rank of the node: the rank is named, not the node.
+    (one,) = straggler_lines(stragglers(steps(20, 6, {3: 1.4}), 2, hosts), {"a": 2, "b": 2, "c": 2})
+    assert one.startswith("rank 3 on b ")
 
 
 def test_no_straggler_in_ten_quiet_runs():

@@ -638,3 +638,33 @@ def test_a_baseline_without_launch_noise_gives_none(tmp_path):
     for damaged in (None, "0.02", {"sigma": 0.02}, {"df": 3}, {"sigma": "x", "df": 3}, {"sigma": 0.02, "df": 0},
                     {"sigma": float("nan"), "df": 3}):
         assert baseline_noise({"launch_noise": damaged}) is None, damaged
+
+
+def test_stragglers_are_judged_per_configuration_and_read_back_from_junit_and_saved_nights(tmp_path):
+    """Each rank's CPU work per step (two launches on the same nodes, judged together) names rank 2 on
+    node1; the saved night and the JUnit machine lines give back the same line; a GPU run is not judged."""
+    from pytest_fabric.history.junit import add_to_junit, straggler_text
+    from pytest_fabric.history.nights import configuration_stragglers
+    from pytest_fabric.workload.result import StepSignals
+
+    hosts = ["node0/198.18.0.1", "node0/198.18.0.1", "node1/198.18.0.2", "node1/198.18.0.2"]
+    work = [[0.40, 0.41, 0.55, 0.40], [0.41, 0.40, 0.54, 0.42], [0.40, 0.40, 0.56, 0.41], [0.42, 0.40, 0.40, 0.41]]
+    ms = [train_measurement("qwen2-tiny", 2, "eth", 1000.0 + i, launch=i, gpus_per_node=2, rank_hosts=hosts,
+                            device="cpu", signals=StepSignals(rank_cpu_s=work)) for i in range(2)]
+    (line,) = configuration_stragglers(ms)
+    assert line.startswith("rank 2 on node1/198.18.0.2 works 3") and "in 6 of 8 steps" in line
+    quiet = [train_measurement("qwen2-tiny", 2, "eth", 1000.0, gpus_per_node=2, rank_hosts=hosts, device="cpu",
+                               signals=StepSignals(rank_cpu_s=[[0.4, 0.41, 0.4, 0.42]] * 4))]
+    assert configuration_stragglers(quiet) == [] and straggler_text(quiet) == "none"
+    assert straggler_text([train_measurement("qwen2-tiny", 2, "eth", 1000.0, device="cuda")]) == "n/a"
+
+    night = tmp_path / "night.json"
+    save_results(night, {f"qwen2-tiny-n2-eth#{i}": {**train_record(Case("qwen2-tiny", 2, "eth"), 1000.0 + i,
+                                                                   gpus_per_node=2, rank_hosts=hosts, device="cpu",
+                                                                   signals=StepSignals(rank_cpu_s=work)),
+                                                    "launch": i} for i in range(2)}, IDENTITY, VERDICTS)
+    assert load_results(night).cases["qwen2-tiny-n2-eth"].stragglers == [line]
+    path = tmp_path / "j.xml"
+    path.write_text(junit_skeleton("test_x[qwen2-tiny-n2-eth]"))
+    add_to_junit(path, {"suites/test_x.py::test_x[qwen2-tiny-n2-eth]": text_of(ms)}, suite_properties(ms, {}))
+    assert load_results(path).cases["qwen2-tiny-n2-eth"].stragglers == [line]
