@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import textwrap
 import time
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -467,8 +468,8 @@ def interrupt_when(proc: subprocess.Popen, ready, sig: int, what: str, within_s:
             sweep_stale_namespaces()
 
 
-# A planted straggler (issue 33): the test's own sitecustomize, on the ranks' PYTHONPATH, makes one
-# global rank do ``extra`` more CPU work per step with a busy loop before each optimizer step (as a
+# A planted straggler (issue 33): the test's own sitecustomize, on the ranks' PYTHONPATH, makes chosen
+# global ranks do ``extra`` more CPU work per step with a busy loop before each optimizer step (as a
 # throttled GPU or a shared core would), with no option or variable of the harness.
 _SLOW_RANK_SITE = '''
 import os, sys, threading, time
@@ -492,14 +493,15 @@ def _plant():
 
 with open("/proc/self/cmdline", "rb") as f:
     rank_program = b"pytest_fabric.workload.train" in f.read()
-if os.environ.get("RANK") == str(RANK) and rank_program:
+if os.environ.get("RANK") in {str(r) for r in RANKS} and rank_program:
     threading.Thread(target=_plant, daemon=True).start()
 '''
 
 
-def slow_rank_site(directory: Path, rank: int, extra: float = 0.3) -> Path:
-    """A directory whose sitecustomize makes global rank ``rank`` work ``extra`` longer per step:
-    put it on PYTHONPATH (the ranks inherit it)."""
+def slow_rank_site(directory: Path, ranks: int | Iterable[int], extra: float = 0.3) -> Path:
+    """A directory whose sitecustomize makes global rank ``ranks`` (one or several) work ``extra``
+    longer per step: put it on PYTHONPATH (the ranks inherit it)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "sitecustomize.py").write_text(f"RANK = {rank}\nEXTRA = {extra}\n" + _SLOW_RANK_SITE)
+    chosen = sorted({ranks} if isinstance(ranks, int) else set(ranks))
+    (directory / "sitecustomize.py").write_text(f"RANKS = {chosen}\nEXTRA = {extra}\n" + _SLOW_RANK_SITE)
     return directory
