@@ -2,7 +2,9 @@
 
 Every rank's step time is the same within a step (the slowest rank's compute shows as the others'
 wait in the collectives), so a straggler is found in each rank's own work: its CPU time in the step
-on CPU runs (``signals.StepView.rank_cpu_s``). A rank is named when its median over the measured
+on CPU runs (``signals.StepView.rank_cpu_s``). On GPUs a rank's compute cannot be told from its wait
+without a profiler (its kernels wait on the collectives' streams), so GPU runs name what NVML shows
+(``gpu_lines``): each node's slowed-down steps and a GPU whose clock stays low. A rank is named when its median over the measured
 steps is more than ``STRAGGLER_MARGIN`` above the median of the other ranks' medians, and it exceeds
 the others' median by that margin in at least ``STRAGGLER_SHARE`` of the steps: a steady excess, not
 one slow step. A node whose every rank straggles is named as the node.
@@ -16,8 +18,10 @@ job runs at its slowest rank's pace. Half of the steps: a straggler slows most s
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from ..workload.signals import DISTURBING_THROTTLE, throttle_names
 
 STRAGGLER_MARGIN = 0.15
 STRAGGLER_SHARE = 0.5
@@ -75,3 +79,45 @@ def straggler_lines(found: Sequence[Straggler], ranks_of: dict[str, int] | None 
         else:
             out += [s.line() for s in group]
     return out
+
+
+def gpu_lines(clocks: Sequence[Sequence[float]], masks: Sequence[Sequence[int]], hosts: Sequence[str] = (),
+              local_world_size: int = 1, health: Sequence[Mapping[str, int]] = (),
+              margin: float = STRAGGLER_MARGIN) -> list[str]:
+    """GPU runs: per node, the steps in which any of its GPUs reported a slowdown NVML counts as
+    outside the job (``signals.DISTURBING_THROTTLE``: thermal, hardware, power brake), with the
+    reasons and ranks, and each rank whose median SM clock stays more than ``margin`` below the
+    others'; with the GPU's temperature and uncorrected ECC errors where known. ``clocks`` and
+    ``masks``: per measured step, every rank's SM clock (MHz, 0 unknown) and throttle mask."""
+    if not clocks or not clocks[0]:
+        return []
+    ranks = len(clocks[0])
+    nodes: dict[str, list[int]] = {}
+    for r in range(ranks):
+        nodes.setdefault(hosts[r] if len(hosts) == ranks else f"node {r // max(1, local_world_size)}", []).append(r)
+    medians = [statistics.median([step[r] for step in clocks if step[r] > 0] or [0.0]) for r in range(ranks)]
+    out = []
+    for node, members in nodes.items():
+        hit = [[r for r in members if _disturbing(step[r])] for step in masks]
+        parts = []
+        if throttled := sum(1 for h in hit if h):
+            reasons = sorted({n for step in masks for r in members for n in _disturbing(step[r])})
+            on = sorted({r for h in hit for r in h})
+            parts.append(f"GPU slowed down in {throttled} of {len(masks)} steps ({', '.join(reasons)}) on rank "
+                         f"{', '.join(map(str, on))}")
+        for r in members:
+            known = [m for i, m in enumerate(medians) if i != r and m > 0]
+            if medians[r] > 0 and known and medians[r] < (1 - margin) * statistics.median(known):
+                parts.append(f"rank {r}'s SM clock {medians[r]:.0f} MHz against {statistics.median(known):.0f} MHz "
+                             f"on the other GPUs")
+        if parts:
+            facts = [f"rank {r} {h['temperature_c']} C" for r in members if r < len(health)
+                     and (h := health[r]).get("temperature_c") is not None]
+            facts += [f"rank {r} {h['ecc_uncorrected']} uncorrected ECC errors" for r in members
+                      if r < len(health) and health[r].get("ecc_uncorrected")]
+            out.append(f"{node}: " + "; ".join(parts) + (f" ({', '.join(facts)})" if facts else ""))
+    return out
+
+
+def _disturbing(mask: int) -> list[str]:
+    return [n for n in throttle_names(int(mask)) if n in DISTURBING_THROTTLE]

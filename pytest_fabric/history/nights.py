@@ -34,7 +34,8 @@ from ..measuring.measurement import (BandwidthMeasurement, LaunchRecord, Measure
                                      configuration_tokens_per_s)
 from .night_model import CaseResult, LinkResult, ResultsError, SavedRun, parse_case_id, verdict_case
 from ..core.redact import redact_data
-from ..deciding.stragglers import straggler_lines, stragglers
+from ..workload.result import TrainResult
+from ..deciding.stragglers import gpu_lines, straggler_lines, stragglers
 from ..core.units import mbit_to_gbit
 
 from .setups import identity_from_records
@@ -159,19 +160,29 @@ def case_result(launches: Sequence[Measurement]) -> CaseResult:
 
 
 def configuration_stragglers(launches: Sequence[Measurement]) -> list[str] | None:
-    """The configuration's stragglers (``deciding/stragglers.py``) over the measured steps of its
-    launches, judged together where their ranks ran on the same nodes; None where no rank's own work
-    was recorded (a GPU run: a GPU rank's CPU time is not its compute; a result from before)."""
-    if any(m.result.device != "cpu" or not m.result.signals.rank_cpu_s for m in launches):
+    """The configuration's stragglers over the measured steps of its launches, judged together where
+    their ranks ran on the same nodes (``deciding/stragglers.py``): on CPU each rank's own work, on
+    GPUs what NVML recorded (slowed-down steps per node, a GPU's low clock). None where nothing was
+    recorded to judge (a GPU run without pynvml, a result from before)."""
+    results = [m.result for m in launches]
+    if all(r.device == "cpu" and r.signals.rank_cpu_s for r in results):
+        def judge(rs: list[TrainResult]) -> list[str]:
+            hosts = rs[0].rank_hosts
+            return straggler_lines(stragglers([row for r in rs for row in r.signals.rank_cpu_s],
+                                              rs[0].local_world_size, hosts), {h: hosts.count(h) for h in hosts})
+    elif all(r.device != "cpu" and r.signals.rank_sm_clock_mhz for r in results):
+        def judge(rs: list[TrainResult]) -> list[str]:
+            return gpu_lines([row for r in rs for row in r.signals.rank_sm_clock_mhz],
+                             [row for r in rs for row in r.signals.rank_throttle_mask], rs[0].rank_hosts,
+                             rs[0].local_world_size, rs[-1].rank_gpu_health)
+    else:
         return None
-    by_hosts: dict[tuple[str, ...], list[list[float]]] = {}
-    for m in launches:
-        by_hosts.setdefault(tuple(m.result.rank_hosts), []).extend(m.result.signals.rank_cpu_s)
+    by_hosts: dict[tuple[str, ...], list[TrainResult]] = {}
+    for r in results:
+        by_hosts.setdefault(tuple(r.rank_hosts), []).append(r)
     lines: list[str] = []
-    for hosts, work in by_hosts.items():
-        lws = launches[0].result.local_world_size
-        ranks_of = {h: hosts.count(h) for h in hosts}
-        lines += [line for line in straggler_lines(stragglers(work, lws, hosts), ranks_of) if line not in lines]
+    for group in by_hosts.values():
+        lines += [line for line in judge(group) if line not in lines]
     return lines
 
 

@@ -247,4 +247,5 @@ def straggler_report(run: SavedRun) -> tuple[list[str], str | None]:
     if not judged:
         return found, None
     return found, (f"stragglers: {sum(1 for lines in judged.values() if lines)} of {len(judged)} configuration(s) "
-                   f"have a rank whose own work per step is over {STRAGGLER_MARGIN:.0%} above the others'")
+                   f"name a rank or node (CPU: its own work per step over {STRAGGLER_MARGIN:.0%} above the "
+                   f"others'; GPU: slowed-down steps and low clocks NVML saw)")

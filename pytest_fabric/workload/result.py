@@ -92,6 +92,9 @@ class StepSignals:
     # Per measured step, every rank's own step time and CPU time, by global rank (signals.StepView).
     rank_step_s: list[list[float]] = field(default_factory=list)
     rank_cpu_s: list[list[float]] = field(default_factory=list)
+    # GPU runs with NVML: per measured step, every rank's SM clock (MHz) and throttle-reason mask.
+    rank_sm_clock_mhz: list[list[float]] = field(default_factory=list)
+    rank_throttle_mask: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -134,6 +137,8 @@ class TrainResult(LaunchFacts):
     peak_memory_bytes_per_rank: list[int] = field(default_factory=list)
     # The node each global rank ran on (as the launcher named it, e.g. "node1/198.18.0.2"); [] before.
     rank_hosts: list[str] = field(default_factory=list)
+    # Each rank's GPU at the end of the run, where NVML gives it: temperature_c, ecc_uncorrected.
+    rank_gpu_health: list[dict[str, int]] = field(default_factory=list)
     first_loss: float | None = None
     final_loss: float | None = None
     device: str = "cpu"
@@ -198,7 +203,8 @@ class TrainResult(LaunchFacts):
         # One entry per measured step in every signal (none at all: no signals, every step clean);
         # stats would otherwise pair step times with the wrong steps' flags, or fail later.
         for name in ("steal_s", "foreign_s", "sm_clock_mhz", "throttle", "disturbed", "gpu_busy", "step_end_unix",
-                     "link_tx_bytes", "link_rx_bytes", "rank_step_s", "rank_cpu_s"):
+                     "link_tx_bytes", "link_rx_bytes", "rank_step_s", "rank_cpu_s", "rank_sm_clock_mhz",
+                     "rank_throttle_mask"):
             values = getattr(result.signals, name)
             if not isinstance(values, list) or (values and len(values) != len(steps)):
                 raise ResultFormatError(f"{where}: signals.{name} must list one entry per measured step "

@@ -199,6 +199,10 @@ class NodeSampler:
         """(SM clock in MHz, throttle-reason mask) of this rank's GPU; (0, 0) when unknown."""
         return self._nvml.read() if self._nvml else (0.0, 0)
 
+    def gpu_health(self) -> dict[str, int]:
+        """This rank's GPU's temperature and uncorrected ECC count (``_Nvml.health``); {} when unknown."""
+        return self._nvml.health() if self._nvml else {}
+
     def gpu_busy(self) -> float:
         """The share of NVML's last sample period this rank's GPU ran a kernel; -1 when unknown."""
         return self._nvml.busy() if self._nvml else -1.0
@@ -238,6 +242,21 @@ class _Nvml:
         except Exception:  # noqa: BLE001
             return 0.0, 0
 
+    def health(self) -> dict[str, int]:
+        """The GPU's temperature (C) and its uncorrected ECC errors since the driver loaded (volatile
+        count), where NVML gives them; XID events need an NVML event set held for the whole run and
+        are left to the node check (``nvidia-smi``'s and the kernel's logs)."""
+        out: dict[str, int] = {}
+        nv = self._pynvml
+        for name, read in (("temperature_c", lambda: nv.nvmlDeviceGetTemperature(self._handle, nv.NVML_TEMPERATURE_GPU)),
+                           ("ecc_uncorrected", lambda: nv.nvmlDeviceGetTotalEccErrors(
+                               self._handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))):
+            try:
+                out[name] = int(read())
+            except Exception:  # noqa: BLE001 - not supported on this GPU (no ECC), no driver
+                continue
+        return out
+
     def busy(self) -> float:
         try:
             return float(self._pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu) / 100.0
@@ -264,6 +283,9 @@ class StepView:
     # compute shows as the others' wait) and its process's CPU time in the step (its own work, on CPU).
     rank_step_s: tuple[float, ...] = ()
     rank_cpu_s: tuple[float, ...] = ()
+    # ...and its GPU's SM clock (MHz, 0: unknown) and clock-throttle reasons (NVML bit mask).
+    rank_sm_clock_mhz: tuple[float, ...] = ()
+    rank_throttle_mask: tuple[int, ...] = ()
 
 
 def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
@@ -315,7 +337,17 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     return StepView(step_s, steal[0], foreign[0], foreign[1], min(clocks) if clocks else None, throttle_names(mask),
                     steal_cores=steal[1], gpu_busy=min(busy) if busy else None,
                     link_tx_bytes=max(tx) if tx else None, link_rx_bytes=max(rx) if rx else None,
-                    rank_step_s=tuple(r[0] for r in rows), rank_cpu_s=tuple(r[1] for r in rows))
+                    rank_step_s=tuple(r[0] for r in rows), rank_cpu_s=tuple(r[1] for r in rows),
+                    rank_sm_clock_mhz=tuple(r[5] for r in rows), rank_throttle_mask=tuple(int(r[6]) for r in rows))
+
+
+def gpu_per_rank(measured: Sequence[StepView]) -> dict[str, list[list[float]] | list[list[int]]]:
+    """Every rank's SM clock and throttle mask per measured step (``StepSignals`` fields), where
+    NVML gave any GPU's clock; {} otherwise (a CPU run, no pynvml)."""
+    if not any(c > 0 for v in measured for c in v.rank_sm_clock_mhz):
+        return {}
+    return {"rank_sm_clock_mhz": [list(v.rank_sm_clock_mhz) for v in measured],
+            "rank_throttle_mask": [list(v.rank_throttle_mask) for v in measured]}
 
 
 def disturbance(view: StepView) -> str:

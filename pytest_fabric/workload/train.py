@@ -205,7 +205,8 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     memory, memory_kind = metrics.peak_memory(device)
     ranks: list[Any] = [None] * world
     dist.all_gather_object(ranks, {"node": os.environ.get("PYTEST_FABRIC_NODE", socket.gethostname()),
-                                   "gpu": metrics.gpu_name(device), "peak_memory_bytes": memory})
+                                   "gpu": metrics.gpu_name(device), "peak_memory_bytes": memory,
+                                   "gpu_health": sampler.gpu_health()})
 
     result = None
     if rank == 0:
@@ -233,7 +234,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                 else [],
                 rank_step_s=[[round(t, 6) for t in v.rank_step_s] for v in measured],
                 rank_cpu_s=[[round(t, 6) for t in v.rank_cpu_s] for v in measured],
-                step_end_unix=step_ends),
+                step_end_unix=step_ends, **signals.gpu_per_rank(measured)),
             stopped=stopped,
             flops_per_token=spec.flops_per_token(cfg.seq_len),
             flops_convention=MFU_CONVENTION,
@@ -245,6 +246,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             peak_memory_kind=memory_kind,
             peak_memory_bytes_per_rank=[r["peak_memory_bytes"] for r in ranks],
             rank_hosts=[r["node"] for r in ranks],
+            rank_gpu_health=[r["gpu_health"] for r in ranks] if any(r["gpu_health"] for r in ranks) else [],
             first_loss=float(losses[0].float().cpu()) if losses else None,
             final_loss=float(losses[-1].float().cpu()) if losses else None,
             device=device.type,

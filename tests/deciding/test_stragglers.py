@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from pytest_fabric.deciding.stragglers import straggler_lines, stragglers
+from pytest_fabric.deciding.stragglers import gpu_lines, straggler_lines, stragglers
 
 
 def steps(n: int, ranks: int, slow: dict[int, float] | None = None, seed: int = 0, spread: float = 0.03):
@@ -44,3 +44,19 @@ def test_one_slow_step_is_not_a_straggler():
 
 def test_one_rank_says_nothing():
     assert stragglers(steps(10, 1)) == [] and stragglers([]) == []
+
+
+def test_gpu_runs_name_each_nodes_slowed_down_steps_and_a_low_clock():
+    """Two nodes of two GPUs, 10 steps: rank 3 (node b) reports a thermal slowdown in 4 steps and runs
+    at 1400 MHz against 1980; a software power cap (a busy GPU's normal state) on rank 0 is not named."""
+    clocks = [[1980.0, 1980.0, 1975.0, 1400.0]] * 10
+    masks = [[0x4, 0, 0, 0x40 if i < 4 else 0] for i in range(10)]
+    health = [{"temperature_c": 60}, {"temperature_c": 61}, {"temperature_c": 62}, {"temperature_c": 88,
+                                                                                    "ecc_uncorrected": 1}]
+    (line,) = gpu_lines(clocks, masks, ["a", "a", "b", "b"], 2, health)
+    assert line.startswith("b: GPU slowed down in 4 of 10 steps (hw_thermal_slowdown) on rank 3; rank 3's SM clock "
+                           "1400 MHz against 1980 MHz")
+    assert "rank 3 88 C" in line and "rank 3 1 uncorrected ECC errors" in line and "a:" not in line
+    assert gpu_lines([[1980.0, 1970.0]] * 5, [[0x4, 0]] * 5) == []  # healthy: nothing to say
+    (by_index,) = gpu_lines([[1980.0, 1200.0]] * 5, [[0, 0]] * 5)  # no host names: the node's index
+    assert by_index.startswith("node 1: rank 1's SM clock 1200 MHz")

@@ -657,6 +657,11 @@ def test_stragglers_are_judged_per_configuration_and_read_back_from_junit_and_sa
                                signals=StepSignals(rank_cpu_s=[[0.4, 0.41, 0.4, 0.42]] * 4))]
     assert configuration_stragglers(quiet) == [] and straggler_text(quiet) == "none"
     assert straggler_text([train_measurement("qwen2-tiny", 2, "eth", 1000.0, device="cuda")]) == "n/a"
+    # A GPU run with NVML's readings: the node whose GPU slowed down is named.
+    gpu = [train_measurement("qwen2-tiny", 2, "eth", 1000.0, gpus_per_node=2, rank_hosts=hosts, device="cuda",
+                             signals=StepSignals(rank_sm_clock_mhz=[[1980.0] * 4] * 4,
+                                                 rank_throttle_mask=[[0, 0, 0x8, 0]] * 4))]
+    assert straggler_text(gpu) == "node1/198.18.0.2: GPU slowed down in 4 of 4 steps (hw_slowdown) on rank 2"
 
     night = tmp_path / "night.json"
     save_results(night, {f"qwen2-tiny-n2-eth#{i}": {**train_record(Case("qwen2-tiny", 2, "eth"), 1000.0 + i,

@@ -389,6 +389,35 @@ def test_combine_reads_the_gpus_lowest_clock_and_every_throttle_reason():
     got = signals.combine(rows, local_world_size=1)
     assert got.sm_clock_mhz == 1410.0  # 0: no reading from that GPU
     assert got.throttle == ["sw_power_cap", "hw_thermal_slowdown"]
+    # Every rank's own reading is kept for the per-node report (deciding/stragglers.gpu_lines).
+    assert got.rank_sm_clock_mhz == (1980.0, 1410.0, 0.0) and got.rank_throttle_mask == (0x4, 0x40, 0)
+    assert signals.gpu_per_rank([got, got]) == {"rank_sm_clock_mhz": [[1980.0, 1410.0, 0.0]] * 2,
+                                                "rank_throttle_mask": [[0x4, 0x40, 0]] * 2}
+    # A CPU run (no clock read anywhere) keeps none.
+    assert signals.gpu_per_rank([signals.combine([row(), row()], 1)]) == {}
+
+
+def test_nvml_health_reads_temperature_and_ecc_and_skips_what_the_gpu_lacks():
+    """A stand-in for pynvml (no GPU here): the calls and constants nvidia-ml-py names."""
+    class FakeNvml:
+        NVML_TEMPERATURE_GPU, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC = 0, 1, 0
+
+        def __init__(self, ecc):
+            self.ecc = ecc
+
+        def nvmlDeviceGetTemperature(self, handle, sensor):
+            assert (handle, sensor) == ("gpu3", 0)
+            return 83
+
+        def nvmlDeviceGetTotalEccErrors(self, handle, kind, counter):
+            if self.ecc is None:
+                raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+            assert (kind, counter) == (1, 0)
+            return self.ecc
+
+    assert signals._Nvml(FakeNvml(2), "gpu3").health() == {"temperature_c": 83, "ecc_uncorrected": 2}
+    assert signals._Nvml(FakeNvml(None), "gpu3").health() == {"temperature_c": 83}
+    assert signals.NodeSampler().gpu_health() == {}  # no GPU: nothing
 
 
 def ticks(n: int, base: int = 123_456) -> float:
