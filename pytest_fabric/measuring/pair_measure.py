@@ -18,6 +18,15 @@ from .measure import Measurer
 from .measurement import LaunchRecord, LinksMeasurement
 
 STORE_DIR = "links"
+# What each pair adds to the launch's deadline (--launch-timeout): a process group made for it (an
+# NCCL communicator takes about a second to set up on a large job), a warm-up and three iterations
+# of at most ~0.2 s on a healthy link (twice that at half rate). N(N-1)/2 pairs: 6 on 4 nodes, 496 on 32.
+PAIR_ALLOWANCE_S = 5.0
+
+
+def pairs_deadline_s(launch_timeout_s: float, nodes: int) -> float:
+    """The link test's launch deadline: the session's, plus ``PAIR_ALLOWANCE_S`` a pair."""
+    return launch_timeout_s + PAIR_ALLOWANCE_S * nodes * (nodes - 1) / 2
 
 
 def links_case(nodes: int, fabric: str) -> Case:

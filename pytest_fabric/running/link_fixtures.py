@@ -12,14 +12,14 @@ as whichever part the cluster knows.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from ..core.case import Case
 from ..deciding.links import CannotJudge, LinkVerdict, Pair, judge
 from ..measuring.measurement import LinksMeasurement, MeasurementError
-from ..measuring.pair_measure import STORE_DIR, PairsMeasurer, links_case
+from ..measuring.pair_measure import STORE_DIR, PairsMeasurer, links_case, pairs_deadline_s
 from ..measuring.store import ResultStore
 from ..physics.floor import impossible_payloads
 from .matrix import expand
@@ -89,7 +89,9 @@ class LinkPairs:
             s = self._session
             cluster = s.prepared_cluster()
             store = ResultStore(s.directory / STORE_DIR)
-            self._measurer = PairsMeasurer(cluster, s.options.settings, store, s.directory / "launches",
+            settings = s.options.settings
+            settings = replace(settings, launch_timeout_s=pairs_deadline_s(settings.launch_timeout_s, s.nodes))
+            self._measurer = PairsMeasurer(cluster, settings, store, s.directory / "launches",
                                            progress=progress_writer(s.config), nodes=s.node_facts)
         return self._measurer
 
@@ -99,7 +101,10 @@ class LinkPairs:
         if case not in self._reports:
             s = self._session
             rate = s.link_rate(case.fabric) if s.prepared_cluster().realizes_fabrics else None
-            m = self.measurer().measure_links(case, rate.gbit if rate else None)
+            # Under the night's store lock too, which every other launch of the session holds while it
+            # runs (xdist workers): no launch of theirs runs beside the pairs on the same nodes.
+            with s.store.locked():
+                m = self.measurer().measure_links(case, rate.gbit if rate else None)
             known = s.cluster.node_names(case.nodes)
             names = {label: node_name(label, known) for label in m.result.nodes}
             pairs = [Pair(names[p.a], names[p.b], p.busbw_gbit) for p in m.pairs]

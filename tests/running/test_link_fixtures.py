@@ -157,3 +157,24 @@ def test_healthy_links_pass_on_three_nodes(pytester, monkeypatch):
     pairs = _pairs(output)
     assert sorted(pairs) == ["node0-node1", "node0-node2", "node1-node2"]
     assert all(v >= 0.85 * 0.4 for v in pairs.values()), pairs
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("needs_emulated")
+def test_two_nodes_name_the_pair_and_cannot_tell_which(pytester, monkeypatch):
+    result, output, took = _run(pytester, monkeypatch, 1, 2, "-k", "test_node_link")
+    print(f"2-node planted-fault run: {took:.0f} s")
+    result.assert_outcomes(failed=2, deselected=1)
+    for node in ("node0", "node1"):
+        assert re.search(rf"{node} undecided: the pair node0-node1 is slow \(([\d.]+) Gbit/s busbw = (\d+)%, below "
+                         r"85% of 0.4 Gbit/s \(the emulated cluster's shaped link\)\), and with two nodes the test "
+                         r"cannot tell which node's link it is", output), output
+    (busbw,) = _pairs(output).values()
+    assert 0.4 * 0.4 <= busbw <= 0.6 * 0.4  # half the rate, as planted on node1
+
+
+def test_the_pairs_deadline_grows_with_the_pairs():
+    from pytest_fabric.measuring.pair_measure import PAIR_ALLOWANCE_S, pairs_deadline_s
+
+    assert pairs_deadline_s(300, 2) == 300 + PAIR_ALLOWANCE_S
+    assert pairs_deadline_s(300, 8) == 300 + 28 * PAIR_ALLOWANCE_S
