@@ -85,16 +85,17 @@ def test_a_links_record_reads_back_as_the_store_keeps_it():
 
 
 def test_one_test_per_node_and_fabric_is_collected(pytester):
-    pytester.makepyfile(test_links=SUITE)
+    pytester.makepyfile(test_suite_links=SUITE)
     result = pytester.runpytest_inprocess("--collect-only", "-q", "--cluster", "local", "--nodes", "3",
                                           "--fabrics", "ib,eth")
     ids = [line for line in result.stdout.lines if "::" in line]
-    assert ids == [f"test_links.py::test_node_link[{f}-node{i}]" for f in ("ib", "eth") for i in range(3)] + [
-        f"test_links.py::test_all_nodes_against_pairs[links-n3-{f}]" for f in ("ib", "eth")]
+    suite = "test_suite_links.py"
+    assert ids == [f"{suite}::test_node_link[{f}-node{i}]" for f in ("ib", "eth") for i in range(3)] + [
+        f"{suite}::test_all_nodes_against_pairs[links-n3-{f}]" for f in ("ib", "eth")]
 
 
 def test_one_node_has_no_link_to_test(pytester):
-    pytester.makepyfile(test_links=SUITE)
+    pytester.makepyfile(test_suite_links=SUITE)
     result = pytester.runpytest_inprocess("--cluster", "local", "--nodes", "1")
     result.assert_outcomes(skipped=2)  # pytest's empty parameter set: nothing launched
 
@@ -103,7 +104,7 @@ def _run(pytester, monkeypatch, slow: int | None, nodes: int, *args: str) -> tup
     tmp = pytester.path / "tmp"
     tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp))
-    pytester.makepyfile(test_links=SUITE)
+    pytester.makepyfile(test_suite_links=SUITE)
     if slow is not None:
         pytester.makeconftest(HALF_RATE_CONFTEST.format(slow=slow))
     started = time.monotonic()
@@ -125,9 +126,9 @@ def test_a_node_at_half_rate_is_named_on_four_nodes(pytester, monkeypatch):
     print(f"4-node planted-fault run: {took:.0f} s")
     result.assert_outcomes(passed=3, failed=2)
     for node in ("node0", "node1", "node3"):
-        assert re.search(rf"PASSED test_links.py::test_node_link\[eth-{node}\]", output), output
+        assert re.search(rf"PASSED test_suite_links.py::test_node_link\[eth-{node}\]", output), output
     # node2's own test fails naming it, with its numbers against the link rate.
-    failed = re.search(r"FAILED test_links.py::test_node_link\[eth-node2\]", output)
+    failed = re.search(r"FAILED test_suite_links.py::test_node_link\[eth-node2\]", output)
     assert failed, output
     line = re.search(r"node2 slow: node2's best pair \(node\d-node2\) ([\d.]+) Gbit/s busbw = (\d+)% of 0.4 Gbit/s "
                      r"\(the emulated cluster's shaped link\), below 85%; pairs of node2 \(busbw Gbit/s\): "
@@ -136,7 +137,7 @@ def test_a_node_at_half_rate_is_named_on_four_nodes(pytester, monkeypatch):
     assert 40 <= int(line.group(2)) <= 60  # half the rate, as planted
     assert float(line.group(3)) >= 0.85 * 0.4  # the pairs without node2 reach the rate
     # The all-node figure, read against the pairs, names node2.
-    assert re.search(r"FAILED test_links.py::test_all_nodes_against_pairs\[links-n4-eth\]", output), output
+    assert re.search(r"FAILED test_suite_links.py::test_all_nodes_against_pairs\[links-n4-eth\]", output), output
     assert re.search(r"all-node all_reduce busbw [\d.]+ Gbit/s on 4 nodes = \d+% of 0.4 Gbit/s; pairs alone: "
                      r"slow node\(s\): node2 ", output), output
     pairs = _pairs(output)
