@@ -19,8 +19,8 @@ from pytest_fabric.deciding.links import OK, all_nodes_line
 
 def test_node_link(fabric_link_node, fabric_links):
     """One node's link: its best pair alone reaches 85% of the link rate."""
-    verdict = fabric_links(fabric_link_node.case)
     node = fabric_link_node.node
+    verdict = fabric_links(fabric_link_node.case, node)
     if node not in verdict.states:
         pytest.skip(f"{node} was not among the nodes the link test ran on ({', '.join(verdict.nodes)})")
     if verdict.states[node] != OK:

@@ -71,8 +71,11 @@ class LinkReport:
     measurement: LinksMeasurement
     verdict: LinkVerdict
 
-    def lines(self) -> str:
-        return "\n".join([self.measurement.summary(), *self.verdict.table(), self.verdict.summary()])
+    def lines(self, node: str | None = None) -> str:
+        """The test's output: the launch, then ``node``'s line, or every pair (N(N-1)/2 lines), then
+        the verdict."""
+        middle = [self.verdict.node_line(node)] if node is not None else self.verdict.table()
+        return "\n".join([self.measurement.summary(), *middle, self.verdict.summary()])
 
 
 class LinkPairs:
@@ -125,7 +128,8 @@ class LinksFixture:
         self._session = session
         self._item = item
 
-    def __call__(self, case: Case) -> LinkVerdict:
+    def __call__(self, case: Case, node: str | None = None) -> LinkVerdict:
+        """``node``: the test is about that node; its output shows that node's pairs, not all of them."""
         cluster = self._session.prepared_cluster()
         if not cluster.realizes_fabrics:
             pytest.skip(f"the {cluster.name} cluster has no {case.fabric} links to tell apart")
@@ -139,7 +143,7 @@ class LinksFixture:
             pytest.skip(f"{case.id}: {exc}")
         if message is not None:  # outside the except: the launch's failure shown once, unchained
             pytest.fail(message, pytrace=False)
-        self._item.stash.setdefault(NOTES_KEY, []).append(report.lines())
+        self._item.stash.setdefault(NOTES_KEY, []).append(report.lines(node))
         result = report.measurement.result
         if result.transport_problem:
             pytest.fail(f"wrong transport: {result.transport_problem}", pytrace=False)

@@ -35,12 +35,17 @@ from .train import _dump_stacks_on_sigusr1, _exit_now, finish
 from ..core.units import gbyte_per_s
 
 
-def node_ranks(names: list[str]) -> dict[str, list[int]]:
-    """Each node's global ranks, nodes in the order of their first rank."""
-    out: dict[str, list[int]] = {}
-    for rank, name in enumerate(names):
-        out.setdefault(name, []).append(rank)
-    return out
+def node_ranks(ranks: list[tuple[int, str]]) -> dict[str, list[int]]:
+    """Each node's global ranks by its name, nodes in the order of their first rank, from every
+    rank's (torchrun's node rank, ``GROUP_RANK``: -1 where unknown; the name it gives its node).
+    Nodes are told apart by their node rank where torchrun gives one, so that two nodes calling
+    themselves alike (one host name in every container) stay two, named ``NAME (node rank K)``."""
+    groups: dict[object, list[int]] = {}
+    for rank, (group, name) in enumerate(ranks):
+        groups.setdefault(group if group >= 0 else name, []).append(rank)
+    names = [ranks[members[0]][1] for members in groups.values()]
+    return {(name if names.count(name) == 1 else f"{name} (node rank {ranks[members[0]][0]})"): members
+            for name, members in zip(names, groups.values())}
 
 
 def _time_pair(buf: torch.Tensor, group: Any, cfg: LinksConfig, sync) -> list[float]:
@@ -72,9 +77,10 @@ def run(cfg: LinksConfig) -> LinksResult | None:
         if use_cuda:
             torch.cuda.synchronize()
 
-    names: list[Any] = [None] * world
-    dist.all_gather_object(names, os.environ.get("PYTEST_FABRIC_NODE") or socket.gethostname())
-    nodes = node_ranks(names)
+    named: list[Any] = [None] * world
+    dist.all_gather_object(named, (int(os.environ.get("GROUP_RANK", "-1")),
+                                   os.environ.get("PYTEST_FABRIC_NODE") or socket.gethostname()))
+    nodes = node_ranks([tuple(n) for n in named])
     payload = cfg.payload(backend)
     mine: list[dict[str, Any]] = []  # the pairs whose lowest rank this is: their times, slowest rank's
     for a, b in itertools.combinations(nodes, 2):

@@ -19,7 +19,7 @@ from helpers import REPO, session_directory
 from pytest_fabric.core.case import LINKS, Case
 from pytest_fabric.measuring.measurement import LaunchRecord, LinksMeasurement
 from pytest_fabric.running.link_fixtures import node_name
-from pytest_fabric.workload.pair_types import LinksResult, PairRow, payload_for
+from pytest_fabric.workload.pair_types import LinksResult, PairRow
 from pytest_fabric.workload.result import ResultFormatError
 
 SUITE = (REPO / "suites" / "test_links.py").read_text()
@@ -55,13 +55,6 @@ def test_a_rank_names_its_node_as_the_cluster_does():
     assert node_name("node1/10.0.0.7", ["10.0.0.5", "10.0.0.7"]) == "10.0.0.7"
     assert node_name("gpu-a17/10.1.2.3", ["gpu-a16", "gpu-a17"]) == "gpu-a17"  # Slurm: the host name
     assert node_name("somehost", emulated) == "somehost"  # no PYTEST_FABRIC_NODE: the host name
-
-
-def test_the_payload_is_sized_from_the_link_rate():
-    assert payload_for(None) is None  # unknown rate: the backend's largest payload
-    assert payload_for(0.4) == 10_000_000  # 0.2 s at 400 Mbit/s
-    assert payload_for(0.001) == 1 << 20 and payload_for(1e6) == 1 << 30  # between 1 MiB and 1 GiB
-    assert payload_for(3.3, ranks_per_pair=16) % (4 * 16) == 0
 
 
 def _record(pairs: list[dict]) -> dict:
@@ -114,9 +107,18 @@ def _run(pytester, monkeypatch, slow: int | None, nodes: int, *args: str) -> tup
 
 
 def _pairs(output: str) -> dict[str, float]:
-    """The pairs' busbw as the tests' output prints them (``node0-node1: busbw 0.381 Gbit/s ...``)."""
+    """The pairs' busbw as the all-node test's output prints them (``node0-node1: busbw 0.381 Gbit/s ...``)."""
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(node\d-node\d): busbw ([\d.]+) Gbit/s", output,
                                                                 re.M)}
+
+
+def _node_pairs(output: str) -> dict[str, float]:
+    """The pairs' busbw as each node's test prints its own (``pairs of node0 (busbw Gbit/s): node1 0.381, ...``)."""
+    found = {}
+    for m in re.finditer(r"pairs of (node\d) \(busbw Gbit/s\): ((?:node\d [\d.]+(?:, )?)+)", output):
+        for other, value in re.findall(r"(node\d) ([\d.]+)", m.group(2)):
+            found["-".join(sorted((m.group(1), other)))] = float(value)
+    return found
 
 
 @pytest.mark.slow
@@ -130,8 +132,9 @@ def test_a_node_at_half_rate_is_named_on_four_nodes(pytester, monkeypatch):
     # node2's own test fails naming it, with its numbers against the link rate.
     failed = re.search(r"FAILED test_suite_links.py::test_node_link\[eth-node2\]", output)
     assert failed, output
-    line = re.search(r"node2 slow: node2's best pair \(node\d-node2\) ([\d.]+) Gbit/s busbw = (\d+)% of 0.4 Gbit/s "
-                     r"\(the emulated cluster's shaped link\), below 85%; pairs of node2 \(busbw Gbit/s\): "
+    line = re.search(r"node2 slow: node2's best pair \((?:node\d-node2|node2-node\d)\) ([\d.]+) Gbit/s busbw = "
+                     r"(\d+)% of 0.4 Gbit/s \(the emulated cluster's shaped link\), below 85%; pairs of node2 "
+                     r"\(busbw Gbit/s\): "
                      r"node0 [\d.]+, node1 [\d.]+, node3 [\d.]+; pairs without node2: ([\d.]+)-([\d.]+) Gbit/s", output)
     assert line, output
     assert 40 <= int(line.group(2)) <= 60  # half the rate, as planted
@@ -142,7 +145,7 @@ def test_a_node_at_half_rate_is_named_on_four_nodes(pytester, monkeypatch):
                      r"slow node\(s\): node2 ", output), output
     pairs = _pairs(output)
     print("pairs (busbw Gbit/s):", pairs)
-    assert len(pairs) == 6
+    assert len(pairs) == 6 and _node_pairs(output) == pairs  # each node's test shows its own pairs
     assert all((v < 0.85 * 0.4) == ("node2" in k) for k, v in pairs.items()), pairs
     # One launch of the pairs for the five tests.
     directory = session_directory(output)
@@ -155,7 +158,7 @@ def test_healthy_links_pass_on_three_nodes(pytester, monkeypatch):
     result, output, took = _run(pytester, monkeypatch, None, 3, "-k", "test_node_link")
     print(f"3-node run without a fault: {took:.0f} s")
     result.assert_outcomes(passed=3, deselected=1)
-    pairs = _pairs(output)
+    pairs = _node_pairs(output)
     assert sorted(pairs) == ["node0-node1", "node0-node2", "node1-node2"]
     assert all(v >= 0.85 * 0.4 for v in pairs.values()), pairs
 
@@ -170,7 +173,7 @@ def test_two_nodes_name_the_pair_and_cannot_tell_which(pytester, monkeypatch):
         assert re.search(rf"{node} undecided: the pair node0-node1 is slow \(([\d.]+) Gbit/s busbw = (\d+)%, below "
                          r"85% of 0.4 Gbit/s \(the emulated cluster's shaped link\)\), and with two nodes the test "
                          r"cannot tell which node's link it is", output), output
-    (busbw,) = _pairs(output).values()
+    (busbw,) = _node_pairs(output).values()
     assert 0.4 * 0.4 <= busbw <= 0.6 * 0.4  # half the rate, as planted on node1
 
 
@@ -179,3 +182,4 @@ def test_the_pairs_deadline_grows_with_the_pairs():
 
     assert pairs_deadline_s(300, 2) == 300 + PAIR_ALLOWANCE_S
     assert pairs_deadline_s(300, 8) == 300 + 28 * PAIR_ALLOWANCE_S
+
