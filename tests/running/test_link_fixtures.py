@@ -102,7 +102,8 @@ def _run(pytester, monkeypatch, slow: int | None, nodes: int, *args: str) -> tup
         pytester.makeconftest(HALF_RATE_CONFTEST.format(slow=slow))
     started = time.monotonic()
     result = pytester.runpytest_subprocess("--cluster", "emulated", "--nodes", str(nodes), "--fabrics", "eth",
-                                           "--launch-timeout", "180", f"--run-dir={tmp}", "-rA", *args, timeout=400)
+                                           "--launch-timeout", "180", f"--run-dir={tmp}", "-rA",
+                                           f"--junitxml={pytester.path / 'junit.xml'}", *args, timeout=400)
     return result, result.stdout.str(), time.monotonic() - started
 
 
@@ -150,17 +151,29 @@ def test_a_node_at_half_rate_is_named_on_four_nodes(pytester, monkeypatch):
     # One launch of the pairs for the five tests.
     directory = session_directory(output)
     assert len(json.loads((directory / "links" / "measurements.json").read_text())) == 1
+    # JUnit as dashboards read it: the failure's message names the node, its output carries its pairs.
+    from lxml import etree
+
+    cases = {c.get("name"): c for c in etree.parse(str(pytester.path / "junit.xml")).iter("testcase")}
+    node2 = cases["test_node_link[eth-node2]"]
+    assert "node2 slow: node2's best pair" in node2.find("failure").get("message")
+    assert "pairs of node2 (busbw Gbit/s): node0 " in node2.findtext("system-out")
+    assert cases["test_node_link[eth-node0]"].find("failure") is None
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("needs_emulated")
 def test_healthy_links_pass_on_three_nodes(pytester, monkeypatch):
-    result, output, took = _run(pytester, monkeypatch, None, 3, "-k", "test_node_link")
-    print(f"3-node run without a fault: {took:.0f} s")
-    result.assert_outcomes(passed=3, deselected=1)
+    # Under xdist (two workers), as the bandwidth launches are: one launch of the pairs serves both.
+    result, output, took = _run(pytester, monkeypatch, None, 3, "-k", "test_node_link", "-n", "2")
+    print(f"3-node run without a fault (-n 2): {took:.0f} s")
+    result.assert_outcomes(passed=3)
     pairs = _node_pairs(output)
     assert sorted(pairs) == ["node0-node1", "node0-node2", "node1-node2"]
     assert all(v >= 0.85 * 0.4 for v in pairs.values()), pairs
+    directory = session_directory(output)
+    assert len(json.loads((directory / "links" / "measurements.json").read_text())) == 1
+    assert len([d for d in (directory / "launches").iterdir() if d.name.startswith("links-n3-eth-")]) == 1
 
 
 @pytest.mark.slow
