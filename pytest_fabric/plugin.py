@@ -184,7 +184,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for name, params in (("fabric_link_node", link_nodes), ("fabric_links_case", link_cases)):
         if name in metafunc.fixturenames:  # the link test: every node of the session, per fabric
             marker = metafunc.definition.get_closest_marker("fabric_matrix")
-            chosen = params(metafunc.config.stash[SESSION_KEY], marker.kwargs.get("exclude_fabrics", ()) if marker else ())
+            excluded = marker.kwargs.get("exclude_fabrics", ()) if marker else ()
+            chosen = params(metafunc.config.stash[SESSION_KEY], excluded)
             metafunc.parametrize(name, chosen, ids=[c.id for c in chosen])
     if "fabric_case" not in metafunc.fixturenames:
         return
@@ -260,7 +261,7 @@ def fabric_link_pairs(fabric_session: FabricSession) -> LinkPairs:
 @pytest.fixture
 def fabric_links(fabric_link_pairs: LinkPairs, fabric_session: FabricSession,
                  request: pytest.FixtureRequest) -> LinksFixture:
-    """``fabric_links(case)`` -> the pairs of ``case``'s fabric judged (``deciding.links.LinkVerdict``)."""
+    """``fabric_links(case)`` -> the pairs of ``case``'s fabric judged (``deciding.slow_links.LinkVerdict``)."""
     return LinksFixture(fabric_link_pairs, fabric_session, request.node)
 
 

@@ -7,14 +7,14 @@ payload sized from the link rate (about 0.2 s per iteration on a healthy link, a
 timed iterations, the median), busbw by nccl-tests' formula as in ``test_bandwidth.py``. A pair is
 slow below 85% of the per-node link rate (declared, the emulated link's shaped rate, the nodes'
 sysfs; where none is known, the fastest pair); a node is slow when even its best pair is slow, so
-a good node paired with a slow one passes through its other pairs (``deciding/links.py``). With
+a good node paired with a slow one passes through its other pairs (``deciding/slow_links.py``). With
 two nodes a slow pair is named, and the message says the test cannot tell which node.
 """
 
 import pytest
 
 from pytest_fabric.deciding.gates import busbw
-from pytest_fabric.deciding.links import OK, all_nodes_line
+from pytest_fabric.deciding.slow_links import OK, all_nodes_line
 
 
 def test_node_link(fabric_link_node, fabric_links):

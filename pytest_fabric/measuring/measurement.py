@@ -123,7 +123,8 @@ class LaunchRecord:
         if "error" in record:
             return cls(case, error=str(record["error"]) if record["error"] else "", **when)
         kind = {BANDWIDTH: CollectivesResult, LINKS: LinksResult}.get(case.model, TrainResult)
-        return cls(case, str(record.get("cluster", "")), kind.from_dict(record["result"], f"result of {case.id}"), **when)
+        result = kind.from_dict(record["result"], f"result of {case.id}")
+        return cls(case, str(record.get("cluster", "")), result, **when)
 
 
 @dataclass
@@ -264,7 +265,7 @@ class LinksMeasurement:
         return self.result.pairs
 
     def summary(self) -> str:
-        """The launch in one line (the pairs' figures: ``deciding.links.LinkVerdict.table``)."""
+        """The launch in one line (the pairs' figures: ``deciding.slow_links.LinkVerdict.table``)."""
         size = f" of {self.pairs[0].bytes / MIB:.3g} MiB" if self.pairs else ""
         took = f", launch {self.result.launch_s:g} s" if self.result.launch_s else ""
         return (f"{self.case.id}: all_reduce{size} over each pair of nodes alone, {len(self.pairs)} pairs, "

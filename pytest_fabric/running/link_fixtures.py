@@ -1,7 +1,7 @@
 """The objects behind the link test's fixtures (``fabric_link_node``, ``fabric_links_case``,
 ``fabric_links``): which nodes a session's link test names, its one launch per fabric (every pair
 of nodes measured alone, ``measuring/pair_measure.py``), and the pairs judged by
-``deciding/links.py``.
+``deciding/slow_links.py``.
 
 Nodes are named as the cluster names them (``Cluster.node_names``): the allocation's host names on
 Slurm, the hostfile's hosts on SSH, ``node0..nodeN-1`` on the emulated and local clusters. A rank
@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from ..core.case import Case
-from ..deciding.links import CannotJudge, LinkVerdict, Pair, judge
+from ..deciding.slow_links import CannotJudge, LinkVerdict, Pair, judge
 from ..measuring.measurement import LinksMeasurement, MeasurementError
 from ..measuring.pair_measure import STORE_DIR, PairsMeasurer, links_case, pairs_deadline_s
 from ..measuring.store import ResultStore

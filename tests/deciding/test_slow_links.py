@@ -1,4 +1,4 @@
-"""The link test's rule (deciding/links.py): which node's link is slow, from every pair measured alone."""
+"""The link test's rule (deciding/slow_links.py): which node's link is slow, from every pair measured alone."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from pytest_fabric.deciding.links import OK, SLOW, UNDECIDED, CannotJudge, Pair, all_nodes_line, judge
+from pytest_fabric.deciding.slow_links import OK, SLOW, UNDECIDED, CannotJudge, Pair, all_nodes_line, judge
 
 RATE = 2.0  # Gbit/s per node
 
