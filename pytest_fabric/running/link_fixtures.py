@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from ..core.case import Case
+from ..core.case import LINKS, Case
 from ..deciding.slow_links import CannotJudge, LinkVerdict, Pair, judge
 from ..measuring.measurement import LinksMeasurement, MeasurementError
 from ..measuring.pair_measure import STORE_DIR, PairsMeasurer, links_case, pairs_deadline_s
@@ -41,7 +41,7 @@ class LinkNode:
 def link_cases(session: FabricSession, excluded: Sequence[str] = ()) -> list[Case]:
     """One link-test case per fabric of the session, over all its nodes (none below two nodes)."""
     fabrics = [f for f in session.options.fabrics if f not in excluded]
-    return [links_case(c.nodes, c.fabric) for c in expand(["links"], session.nodes, fabrics, nodes=[session.nodes],
+    return [links_case(c.nodes, c.fabric) for c in expand([LINKS], session.nodes, fabrics, nodes=[session.nodes],
                                                           min_nodes=2)]
 
 
@@ -53,6 +53,7 @@ def planned_nodes(session: FabricSession) -> list[str]:
 
 
 def link_nodes(session: FabricSession, excluded: Sequence[str] = ()) -> list[LinkNode]:
+    """Each node x fabric of the link test, in a fixed order (the ids match on every xdist worker)."""
     nodes = planned_nodes(session)
     return [LinkNode(case, node) for case in link_cases(session, excluded) for node in nodes]
 
