@@ -19,6 +19,7 @@ from .running.option_table import add_options
 from .core.case import BANDWIDTH, Case
 from .cluster import Cluster, ClusterUnavailable, make_cluster
 from .running.fixtures import CompareFixture, MeasureFixture, link_rate_or_skip
+from .running.link_fixtures import LinkNode, LinkPairs, LinksFixture, link_cases, link_nodes
 from .history.junit import SECTION, gate_lines, measurement_lines, testcase_text
 from .running.matrix import expand
 from .measuring.link_rate import LinkRate
@@ -149,7 +150,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # A test that asks for one of these may launch ranks: its session checks every node first.
-LAUNCHING_FIXTURES = {"fabric_measure", "fabric_compare", "fabric_cluster"}
+LAUNCHING_FIXTURES = {"fabric_measure", "fabric_compare", "fabric_cluster", "fabric_links"}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -180,6 +181,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         fabrics = [f for f in session.options.fabrics if f not in excluded]
         links = expand([BANDWIDTH], session.nodes, fabrics, min_nodes=2)
         metafunc.parametrize("fabric_bandwidth_case", links, ids=[c.id for c in links])
+    for name, params in (("fabric_link_node", link_nodes), ("fabric_links_case", link_cases)):
+        if name in metafunc.fixturenames:  # the link test: every node of the session, per fabric
+            marker = metafunc.definition.get_closest_marker("fabric_matrix")
+            excluded = marker.kwargs.get("exclude_fabrics", ()) if marker else ()
+            chosen = params(metafunc.config.stash[SESSION_KEY], excluded)
+            metafunc.parametrize(name, chosen, ids=[c.id for c in chosen])
     if "fabric_case" not in metafunc.fixturenames:
         return
     session = metafunc.config.stash[SESSION_KEY]
@@ -245,6 +252,31 @@ def fabric_bandwidth_case(request: pytest.FixtureRequest) -> Case:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def fabric_link_pairs(fabric_session: FabricSession) -> LinkPairs:
+    """The session's link tests: one launch per fabric, every pair of nodes measured alone."""
+    return LinkPairs(fabric_session)
+
+
+@pytest.fixture
+def fabric_links(fabric_link_pairs: LinkPairs, fabric_session: FabricSession,
+                 request: pytest.FixtureRequest) -> LinksFixture:
+    """``fabric_links(case)`` -> the pairs of ``case``'s fabric judged (``deciding.slow_links.LinkVerdict``)."""
+    return LinksFixture(fabric_link_pairs, fabric_session, request.node)
+
+
+@pytest.fixture
+def fabric_link_node(request: pytest.FixtureRequest) -> LinkNode:
+    """One node x fabric of the link test (``.case``, ``.node``); parametrized by ``pytest_generate_tests``."""
+    return request.param
+
+
+@pytest.fixture
+def fabric_links_case(request: pytest.FixtureRequest) -> Case:
+    """The link test's case of one fabric (all the session's nodes); parametrized by ``pytest_generate_tests``."""
+    return request.param
+
+
 @pytest.fixture
 def fabric_case(request: pytest.FixtureRequest) -> Case:
     """One (model, nodes, fabric) of the matrix; parametrized by ``pytest_generate_tests``."""
@@ -282,7 +314,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             item.user_properties.extend(gate_lines(gate).items())
     report = yield
     gates = item.stash.get(OUTCOMES_KEY, [])
-    if call.when == "call" and measured:
+    if call.when == "call" and (measured or item.stash.get(NOTES_KEY, [])):
         report.sections.append((SECTION, testcase_text(measured, item.stash.get(NOTES_KEY, []), gates)))
     # Plain attributes: they travel with the report from an xdist worker to the controller.
     report.fabric_outcome = outcome_of(report, gates, item.stash.get(ERRORED_KEY, False))

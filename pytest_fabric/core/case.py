@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 # The model name of a collective-bandwidth case: it trains nothing, it only needs nodes and a fabric.
 BANDWIDTH = "collectives"
+# The model name of a link-test case: every pair of its nodes measured alone (workload/pairs.py).
+LINKS = "links"
 
 # How parameters are sharded (workload/config.SHARDINGS): "full" over every rank, "hybrid" within a
 # node and replicated across nodes. A case id names a sharding other than "full" at its end.

@@ -271,8 +271,10 @@ class Measurer:
         fabric = self.settings.fabric(case.fabric).for_launch(case.crosses_fabric)
         return {**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric), "crosses_fabric": case.crosses_fabric}
 
-    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None) -> LaunchRecord:
-        """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error."""
+    def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None,
+             kind: Any = None) -> LaunchRecord:
+        """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error
+        (``kind``: the result's type, with ``from_dict``; default by the config's type)."""
         s = self.settings
         fabric = s.fabric(case.fabric)
         config.dump(run_dir / "config.json")
@@ -309,7 +311,7 @@ class Measurer:
         if not outcome.ok:
             self._node_failed(outcome.failed_node, case)
             return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}")
-        kind = CollectivesResult if isinstance(config, CollectivesConfig) else TrainResult
+        kind = kind or (CollectivesResult if isinstance(config, CollectivesConfig) else TrainResult)
         try:
             result = kind.from_dict(json.loads(Path(config.result_path).read_text()), config.result_path)
         except (OSError, ValueError) as exc:  # ResultFormatError is a ValueError

@@ -20,13 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.case import BANDWIDTH, Case
+from ..core.case import BANDWIDTH, LINKS, Case
 from ..deciding.contrasts import configuration_value
 from ..deciding.steps import LaunchEstimate, launch_estimate
 from ..core.units import MIB
+from ..workload.pair_types import LinksResult, PairRow
 from ..workload.result import CollectiveRow, CollectivesResult, TrainResult
 
-__all__ = ["BandwidthMeasurement", "LaunchKey", "LaunchRecord", "Measurement", "MeasurementError",
+__all__ = ["BandwidthMeasurement", "LinksMeasurement", "LaunchKey", "LaunchRecord", "Measurement", "MeasurementError",
            "configuration_tokens_per_s", "block_name", "launch_number", "launch_value"]
 
 
@@ -84,7 +85,7 @@ class LaunchRecord:
 
     case: Case
     cluster: str = ""
-    result: TrainResult | CollectivesResult | None = field(default=None, repr=False)
+    result: TrainResult | CollectivesResult | LinksResult | None = field(default=None, repr=False)
     error: str | None = None
     # When the launch ran on this harness's clock (seconds since the epoch; 0.0: a record from before
     # they were kept): whether a stored launch ran back to back with its round's others (``Measurer``).
@@ -121,8 +122,9 @@ class LaunchRecord:
         when = {"started": float(record.get("started") or 0.0), "ended": float(record.get("ended") or 0.0)}
         if "error" in record:
             return cls(case, error=str(record["error"]) if record["error"] else "", **when)
-        kind = CollectivesResult if case.model == BANDWIDTH else TrainResult
-        return cls(case, str(record.get("cluster", "")), kind.from_dict(record["result"], f"result of {case.id}"), **when)
+        kind = {BANDWIDTH: CollectivesResult, LINKS: LinksResult}.get(case.model, TrainResult)
+        result = kind.from_dict(record["result"], f"result of {case.id}")
+        return cls(case, str(record.get("cluster", "")), result, **when)
 
 
 @dataclass
@@ -247,4 +249,31 @@ class BandwidthMeasurement:
         record = LaunchRecord.from_dict(record)
         if not isinstance(record.result, CollectivesResult):
             raise ValueError(f"{record.case.id}: {record.error or 'not a collectives result'}")
+        return cls(record.case, record.result, record.cluster)
+
+
+@dataclass
+class LinksMeasurement:
+    """Every pair of one launch's nodes measured alone (see workload/pairs.py), nodes by their ranks' names."""
+
+    case: Case
+    result: LinksResult = field(repr=False)
+    cluster: str
+
+    @property
+    def pairs(self) -> list[PairRow]:
+        return self.result.pairs
+
+    def summary(self) -> str:
+        """The launch in one line (the pairs' figures: ``deciding.slow_links.LinkVerdict.table``)."""
+        size = f" of {self.pairs[0].bytes / MIB:.3g} MiB" if self.pairs else ""
+        took = f", launch {self.result.launch_s:g} s" if self.result.launch_s else ""
+        return (f"{self.case.id}: all_reduce{size} over each pair of nodes alone, {len(self.pairs)} pairs, "
+                f"{self.pairs[0].ranks if self.pairs else 0} ranks a pair{took}")
+
+    @classmethod
+    def from_record(cls, record: LaunchRecord | Mapping[str, Any]) -> LinksMeasurement:
+        record = LaunchRecord.from_dict(record)
+        if not isinstance(record.result, LinksResult):
+            raise ValueError(f"{record.case.id}: {record.error or 'not a links result'}")
         return cls(record.case, record.result, record.cluster)
