@@ -81,6 +81,9 @@ def install(run_dir: str) -> None:
     # A Python handler first (it runs in the main thread once that runs Python again: a rank asleep or
     # in a Python loop dumps its flight recorder), then faulthandler's, which dumps the stacks at once
     # from C and chains to it; SIGTERM chains to the default action, so the rank still ends.
+    # faulthandler keeps its first registration's handler: an earlier one (to the log, before the
+    # config was read) would otherwise be replaced by the Python handler and never dump again.
+    faulthandler.unregister(signal.SIGUSR1)
     signal.signal(signal.SIGUSR1, lambda signum, frame: dump_flight())
     faulthandler.register(signal.SIGUSR1, file=out, all_threads=True, chain=True)
     faulthandler.register(signal.SIGTERM, file=out, all_threads=True, chain=True)

@@ -3,7 +3,7 @@ and the launch must end at the collective timeout, well before its deadline, wit
 grouped, the odd rank's frame named, and the ranks' flight recorders summarised.
 
 The fault is a ``sitecustomize.py`` the test puts first on the ranks' PYTHONPATH: in the process whose
-RANK it is given, it wraps a torch.distributed collective (the N-th call never returns) or registers a
+RANK it is given (every rank's for ``*``), it wraps a torch.distributed collective (the N-th call never returns) or registers a
 global forward pre-hook (the N-th module call hangs or raises). Every other process ignores it.
 """
 
@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cluster_env import RANK_ENV, launch_on_node0, leftover_processes, slurm_site, train_program
+from cluster_env import RANK_ENV, launch_on_node0, leftover_processes, slurm_site, ssh_site, train_program
 from helpers import FAST_LAUNCH, emulated_unavailable, needs
 from lxml import etree
 
@@ -24,7 +24,7 @@ from pytest_fabric.cluster.base import _PACKAGE_ROOT
 PLANT = textwrap.dedent("""\
     import os, sys, time
 
-    if os.environ.get("RANK") is not None and os.environ.get("RANK") == os.environ.get("PLANTED_RANK"):
+    if os.environ.get("RANK") is not None and os.environ.get("PLANTED_RANK") in (os.environ["RANK"], "*"):
         KIND, AT = os.environ["PLANTED_KIND"], int(os.environ["PLANTED_CALL"])
         calls = [0]
 
@@ -59,7 +59,7 @@ PLANT = textwrap.dedent("""\
 """)
 
 
-def plant(directory: Path, rank: int, kind: str, call: int) -> dict[str, str]:
+def plant(directory: Path, rank: int | str, kind: str, call: int) -> dict[str, str]:
     """The sitecustomize in ``directory``, and the variables that make it act in ``rank`` only."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(PLANT)
@@ -73,26 +73,34 @@ def groups(report: str) -> list[str]:
     return [line.strip() for line in lines[:next((i for i, l in enumerate(lines) if not l.startswith("  ")), len(lines))]]
 
 
+def ranks_named(lines: list[str]) -> set[int]:
+    """The ranks the grouped lines name ("ranks 0-2, 5 (node0, node1): ...")."""
+    return {n for line in lines for span in re.findall(r"^ranks? ([\d, -]+) \(", line)
+            for part in span.split(", ") for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}
+
+
 # -- the test Slurm, 2 nodes x 2 ranks ----------------------------------------------------------------
 
 COLLECTIVE_TIMEOUT_S = 15
 DEADLINE_S = 150
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def site():
     with slurm_site(nodes=2) as started:
         yield started
 
 
+def planted_env(tmp_path: Path, rank: int | str, kind: str, call: int) -> dict[str, str]:
+    return {**RANK_ENV, "PYTHONPATH": f"{tmp_path / 'plant'}:{_PACKAGE_ROOT}", **plant(tmp_path / "plant", rank, kind, call)}
+
+
 @pytest.mark.slow
 def test_a_rank_hung_in_a_collective_on_slurm_is_located(site, tmp_path: Path) -> None:
     job_id = f"slurmhung{secrets.token_hex(3)}"
-    run_dir = tmp_path / job_id
-    env = {**RANK_ENV, "PYTHONPATH": f"{tmp_path / 'plant'}:{_PACKAGE_ROOT}",
-           **plant(tmp_path / "plant", rank=3, kind="hang-collective", call=3)}
+    env = planted_env(tmp_path, 3, "hang-collective", 3)
     spec = {"cluster": "slurm", "nodes": 2, "procs_per_node": 2, "job_id": job_id, "deadline_s": DEADLINE_S,
-            "env": env, "program": train_program(run_dir, steps=3, collective_timeout_s=COLLECTIVE_TIMEOUT_S)}
+            "env": env, "program": train_program(tmp_path, steps=3, collective_timeout_s=COLLECTIVE_TIMEOUT_S)}
     report = launch_on_node0(site, spec, tmp_path, timeout_s=DEADLINE_S + 120, salloc=True)
     text = report["describe_outcome"]
     print(text)
@@ -103,15 +111,56 @@ def test_a_rank_hung_in_a_collective_on_slurm_is_located(site, tmp_path: Path) -
     lines = groups(text)
     # The hung rank first, its frame named; the others died of their collective's timeout, waiting for it.
     assert re.match(r"rank 3 \(node1\): planted_hang_in_collective \(sitecustomize\.py:\d+\) <- ", lines[0]), text
-    others = lines[1:]
-    assert sorted(int(r) for line in others for r in re.findall(r"^ranks? ([\d, -]+) ", line)[0].replace("-", ",")
-                  .split(",") if r.strip()) >= [0, 2], text
-    assert all(" died of " in line for line in others), text
+    assert ranks_named(lines) == {0, 1, 2, 3}, text
+    # The others waited in the collective the hung rank never entered, until its timeout ended them.
+    assert any(" died of " in line for line in lines[1:]), text
     assert "flight recorder (" in text and "gloo:" in text, text
     # The collective timeout reached the ranks and is what ended them, not the deadline.
     assert re.search(r"Timed out waiting 15000ms|timed out|Connection closed by peer", text, re.I), text
     assert report["steps_after"] == []
     assert leftover_processes(job_id) == []
+
+
+HUNG_DEADLINE_S = 60
+
+
+def every_rank_hung_in_compute(site, tmp_path: Path, cluster: dict) -> tuple[dict, str]:
+    """Every rank hangs in its forward (no collective is waiting, so none times out): the deadline asks
+    each for its stacks through the launcher; (the report, its text)."""
+    job_id = f"allhung{secrets.token_hex(3)}"
+    spec = {**cluster, "nodes": 2, "job_id": job_id, "deadline_s": HUNG_DEADLINE_S,
+            "env": planted_env(tmp_path, "*", "hang-compute", 2),
+            "program": train_program(tmp_path, steps=3, collective_timeout_s=HUNG_DEADLINE_S - 10)}
+    report = launch_on_node0(site, spec, tmp_path, timeout_s=HUNG_DEADLINE_S + 120, salloc=cluster["cluster"] == "slurm")
+    text = report["describe_outcome"]
+    print(text)
+    assert report["timed_out"], text
+    lines = groups(text)
+    assert len(lines) == 1 and re.match(r"ranks 0-1 \(node0, node1\): planted_forward_hook \(sitecustomize\.py:\d+\)",
+                                        lines[0]), text
+    # Each rank dumped its flight recorder too: only the SIGUSR1 the launcher delivered makes a running
+    # rank do that (a SIGTERM dumps its stack alone), and its torchrun agent survived it (ignored).
+    assert "flight recorder (2 ranks;" in text, text
+    assert leftover_processes(job_id) == []
+    return report, text
+
+
+@pytest.mark.slow
+def test_every_rank_hung_on_slurm_is_asked_through_scancel(site, tmp_path: Path) -> None:
+    report, _ = every_rank_hung_in_compute(site, tmp_path, {"cluster": "slurm"})
+    assert report["steps_after"] == []
+
+
+@pytest.fixture
+def ssh():
+    with ssh_site(nodes=2) as started:
+        yield started
+
+
+@pytest.mark.slow
+def test_every_rank_hung_over_ssh_is_asked_through_a_second_ssh(ssh, tmp_path: Path) -> None:
+    every_rank_hung_in_compute(ssh, tmp_path, {"cluster": "ssh", "hostfile": str(ssh.files["hostfile"]),
+                                               "ssh_config": str(ssh.files["ssh_config"])})
 
 
 # -- the emulated cluster, through pytest as a user runs it -------------------------------------------
@@ -167,8 +216,5 @@ def test_a_planted_fault_on_the_emulated_cluster_is_located(pytester, monkeypatc
     node = "node0" if rank < 2 else "node1"
     odd = [line for line in lines if line.startswith(f"rank {rank} ({node}): ")]
     assert len(odd) == 1 and re.search(frame, odd[0]), failure
-    # Every rank is in the report, in one group or another.
-    named = {int(n) for line in lines for span in re.findall(r"^ranks? ([\d, -]+) \(", line)
-             for part in span.split(", ") for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}
-    assert named == {0, 1, 2, 3}, failure
+    assert ranks_named(lines) == {0, 1, 2, 3}, failure  # every rank, in one group or another
     assert "flight recorder (" in failure, failure

@@ -18,7 +18,9 @@ from pytest_fabric.cluster.supervisor import ProcSpec, supervise
 # stack file through hangs.install, and it stops in the function its argument names.
 RANK = textwrap.dedent("""\
     import os, sys, time
+    import faulthandler, signal
     import pytest_fabric.workload.hangs as hangs
+    faulthandler.register(signal.SIGUSR1)  # as the rank programs do before they read their config
     hangs.install(sys.argv[1])
 
     def wait_in_collective():
@@ -78,6 +80,8 @@ def test_a_deadline_asks_every_running_rank(tmp_path):
     assert outcome.timed_out
     assert [line.split(":")[0] for line in outcome.stacks[1:]] == ["  rank 0 (node0)", "  rank 1 (node1)"], outcome.stacks
     assert "wait_in_collective" in outcome.stacks[1] and "stuck_in_data_step" in outcome.stacks[2]
+    # Each dumped when asked (SIGUSR1) and again when killed (SIGTERM).
+    assert [s.dumps for s in stacks.read(tmp_path)] == [2, 2]
 
 
 def test_a_stack_file_keeps_the_exception_over_later_dumps():
