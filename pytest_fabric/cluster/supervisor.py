@@ -289,15 +289,23 @@ def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]], ask_sta
                  wait_s: float = STACK_DUMP_WAIT_S) -> None:
     """Ask every rank program still running for its stacks: those in this process tree directly
     (stacks.ask), the others through the launcher; then give them ``wait_s`` to write them."""
+    start = time.monotonic()
     asked = ask(pid for _, proc, _ in started for pid in process_tree(proc.pid))
     if ask_stacks is not None:
-        try:
-            ask_stacks()
-        except Exception:  # noqa: BLE001 - a report's extra; the stop must go on
-            pass
+        # The launcher's way (scancel, a second ssh) may be slow to answer: it gets the wait and no
+        # more, so the stop still fits inside the deadline.
+        def run() -> None:
+            try:
+                ask_stacks()
+            except Exception:  # noqa: BLE001 - a report's extra; the stop must go on
+                pass
+
+        asking = threading.Thread(target=run, name="ask-stacks", daemon=True)
+        asking.start()
+        asking.join(wait_s)
         asked += 1
-    if asked:
-        time.sleep(wait_s)
+    if asked:  # what the ranks take to write their dumps, at least half the wait after the last ask
+        time.sleep(max(wait_s / 2, wait_s - (time.monotonic() - start)))
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
