@@ -35,7 +35,7 @@ STACK_DUMP_MARKER = b"pytest_fabric.workload"
 FRAMES_SHOWN = 6
 # Lines of the report at most (a group each): thousands of ranks in few states stay a few lines.
 GROUPS_SHOWN = 12
-_HEADER = re.compile(r"^# rank (\d+) node (\S+) pid (\d+) main (0x[0-9a-f]+)")
+_HEADER = re.compile(r"^# rank (\d+) node (\S+) pid (\d+) main (0x[0-9a-f]+)(?: world (\d+))?")
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (\S+)')
 
@@ -47,6 +47,7 @@ class RankStack:
     frames: tuple[tuple[str, int, str], ...]  # (file, line, function), innermost first
     error: str | None = None  # "Type: message" of the exception it died of
     dumps: int = 0  # how many stack dumps its file holds
+    world: int | None = None  # the job's ranks, as the rank knew them
 
     def frame_text(self, shown: int = FRAMES_SHOWN) -> str:
         if not self.frames:
@@ -86,7 +87,7 @@ def parse(text: str) -> RankStack | None:
                 (frame.group(1), int(frame.group(2)), frame.group(3)))
     # The exception it died of says most; else where its main thread was at its last dump.
     frames = error_frames if error is not None else (dumps[-1] if dumps else [])
-    return RankStack(rank, node, tuple(frames), error, len(dumps))
+    return RankStack(rank, node, tuple(frames), error, len(dumps), int(header.group(5)) if header.group(5) else None)
 
 
 def read(run_dir: Path) -> list[RankStack]:
@@ -136,14 +137,17 @@ def group(stacks: list[RankStack], shown: int = GROUPS_SHOWN) -> list[str]:
     return lines
 
 
-def report(run_dir: Path, world: int | None = None) -> list[str]:
-    """The grouped stacks of a launch, headed by one line; [] where no rank wrote one."""
+def report(run_dir: Path) -> list[str]:
+    """The grouped stacks of a launch, headed by one line, and the ranks that wrote no file (of the
+    world the ranks knew); [] where no rank wrote one."""
     stacks = read(run_dir)
     if not stacks:
         return []
+    world = max((s.world for s in stacks if s.world), default=None)
     missing = sorted(set(range(world)) - {s.rank for s in stacks}) if world else []
     head = f"stacks by rank ({len(stacks)} ranks; {run_dir / STACKS_DIR}/rank<N>.txt)"
-    tail = [f"ranks {ranges(missing)}: no stack file (never started?)"] if missing else []
+    tail = [f"rank{'s' if len(missing) > 1 else ''} {ranges(missing)}: no stack file (never started, or ended "
+             f"before it could open one)"] if missing else []
     return [head, *[f"  {line}" for line in group(stacks) + tail]]
 
 

@@ -76,7 +76,8 @@ def install(run_dir: str) -> None:
     except OSError:
         return
     node = os.environ.get("PYTEST_FABRIC_NODE") or socket.gethostname()
-    out.write(f"# rank {rank} node {node} pid {os.getpid()} main 0x{threading.main_thread().ident:016x}\n")
+    out.write(f"# rank {rank} node {node} pid {os.getpid()} main 0x{threading.main_thread().ident:016x} "
+              f"world {os.environ.get('WORLD_SIZE', '?')}\n")
     _state.update(file=out, run_dir=run_dir, rank=rank)
     # A Python handler first (it runs in the main thread once that runs Python again: a rank asleep or
     # in a Python loop dumps its flight recorder), then faulthandler's, which dumps the stacks at once

@@ -107,6 +107,18 @@ def test_a_stack_file_keeps_the_exception_over_later_dumps():
     assert stacks.parse("no header\n") is None
 
 
+def test_ranks_that_wrote_no_file_are_named(tmp_path):
+    (tmp_path / "stacks").mkdir()
+    for rank in (0, 2):
+        (tmp_path / "stacks" / f"rank{rank}.txt").write_text(
+            f"# rank {rank} node node{rank} pid 1 main 0x00007f0000000001 world 4\n"
+            "Current thread 0x00007f0000000001 (most recent call first):\n  File \"/x/a.py\", line 3 in wait\n")
+    lines = stacks.report(tmp_path)
+    assert lines[0].startswith("stacks by rank (2 ranks;")
+    assert lines[1] == "  ranks 0, 2 (node0, node2): wait (a.py:3)"
+    assert lines[2].startswith("  ranks 1, 3: no stack file (never started")
+
+
 def test_ranges_and_many_groups_stay_short():
     assert stacks.ranges([3, 0, 1, 2, 5, 7, 8]) == "0-3, 5, 7-8"
     many = [stacks.RankStack(r, f"node{r}", ((f"f{r}.py", 1, f"f{r}"),)) for r in range(20)]
