@@ -31,8 +31,10 @@ EXCEPTION_MARK = "--- exception"
 # At a stop, processes whose command line holds this marker (the rank programs) and that catch
 # SIGUSR1 (faulthandler, registered by every rank program) are asked for their stacks.
 STACK_DUMP_MARKER = b"pytest_fabric.workload"
-# Frames a group's line shows, innermost first; the rest are counted.
+# Frames a group's line shows at most, innermost first, within LINE_CHARS; the rest are counted.
 FRAMES_SHOWN = 6
+LINE_CHARS = 290
+ERROR_CHARS = 120
 # Lines of the report at most (a group each): thousands of ranks in few states stay a few lines.
 GROUPS_SHOWN = 12
 _HEADER = re.compile(r"^# rank (\d+) node (\S+) pid (\d+) main (0x[0-9a-f]+)(?: world (\d+))?")
@@ -49,11 +51,17 @@ class RankStack:
     dumps: int = 0  # how many stack dumps its file holds
     world: int | None = None  # the job's ranks, as the rank knew them
 
-    def frame_text(self, shown: int = FRAMES_SHOWN) -> str:
+    def frame_text(self, shown: int = FRAMES_SHOWN, width: int = LINE_CHARS) -> str:
+        """The innermost frames, at most ``shown`` and ``width`` characters (the innermost always)."""
         if not self.frames:
             return "no stack written (the rank ended before it could dump one, or never started)"
-        parts = [f"{func} ({os.path.basename(path)}:{line})" for path, line, func in self.frames[:shown]]
-        more = len(self.frames) - shown
+        parts: list[str] = []
+        for path, line, func in self.frames[:shown]:
+            part = f"{func} ({os.path.basename(path)}:{line})"
+            if parts and len(" <- ".join([*parts, part])) > width - 20:
+                break
+            parts.append(part)
+        more = len(self.frames) - len(parts)
         return " <- ".join(parts) + (f" <- ... {more} more" if more > 0 else "")
 
 
@@ -129,8 +137,12 @@ def group(stacks: list[RankStack], shown: int = GROUPS_SHOWN) -> list[str]:
         nodes = ", ".join(dict.fromkeys(m.node.split("/")[0] for m in members))
         who = f"rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)} ({nodes})"
         first = members[0]
-        died = f" died of {first.error}; at" if first.error else ""
-        lines.append(f"{who}:{died} {first.frame_text()}")
+        # gloo's and c10's messages start with their C++ source location: "[.../pair.cc:553] ..."
+        error = re.sub(r"^(\w+: )\[[^\]]*\] ", r"\1", first.error or "")
+        error = error if len(error) <= ERROR_CHARS else error[:ERROR_CHARS] + "..."
+        died = f" died of {error}; at" if error else ""
+        head = f"{who}:{died}"
+        lines.append(f"{head} {first.frame_text(width=max(60, LINE_CHARS - len(head)))}")
     if len(ordered) > shown:
         lines.append(f"... {len(ordered) - shown} more groups, {sum(len(g) for g in ordered[shown:])} ranks "
                      f"(every rank's file: stacks/rank<N>.txt in the run directory)")

@@ -274,7 +274,9 @@ def supervise(
         deadline_s=deadline_s,
     )
     if not outcome.ok and not independent:  # the ranks write into the launch's directory (workload/hangs.py)
-        outcome.stacks, outcome.flight = stacks.report(log_dir), flight.report(log_dir)
+        # Secrets masked, as in the log tails: an exception's message is the rank's own text.
+        outcome.stacks = [_printable(redact(line)) for line in stacks.report(log_dir)]
+        outcome.flight = [_printable(redact(line)) for line in flight.report(log_dir)]
     return outcome
 
 

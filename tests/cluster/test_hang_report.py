@@ -207,6 +207,7 @@ def run_planted(pytester: pytest.Pytester, monkeypatch, rank: int, kind: str, ca
 ])
 def test_a_planted_fault_on_the_emulated_cluster_is_located(pytester, monkeypatch, rank, kind, frame):
     failure, seconds = run_planted(pytester, monkeypatch, rank, kind, call=3)
+    print(failure[:failure.find("--- node0")])
     match = re.search(r"launch failed after ([\d.]+)s", failure)
     assert match, failure
     if kind != "crash":  # the others wait out their collective timeout, then the launch ends
