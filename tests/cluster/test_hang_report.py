@@ -117,6 +117,8 @@ def test_a_rank_hung_in_a_collective_on_slurm_is_located(site, tmp_path: Path) -
     assert "flight recorder (" in text and "gloo:" in text, text
     # The collective timeout reached the ranks and is what ended them, not the deadline.
     assert re.search(r"Timed out waiting 15000ms|timed out|Connection closed by peer", text, re.I), text
+    # The ranks ran the package the harness imported (this checkout), as their stack files show.
+    assert f'File "{_PACKAGE_ROOT}/pytest_fabric/workload/train.py"' in (tmp_path / "stacks" / "rank3.txt").read_text()
     assert report["steps_after"] == []
     assert leftover_processes(job_id) == []
 
