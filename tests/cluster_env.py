@@ -306,17 +306,18 @@ time.sleep(3600)
 """
 
 
-def train_program(run_dir: Path) -> list[str]:
-    """The rank program for a real, small measurement: qwen2-tiny, 1 step, no warm-up, batch 1 x 64 tokens."""
+def train_program(run_dir: Path, steps: int = 1, collective_timeout_s: float = 120) -> list[str]:
+    """The rank program for a real, small measurement: qwen2-tiny, ``steps`` steps (1), no warm-up, batch
+    1 x 64 tokens."""
     from pytest_fabric.core.fabrics import get_fabric
     from pytest_fabric.core.models import get_model
     from pytest_fabric.workload.config import TrainConfig
 
     run_dir.mkdir(parents=True, exist_ok=True)
     config = TrainConfig(
-        model=get_model("qwen2-tiny").to_dict(), batch_size=1, seq_len=64, steps=1, warmup_steps=0,
+        model=get_model("qwen2-tiny").to_dict(), batch_size=1, seq_len=64, steps=steps, warmup_steps=0,
         measure_s=0, result_path=str(run_dir / "result.json"), progress_path=str(run_dir / "progress.jsonl"),
-        device="cpu", collective_timeout_s=120, fabric=get_fabric("eth").settings())
+        device="cpu", collective_timeout_s=collective_timeout_s, fabric=get_fabric("eth").settings())
     config.dump(run_dir / "config.json")
     return ["-m", "pytest_fabric.workload.train", "--config", str(run_dir / "config.json")]
 
@@ -565,7 +566,7 @@ def _drive(spec_path: str) -> None:
             notes.write(text + "\n")
 
     request = LaunchRequest(
-        nodes=spec["nodes"], procs_per_node=1, fabric=get_fabric("eth"), program=spec["program"],
+        nodes=spec["nodes"], procs_per_node=spec.get("procs_per_node", 1), fabric=get_fabric("eth"), program=spec["program"],
         workdir=Path(spec["workdir"]), deadline_s=spec["deadline_s"], job_id=spec["job_id"], env=spec["env"],
         notify=notify)
     try:

@@ -24,6 +24,11 @@ is, sets the ranks' variables itself from the plan: what every rank needs, the f
 the request's, and the names declared with ``--rank-env`` (never a secret: the plan is a file on
 shared storage). Without a container this changes nothing, and the plan says what the ranks got.
 
+When a launch fails or reaches its deadline, ``scancel --signal=USR1 JOB.STEP`` asks every rank of
+the step for its stacks before anything is killed (cluster/stacks.py); the wrapper sets SIGUSR1 to
+be ignored before it becomes torchrun, so the agent (which has no handler, and would die of it)
+and everything else of the step but the ranks, which register faulthandler on it, ignore it.
+
 At the deadline the supervisor stops srun: SIGTERM makes srun cancel
 the step, but a srun killed outright leaves remote tasks to slurmd, so any step of this launch that
 Slurm still lists afterwards is cancelled with ``scancel``.
@@ -67,6 +72,8 @@ name = os.environ.get("SLURMD_NODENAME", "")
 if name not in plan:
     sys.exit(f"pytest-fabric: node {name!r} is not in the launch plan {sys.argv[1]} ({', '.join(plan)})")
 os.environ.update(plan[name]["env"])
+import signal
+signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # torchrun keeps it ignored; its ranks dump their stacks on it
 os.execv(plan[name]["argv"][0], plan[name]["argv"])
 """
 
@@ -292,7 +299,8 @@ class SlurmCluster(Cluster):
         argv = srun_argv(self.job_id, nodes, step_name, plan_path, self._cpus, self.srun_args, self.launch_prefix)
         spec = ProcSpec("srun", argv, srun_env(rank_env(request, "(set on each node)", threads, {})))
         try:
-            outcome = supervise([spec], request.workdir, request.deadline_s, on_tick)
+            outcome = supervise([spec], request.workdir, request.deadline_s, on_tick,
+                                ask_stacks=lambda: self.signal_step(step_name, "USR1"))
         except BaseException:  # Ctrl-C, SIGTERM: the supervisor stopped srun; the step must go too
             self.cancel_step(step_name)
             raise
@@ -311,6 +319,12 @@ class SlurmCluster(Cluster):
             raise RuntimeError(f"`squeue --steps --jobs={self.job_id}` failed: {listed.stderr.strip()}")
         return [step for step, _, name in (line.strip().partition(" ") for line in listed.stdout.splitlines())
                 if name.strip() == step_name]
+
+    def signal_step(self, step_name: str, sig: str) -> None:
+        """``sig`` to every process of the step named ``step_name`` (``scancel --signal``): SIGUSR1 asks
+        its ranks for their stacks; the wrapper made every other process of the step ignore it."""
+        for step in self.steps(step_name):
+            _run(["scancel", f"--signal={sig}", step])
 
     def cancel_step(self, step_name: str) -> str | None:
         """Cancel the step named ``step_name`` if Slurm still lists it; say what happened (None: nothing to do)."""

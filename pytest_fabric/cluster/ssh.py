@@ -271,7 +271,8 @@ class SshCluster(Cluster):
                                      pidfiles[i], self.launch_prefix)
             specs.append(ProcSpec(f"node{i}", self.ssh_argv(host, command), dict(os.environ)))
         try:
-            outcome = supervise(specs, request.workdir, request.deadline_s, on_tick)
+            outcome = supervise(specs, request.workdir, request.deadline_s, on_tick,
+                                ask_stacks=lambda: self._ask_stacks(list(zip(hosts, pidfiles, strict=True))))
         except BaseException:  # Ctrl-C, SIGTERM: the local ssh processes are gone, the remote ones are not
             self._stop_remote(list(zip(hosts, pidfiles, strict=True)), None)
             raise
@@ -281,6 +282,13 @@ class SshCluster(Cluster):
         if unclean:
             self._stop_remote([(hosts[i], pidfiles[i]) for i in unclean], [outcome.procs[i].log_path for i in unclean])
         return outcome
+
+    def _ask_stacks(self, targets: list[tuple[Host, str]]) -> None:
+        """A second ssh per host asks the ranks under its wrapper for their stacks (SIGUSR1, to the rank
+        programs that catch it: cluster/stacks.py), all hosts at once."""
+        with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
+            list(pool.map(lambda t: self._ssh(t[0], self._python(["-m", "pytest_fabric.cluster.stacks", t[1]])),
+                          targets))
 
     def _stop_remote(self, targets: list[tuple[Host, str]], logs: list[Path] | None) -> None:
         """Kill what a launch left running on each host; say so at the end of that node's log."""

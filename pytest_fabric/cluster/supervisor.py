@@ -28,6 +28,8 @@ from pathlib import Path
 
 from ..core.redact import redact
 from .proctree import process_tree
+from . import flight, stacks
+from .stacks import ask
 
 # After the first process fails, the others get this long to fail or finish on their own (their
 # own error messages are usually the useful ones) before they are killed.
@@ -41,10 +43,10 @@ LOG_TAIL_BYTES = 64 * 1024
 LOG_LINE_CHARS = 300
 # A log that outgrows this stops the launch (a rank printing garbage fills the results disk otherwise).
 LOG_LIMIT_BYTES = 32 * 1024 * 1024
-# At the deadline, processes whose command line holds this marker (the rank programs, which register
-# faulthandler on SIGUSR1) are asked to print every thread's Python stack before anything is killed,
-# so the report of a hang shows where each rank was waiting.
-STACK_DUMP_MARKER = b"pytest_fabric.workload"
+# When a launch fails (its first process exits non-zero) or reaches its deadline, every rank program
+# still running is asked for its stacks (stacks.py: faulthandler on SIGUSR1, into the run directory)
+# before anything is killed, here and, through the launcher's ``ask_stacks``, on other nodes; then
+# the supervisor waits this long for the dumps.
 STACK_DUMP_WAIT_S = 1.5
 # The stop at a deadline (stacks, TERM, KILL) is budgeted inside it: it starts this long before the
 # deadline, a share of it (at least MIN_STOP_S, at most STOP_BUDGET_S), and each step is cut to fit.
@@ -145,6 +147,10 @@ class LaunchOutcome:
     # The node whose ranks failed first, by the cluster's name for it, where the launcher knows it
     # (Cluster.left_out takes a node that keeps failing launches: Measurer.node_failed).
     failed_node: str | None = None
+    # Where the ranks were (stacks.report: grouped by identical stack) and where their flight
+    # recorders stop (flight.report), for a launch that did not end well; read from the run directory.
+    stacks: list[str] = field(default_factory=list)
+    flight: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -165,6 +171,7 @@ class LaunchOutcome:
             parts.append(f"{self.log_overflow}: its log passed {LOG_LIMIT_BYTES >> 20} MiB (a rank printing "
                          f"garbage or a runaway log); the launch was stopped")
         parts += self.notes
+        parts += self.stacks + self.flight
         parts += [f"{p.name}: {line}" for p in self.procs for line in p.messages()]
         for p in self.procs:
             state = "killed" if p.returncode is None else f"exit code {p.returncode}"
@@ -186,11 +193,14 @@ def supervise(
     on_tick: Callable[[float], None] | None = None,
     tick_s: float = 0.5,
     independent: bool = False,
+    ask_stacks: Callable[[], None] | None = None,
 ) -> LaunchOutcome:
     """Run ``specs`` concurrently to completion, failure or deadline; never leave one running.
 
     ``independent``: the processes are not one job (a probe of each node), so one failing does not
-    bring the others down; each runs to its end or the deadline."""
+    bring the others down; each runs to its end or the deadline. ``ask_stacks``: the launcher's way
+    to ask ranks it started beyond this process tree (other nodes) for their stacks, at the first
+    failure or the deadline, besides the ranks in the tree."""
     log_dir.mkdir(parents=True, exist_ok=True)
     started: list[tuple[ProcSpec, subprocess.Popen, Path]] = []
     start = time.monotonic()
@@ -215,6 +225,7 @@ def supervise(
         log_upto: dict[str, int | None] = {}
         first_failure: float | None = None
         first_failed: tuple[str, float] | None = None
+        asked = False
         stop_at = deadline_s - stop_budget_s(deadline_s)
         while True:
             codes = [p.poll() for _, p, _ in started]
@@ -232,9 +243,13 @@ def supervise(
             if overflow is not None:
                 log_upto = {spec.name: _size(log_path) for spec, _, log_path in started}
                 break
+            if first_failure is not None and not independent and not asked:
+                asked = True  # before the grace ends in kills: the others' stacks where they wait
+                _dump_stacks(started, ask_stacks, min(STACK_DUMP_WAIT_S, FAILURE_GRACE_S / 2))
+                continue
             if now - start > stop_at:
                 timed_out = True
-                _dump_stacks(started, min(STACK_DUMP_WAIT_S, 0.4 * stop_budget_s(deadline_s)))
+                _dump_stacks(started, ask_stacks, min(STACK_DUMP_WAIT_S, 0.4 * stop_budget_s(deadline_s)))
                 log_upto = {spec.name: _size(log_path) for spec, _, log_path in started}
                 break
             if on_tick is not None:
@@ -245,7 +260,7 @@ def supervise(
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
-    return LaunchOutcome(
+    outcome = LaunchOutcome(
         procs=[
             ProcOutcome(spec.name, None if spec.name in killed else proc.returncode, log_path,
                         log_upto.get(spec.name))
@@ -258,6 +273,11 @@ def supervise(
         first_failure=first_failed,
         deadline_s=deadline_s,
     )
+    if not outcome.ok and not independent:  # the ranks write into the launch's directory (workload/hangs.py)
+        # Secrets masked, as in the log tails: an exception's message is the rank's own text.
+        outcome.stacks = [_printable(redact(line)) for line in stacks.report(log_dir)]
+        outcome.flight = [_printable(redact(line)) for line in flight.report(log_dir)]
+    return outcome
 
 
 def _size(path: Path) -> int | None:
@@ -267,40 +287,27 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def _catches(pid: int, sig: int) -> bool:
-    """Whether ``pid`` has a handler for ``sig`` now (its SigCgt mask in /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]], wait_s: float = STACK_DUMP_WAIT_S) -> None:
-    """Ask every rank program still running to print its threads' stacks (SIGUSR1, faulthandler).
-
-    Only processes that hold the marker *and* catch SIGUSR1 get it: SIGUSR1 kills a process that
-    does not (the torchrun agent, whose command line names the rank program too; a rank still
-    importing torch, before it registered faulthandler).
-    """
-    asked = 0
-    for _, proc, _ in started:
-        for pid in process_tree(proc.pid):
+def _dump_stacks(started: list[tuple[ProcSpec, subprocess.Popen, Path]], ask_stacks: Callable[[], None] | None,
+                 wait_s: float = STACK_DUMP_WAIT_S) -> None:
+    """Ask every rank program still running for its stacks: those in this process tree directly
+    (stacks.ask), the others through the launcher; then give them ``wait_s`` to write them."""
+    start = time.monotonic()
+    asked = ask(pid for _, proc, _ in started for pid in process_tree(proc.pid))
+    if ask_stacks is not None:
+        # The launcher's way (scancel, a second ssh) may be slow to answer: it gets the wait and no
+        # more, so the stop still fits inside the deadline.
+        def run() -> None:
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if STACK_DUMP_MARKER not in f.read():
-                        continue
-                if not _catches(pid, signal.SIGUSR1):
-                    continue
-                os.kill(pid, signal.SIGUSR1)
-                asked += 1
-            except (OSError, ProcessLookupError):
-                continue
-    if asked:
-        time.sleep(wait_s)
+                ask_stacks()
+            except Exception:  # noqa: BLE001 - a report's extra; the stop must go on
+                pass
+
+        asking = threading.Thread(target=run, name="ask-stacks", daemon=True)
+        asking.start()
+        asking.join(wait_s)
+        asked += 1
+    if asked:  # what the ranks take to write their dumps, at least half the wait after the last ask
+        time.sleep(max(wait_s / 2, wait_s - (time.monotonic() - start)))
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -43,6 +43,11 @@ from ..workload.config import CollectivesConfig, TrainConfig
 from ..workload.result import CollectivesResult, TrainResult
 
 
+# The process groups' own timeout when --collective-timeout is not given: a third of the launch
+# deadline, at most this. A hung collective then fails in its rank, with an error naming it, and the
+# launch ends (every rank's stack and flight recorder collected) long before the deadline.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 120.0
+
 # Launches that must fail first on one node before it is left out for the session (_node_failed).
 NODE_FAILURES = 2
 
@@ -61,6 +66,9 @@ class LaunchSettings:
     batch_size: int | None = None  # None: the model's own default shape
     seq_len: int | None = None
     launch_timeout_s: float = 300.0
+    # Seconds one collective may wait (the process groups' timeout), below launch_timeout_s;
+    # None: collective_timeout() derives it from the deadline.
+    collective_timeout_s: float | None = None
     # The session's fabrics (presets + user definitions and overrides); None: the presets.
     fabric_table: Mapping[str, Fabric] | None = field(default=None, compare=False)
     device: str = "auto"
@@ -90,6 +98,13 @@ class LaunchSettings:
 
     def fabric(self, name: str) -> Fabric:
         return get_fabric(name, self.fabric_table)
+
+    def collective_timeout(self) -> float:
+        """The ranks' process-group timeout: the user's, else a third of the launch deadline, at
+        most DEFAULT_COLLECTIVE_TIMEOUT_S."""
+        if self.collective_timeout_s is not None:
+            return self.collective_timeout_s
+        return round(min(DEFAULT_COLLECTIVE_TIMEOUT_S, self.launch_timeout_s / 3), 1)
 
     def measuring(self) -> str:
         """How long a launch measures, in words (the session's header line)."""
@@ -225,7 +240,7 @@ class Measurer:
             seq_len=seq,
             result_path=str(run_dir / "result.json"),
             progress_path=str(run_dir / "progress.jsonl"),
-            collective_timeout_s=s.launch_timeout_s,
+            collective_timeout_s=s.collective_timeout(),
             **s.workload_knobs(),
             sharding=case.layout,
             fabric=self._fabric_record(case),
@@ -258,7 +273,7 @@ class Measurer:
     def _launch_bandwidth(self, case: Case) -> LaunchRecord:
         run_dir = self._run_dir(case)
         config = CollectivesConfig(result_path=str(run_dir / "result.json"), device=self.settings.device,
-                                   collective_timeout_s=self.settings.launch_timeout_s,
+                                   collective_timeout_s=self.settings.collective_timeout(),
                                    fabric=self._fabric_record(case))
         return self._run(case, "pytest_fabric.workload.collectives", config, run_dir, None)
 

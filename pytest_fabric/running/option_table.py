@@ -56,6 +56,11 @@ OPTIONS: list[tuple[str, str, str | None]] = [
     ("batch-size", "micro-batch per rank (default: the model's own)", None),
     ("seq-len", "sequence length (default: the model's own)", None),
     ("launch-timeout", "seconds one launch may take before every rank is killed (default 300)", "300"),
+    ("collective-timeout", "seconds a rank waits in one collective before its process group gives up with an "
+                           "error naming it (gloo's timeout, NCCL's watchdog): it must be below --launch-timeout, "
+                           "so that a hang ends there, with every rank's stack, before the deadline (default: a "
+                           "third of --launch-timeout, at most 120; raise it where global rank 0 reads a large "
+                           "checkpoint while the others wait)", None),
     ("repeats", "launches per side before a comparison is first judged (default 2)", "2"),
     ("max-repeats", "launches per side a comparison may take while inconclusive (default 6)", "6"),
     ("reruns", "rounds a comparison may launch again because one of its launches was disturbed as a whole "

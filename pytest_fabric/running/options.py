@@ -21,7 +21,7 @@ from ..cluster.slurm import check_srun_args
 from ..physics.floor import DEFAULT_RATE_TOLERANCE
 from ..core.fabrics import DEFAULT_FABRICS, FabricConfigError, build_table, fabric_value
 from ..deciding.gates import REGRESSION_MEASURES
-from ..measuring.measure import LaunchSettings
+from ..measuring.measure import DEFAULT_COLLECTIVE_TIMEOUT_S, LaunchSettings
 from ..core.models import DEFAULT_CPU_MODELS, MODELS
 from ..deciding.references import References
 from ..history.baselines import Baseline
@@ -263,6 +263,19 @@ class FabricOptions:
                               self.launch_prefix, self.rank_env)
 
 
+def _collective_timeout(config: pytest.Config, launch_timeout: float) -> float | None:
+    """--collective-timeout in seconds, below the launch deadline; None where not given
+    (LaunchSettings.collective_timeout: a third of the deadline, at most DEFAULT_COLLECTIVE_TIMEOUT_S)."""
+    seconds = _positive(config, "collective-timeout", "60")
+    if seconds is not None and seconds >= launch_timeout:
+        raise pytest.UsageError(
+            f"--collective-timeout {seconds:g} is not below --launch-timeout {launch_timeout:g}: a hung collective "
+            f"would reach the launch deadline before its own error names it; give a collective timeout well below "
+            f"the deadline (e.g. --collective-timeout {min(DEFAULT_COLLECTIVE_TIMEOUT_S, launch_timeout / 3):g}) "
+            f"or raise --launch-timeout")
+    return seconds
+
+
 def parse(config: pytest.Config) -> FabricOptions:
     cluster = _raw(config, "cluster") or "auto"
     if cluster not in cluster_kinds():  # a plugin may have registered a launcher since import
@@ -286,6 +299,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         timeout = -1.0
     if not 0 < timeout < math.inf:
         raise pytest.UsageError(f"--launch-timeout must be a positive number of seconds, got {timeout_value!r}")
+    collective_timeout = _collective_timeout(config, timeout)
     model_path = _raw(config, "model-path")
     if model_path is not None:
         _check_checkpoint(model_path)
@@ -302,6 +316,7 @@ def parse(config: pytest.Config) -> FabricOptions:
         batch_size=_int(config, "batch-size", 1),
         seq_len=_int(config, "seq-len", 1),
         launch_timeout_s=timeout,
+        collective_timeout_s=collective_timeout,
         fabric_table=table,
         device=device,
         fsdp=fsdp,

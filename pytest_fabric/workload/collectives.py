@@ -27,7 +27,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import CollectivesConfig
 from .result import CollectiveRow, CollectivesResult
-from .train import _dump_stacks_on_sigusr1, _exit_now, finish
+from . import hangs
+from .train import _dump_stacks_on_sigusr1, _exit_now, finish, recording
 from ..core.units import gbyte_per_s
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -136,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="CollectivesConfig JSON written by the harness")
     args = parser.parse_args(argv)
-    run(CollectivesConfig.load(args.config))
+    cfg = CollectivesConfig.load(args.config)
+    hangs.install(os.path.dirname(cfg.result_path))
+    hangs.flight_recorder_env(os.path.dirname(cfg.result_path))
+    with recording():
+        run(cfg)
     _exit_now(0)
     return 0
 

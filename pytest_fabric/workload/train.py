@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..core.models import MFU_CONVENTION
-from . import faults, fsdp, metrics, signals, weights
+from . import faults, fsdp, hangs, metrics, signals, weights
 from .window import measuring_done
 from .config import ConfigError, TrainConfig
 from .result import CollectivesResult, StepSignals, TrainResult, write_result
@@ -134,7 +134,8 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     cfg.check_device(device.type)  # before joining the group: every rank refuses at once
     precision = fsdp.Precision(cfg.precision(device.type), cfg.reduce_dtype)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    timeouts = {"collective_timeout_s": cfg.collective_timeout_s, **_harden_timeouts(cfg.collective_timeout_s)}
+    timeouts = {"collective_timeout_s": cfg.collective_timeout_s, **_harden_timeouts(cfg.collective_timeout_s),
+                **hangs.flight_recorder_env(os.path.dirname(cfg.result_path))}
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.collective_timeout_s),
                             device_id=device if device.type == "cuda" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -335,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="TrainConfig JSON written by the harness")
     args = parser.parse_args(argv)
     try:
-        run(TrainConfig.load(args.config))
+        cfg = TrainConfig.load(args.config)
+        hangs.install(os.path.dirname(cfg.result_path))  # stacks and flight recorder into the run directory
+        with recording():
+            run(cfg)
     except ConfigError as exc:
         print(f"pytest_fabric.workload.train: {exc}", file=sys.stderr, flush=True)
         if dist.is_initialized():  # every rank raises the same error at the same point
@@ -347,9 +351,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def recording():
+    """A Python exception that ends the rank (a collective's timeout, a crash) goes to its stack file
+    with its flight recorder (hangs.py) before it propagates."""
+    try:
+        yield
+    except Exception as exc:
+        hangs.record_exception(exc)
+        raise
+
+
 def _dump_stacks_on_sigusr1() -> None:
-    """The harness sends SIGUSR1 at its deadline: every thread's stack goes to the log (where a hang
-    waits). Best effort: a stderr without a file descriptor (a test capturing it) has no dump."""
+    """Until hangs.install has a stack file for them, SIGUSR1's stacks go to the log. Best effort: a stderr without a file descriptor (a test capturing it) has no dump."""
     try:
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError

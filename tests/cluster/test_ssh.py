@@ -128,7 +128,7 @@ def test_every_user_supplied_piece_of_a_launch_reaches_the_host_as_literal_data(
     hostfile.write_text("node1\n")
     captured = []
 
-    def fake_supervise(specs, log_dir, deadline_s, on_tick=None):
+    def fake_supervise(specs, log_dir, deadline_s, on_tick=None, ask_stacks=None):
         captured.extend(specs)
         return LaunchOutcome([ProcOutcome(s.name, 0, log_dir / f"{s.name}.log") for s in specs], 0.0)
 

@@ -63,6 +63,11 @@ BAD_INPUT = [
     (["--cluster", "k8s"], "--cluster: unknown cluster 'k8s'; choose from: auto, emulated, local*"),
     (["--launch-timeout", "0"], "--launch-timeout must be a positive number of seconds, got '0'"),
     (["--launch-timeout", "soon"], "--launch-timeout must be a positive number of seconds, got 'soon'"),
+    (["--collective-timeout", "0"], "--collective-timeout must be a positive number such as 60, got '0'"),
+    (["--collective-timeout", "300"], "--collective-timeout 300 is not below --launch-timeout 300: *"
+                                      "--collective-timeout 100) or raise --launch-timeout"),
+    (["--launch-timeout", "60", "--collective-timeout", "90"], "--collective-timeout 90 is not below "
+                                                                "--launch-timeout 60*--collective-timeout 20)*"),
     (["--fabric-rate", "eth"], "--fabric-rate: 'eth' is not NAME=MBIT*(e.g. --fabric-rate eth=200)"),
     (["--fabric-rate", "eth=fast"], "--fabric-rate: 'eth=fast' is not NAME=MBIT*"),
     (["--fabric-rate", "eth=0"], "--fabric-rate: 'eth=0' is not NAME=MBIT*"),
@@ -107,6 +112,19 @@ BAD_INPUT = [
      f"--nodes 2 x --gpus-per-node {2 * CPUS + 1} = {4 * CPUS + 2} ranks, but the emulated cluster runs every "
      f"rank on this machine and allows at most {4 * CPUS}; lower --nodes or --gpus-per-node"),
 ]
+
+
+def test_the_collective_timeout_is_the_user_s_below_the_deadline(pytester):
+    pytester.makeini("[pytest]\nfabric_collective_timeout = 45\n")
+    pytester.makepyfile(test_opts="""
+        from pytest_fabric.measuring.measure import LaunchSettings
+
+        def test_options(fabric_session):
+            s = fabric_session.options.settings
+            assert (s.collective_timeout(), s.launch_timeout_s) == (45.0, 300.0)
+            assert LaunchSettings(launch_timeout_s=3600).collective_timeout() == 120.0
+    """)
+    pytester.runpytest().assert_outcomes(passed=1)
 
 
 @pytest.mark.parametrize(("args", "message"), BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
@@ -393,6 +411,8 @@ def test_session_fixture_exposes_the_parsed_options(pytester):
             s = o.settings
             assert (s.steps, s.warmup_steps, s.batch_size, s.seq_len, s.launch_timeout_s) == (5, 0, 3, 128, 42.0)
             assert s.fabric("eth").emulated_mbit == 123
+            # Not given: a third of the launch deadline, at most 120 s.
+            assert s.collective_timeout_s is None and s.collective_timeout() == 14.0
     """)
     result = pytester.runpytest("--fabrics", "eth,ib", "--models", "llama-wide", "--steps", "5",
                                 "--warmup-steps", "0", "--batch-size", "3", "--seq-len", "128",

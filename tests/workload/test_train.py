@@ -247,6 +247,18 @@ def test_timeouts_are_set_only_where_the_user_has_not(monkeypatch):
     assert train._harden_timeouts(299.5)["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "300"
 
 
+def test_the_flight_recorder_dumps_into_the_run_directory_unless_the_user_says_otherwise(monkeypatch, tmp_path):
+    from pytest_fabric.workload import hangs
+
+    for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/lustre/mine/trace_")
+    settings = hangs.flight_recorder_env(str(tmp_path))
+    assert settings == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/lustre/mine/trace_",
+                        "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "flight" / "nccl_trace_rank_")}
+
+
 def test_attention_choice(monkeypatch):
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     bf16, fp32 = fsdp.Precision("bf16"), fsdp.Precision("fp32")
@@ -567,6 +579,8 @@ def test_checkpoint_read_by_rank0_is_broadcast_while_sharding(tmp_path, checkpoi
     assert result["flops_per_token"] == get_model("qwen2-tiny").flops_per_token(64)
     assert result["peak_memory_kind"] == "cpu_max_rss" and result["peak_memory_bytes"] > 50 * 2**20
     assert result["timeouts"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert result["timeouts"]["collective_timeout_s"] == cfg.collective_timeout_s
+    assert result["timeouts"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert len(result["step_s"]) == 1 and len(result["warmup_step_s"]) == 1
     # Both ranks ran on this host; no GPU, no GPU signals.
     assert result["hosts"] == [os.environ.get("PYTEST_FABRIC_NODE", socket.gethostname())]
