@@ -49,6 +49,6 @@ class PairsMeasurer(Measurer):
     def _launch_links(self, case: Case, payload: int | None) -> LaunchRecord:
         run_dir = self._run_dir(case)
         config = LinksConfig(result_path=str(run_dir / "result.json"), payload_bytes=payload,
-                             device=self.settings.device, collective_timeout_s=self.settings.launch_timeout_s,
+                             device=self.settings.device, collective_timeout_s=self.settings.collective_timeout(),
                              fabric=self._fabric_record(case))
         return self._run(case, "pytest_fabric.workload.pairs", config, run_dir, None, kind=LinksResult)

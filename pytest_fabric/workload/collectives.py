@@ -14,7 +14,6 @@ NCCL, to 16 MiB on gloo.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import math
 import os
@@ -27,8 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import CollectivesConfig
 from .result import CollectiveRow, CollectivesResult
-from . import hangs
-from .train import _dump_stacks_on_sigusr1, _exit_now, finish, recording
+from .train import finish, rank_main
 from ..core.units import gbyte_per_s
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -133,17 +131,7 @@ def run(cfg: CollectivesConfig) -> CollectivesResult | None:
 
 @record  # torchrun's failure summary then names the rank's exception, not just its exit code
 def main(argv: list[str] | None = None) -> int:
-    _dump_stacks_on_sigusr1()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="CollectivesConfig JSON written by the harness")
-    args = parser.parse_args(argv)
-    cfg = CollectivesConfig.load(args.config)
-    hangs.install(os.path.dirname(cfg.result_path))
-    hangs.flight_recorder_env(os.path.dirname(cfg.result_path))
-    with recording():
-        run(cfg)
-    _exit_now(0)
-    return 0
+    return rank_main(argv, __doc__.splitlines()[0], CollectivesConfig.load, run)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ iterations; algbw = bytes / time and busbw = algbw x 2(n-1)/n for the n ranks of
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import itertools
 import os
@@ -31,7 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .collectives import bus_factor
 from .pair_types import LinksConfig, LinksResult, PairRow
-from .train import _dump_stacks_on_sigusr1, _exit_now, finish
+from .train import finish, rank_main
 from ..core.units import gbyte_per_s
 
 
@@ -122,13 +121,7 @@ def run(cfg: LinksConfig) -> LinksResult | None:
 
 @record  # torchrun's failure summary then names the rank's exception, not just its exit code
 def main(argv: list[str] | None = None) -> int:
-    _dump_stacks_on_sigusr1()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True, help="LinksConfig JSON written by the harness")
-    args = parser.parse_args(argv)
-    run(LinksConfig.load(args.config))
-    _exit_now(0)
-    return 0
+    return rank_main(argv, __doc__.splitlines()[0], LinksConfig.load, run)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -360,6 +361,24 @@ def recording():
     except Exception as exc:
         hangs.record_exception(exc)
         raise
+
+
+def rank_main(argv: list[str] | None, description: str, load: Callable[[str], Any],
+              run_program: Callable[[Any], object]) -> int:
+    """A measuring rank program's main (collectives.py, pairs.py): its config, its stacks and flight
+    recorder into the run directory (hangs.py), then the program; a Python exception that ends it is
+    recorded there before it propagates (to torchrun's ``@record`` on the caller)."""
+    _dump_stacks_on_sigusr1()
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", required=True, help="the config JSON written by the harness")
+    cfg = load(parser.parse_args(argv).config)
+    run_dir = os.path.dirname(cfg.result_path)
+    hangs.install(run_dir)
+    hangs.flight_recorder_env(run_dir)
+    with recording():
+        run_program(cfg)
+    _exit_now(0)
+    return 0
 
 
 def _dump_stacks_on_sigusr1() -> None:
