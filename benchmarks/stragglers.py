@@ -4,9 +4,10 @@
     python benchmarks/stragglers.py [--aa 10] [--out DIR]      # root, alone on the machine
 
 Each run is `pytest suites/test_throughput.py -k "qwen2-tiny and n2-ib"` on 2 emulated nodes of 2
-ranks (8 measured steps, as tests/deciding/test_stragglers_launch.py), with its own --fabric-save. The
+ranks, measured as a night measures (the default window: 10 steps, then until 6 s), with its own
+--fabric-save. The
 A/A runs plant nothing. The planted runs put a sitecustomize on the ranks' PYTHONPATH (the test's
-fault, ``tests/helpers.slow_rank_site``) that spins 30% more CPU before each optimizer step on:
+fault, ``tests/helpers.slow_rank_site``) that spins 30% more CPU (of its main thread) before each optimizer step on:
 rank 3 (node1), rank 1 (node0), and ranks 2 and 3 (the whole of node1). For every run the table
 shows what the harness named (JUnit's ``fabric.<case>.stragglers``, the same lines as the terminal)
 and the largest excess of any rank over the others (its median CPU work per step over the median of
@@ -32,8 +33,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from helpers import slow_rank_site  # noqa: E402
 
 CASE = "qwen2-tiny-n2-ib"
-ARGS = ["-k", "qwen2-tiny and n2-ib", "--nodes", "2", "--gpus-per-node", "2", "--steps", "8", "--warmup-steps", "2",
-        "--measure-seconds", "0", "--seq-len", "256", "--launch-timeout", "180", "-p", "no:cacheprovider", "-q"]
+ARGS = ["-k", "qwen2-tiny and n2-ib", "--nodes", "2", "--gpus-per-node", "2", "--launch-timeout", "180",
+        "-p", "no:cacheprovider", "-q"]
 PLANTED = [((3,), "rank 3 on node1/"), ((1,), "rank 1 on node0/"), ((2, 3), "node1/198.18.0.2: all 2 ranks")]
 
 

@@ -475,19 +475,19 @@ _SLOW_RANK_SITE = '''
 import os, sys, threading, time
 
 def _plant():
-    # Once torch.optim is imported, a global optimizer pre-hook spins for EXTRA x the CPU time this
-    # process spent since the last step ended.
+    # Once torch.optim is imported, a global optimizer pre-hook spins for EXTRA x the CPU time the
+    # rank's main thread (the one that computes) spent since the last spin ended.
     while "torch.optim.optimizer" not in sys.modules:
         time.sleep(0.01)
     import torch.optim.optimizer as optimizer
-    last = [time.process_time()]
+    last = [time.thread_time()]
 
     def spin(opt, args, kwargs):
-        start = time.process_time()
+        start = time.thread_time()
         until = start + EXTRA * (start - last[0])
-        while time.process_time() < until:
+        while time.thread_time() < until:
             pass
-        last[0] = time.process_time()
+        last[0] = time.thread_time()
 
     optimizer.register_optimizer_step_pre_hook(spin)
 

@@ -42,6 +42,7 @@ Standard library only: the harness imports the rule and the names without torch.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -73,7 +74,8 @@ DISTURBING_THROTTLE = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdow
 # Per rank and step, the numbers every rank contributes to the step's all-reduce (in this order).
 FIELDS = ("step_s", "own_run_s", "cores_busy_s", "cores_steal_s", "cores", "sm_clock_mhz",
           "throttle_mask", "core_mask", "gpu_busy",  # gpu_busy: a fraction, -1 where unknown
-          "link_tx_bytes", "link_rx_bytes")  # the node's fabric link, by its first rank; -1: unknown
+          "link_tx_bytes", "link_rx_bytes",  # the node's fabric link, by its first rank; -1: unknown
+          "main_cpu_s")  # the CPU time of the rank's main (compute) thread in the step
 
 
 def throttle_names(mask: int) -> list[str]:
@@ -87,6 +89,7 @@ class CpuSample:
     own_run_s: float  # run time of this process's threads, cumulative
     link_tx: float = -1.0  # bytes the node's fabric link sent, cumulative (-1: not read here)
     link_rx: float = -1.0
+    main_cpu_s: float = 0.0  # CPU time of the thread that samples (the rank's main thread), cumulative
 
 
 class LinkCounters:
@@ -193,7 +196,7 @@ class NodeSampler:
         except (OSError, ValueError):
             pass
         link = self.link.read() if self.link else (-1.0, -1.0)
-        return CpuSample(busy / CLK_TCK, steal / CLK_TCK, _own_run_s(), *link)
+        return CpuSample(busy / CLK_TCK, steal / CLK_TCK, _own_run_s(), *link, time.thread_time())
 
     def gpu(self) -> tuple[float, int]:
         """(SM clock in MHz, throttle-reason mask) of this rank's GPU; (0, 0) when unknown."""
@@ -214,7 +217,7 @@ class NodeSampler:
                 else [-1.0, -1.0])
         return [step_s, max(0.0, after.own_run_s - before.own_run_s), max(0.0, after.busy_s - before.busy_s),
                 max(0.0, after.steal_s - before.steal_s), float(len(self.cores)), clock, float(mask),
-                self.core_mask, self.gpu_busy(), *link]
+                self.core_mask, self.gpu_busy(), *link, max(0.0, after.main_cpu_s - before.main_cpu_s)]
 
 
 class _Nvml:
@@ -280,7 +283,8 @@ class StepView:
     link_tx_bytes: float | None = None
     link_rx_bytes: float | None = None
     # Every rank's own figures, by global rank: the step as its timer saw it (the slowest rank's
-    # compute shows as the others' wait) and its process's CPU time in the step (its own work, on CPU).
+    # compute shows as the others' wait) and its main thread's CPU time in the step (its own work, on CPU:
+    # the collectives' waits, and gloo's transport threads that poll while a peer is late, are not in it).
     rank_step_s: tuple[float, ...] = ()
     rank_cpu_s: tuple[float, ...] = ()
     # ...and its GPU's SM clock (MHz, 0: unknown) and clock-throttle reasons (NVML bit mask).
@@ -337,7 +341,7 @@ def combine(rows: Sequence[Sequence[float]], local_world_size: int) -> StepView:
     return StepView(step_s, steal[0], foreign[0], foreign[1], min(clocks) if clocks else None, throttle_names(mask),
                     steal_cores=steal[1], gpu_busy=min(busy) if busy else None,
                     link_tx_bytes=max(tx) if tx else None, link_rx_bytes=max(rx) if rx else None,
-                    rank_step_s=tuple(r[0] for r in rows), rank_cpu_s=tuple(r[1] for r in rows),
+                    rank_step_s=tuple(r[0] for r in rows), rank_cpu_s=tuple(r[11] if len(r) > 11 else r[1] for r in rows),
                     rank_sm_clock_mhz=tuple(r[5] for r in rows), rank_throttle_mask=tuple(int(r[6]) for r in rows))
 
 
