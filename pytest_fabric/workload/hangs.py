@@ -57,11 +57,33 @@ def flight_recorder_env(run_dir: str) -> dict[str, str]:
     TORCH_NCCL_DUMP_ON_TIMEOUT to TORCH_NCCL_DEBUG_INFO_TEMP_FILE (TORCH_FR_DUMP_TEMP_FILE in newer
     code) followed by the rank."""
     prefix = os.path.join(run_dir, FLIGHT_DIR, "nccl_trace_rank_")
-    defaults = {"TORCH_NCCL_TRACE_BUFFER_SIZE": TRACE_BUFFER, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix, "TORCH_FR_DUMP_TEMP_FILE": prefix}
+    defaults = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+                "TORCH_FR_DUMP_TEMP_FILE": prefix}
+    # The buffer's size under the name this torch reads without a warning: TORCH_FR_BUFFER_SIZE from
+    # torch 2.11 (the NCCL name is deprecated there, and a warning in every rank's log), before it the
+    # NCCL name; none where the user has set either.
+    if not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & set(os.environ):
+        defaults[buffer_size_variable(_torch_version())] = TRACE_BUFFER
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
-    return {name: os.environ[name] for name in defaults}
+    return {name: os.environ[name] for name in (*defaults, "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+            if name in os.environ}
+
+
+def buffer_size_variable(version: tuple[int, int]) -> str:
+    """The variable that sizes the flight recorder's buffer in torch ``version`` (major, minor)."""
+    return "TORCH_FR_BUFFER_SIZE" if version >= (2, 11) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+
+
+def _torch_version() -> tuple[int, int]:
+    """torch's (major, minor) from its installed metadata, without importing it; (0, 0) if unknown."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor, *_ = version("torch").split(".")
+        return int(major), int(minor)
+    except (PackageNotFoundError, ValueError):
+        return 0, 0
 
 
 def install(run_dir: str) -> None:

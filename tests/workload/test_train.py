@@ -250,13 +250,22 @@ def test_timeouts_are_set_only_where_the_user_has_not(monkeypatch):
 def test_the_flight_recorder_dumps_into_the_run_directory_unless_the_user_says_otherwise(monkeypatch, tmp_path):
     from pytest_fabric.workload import hangs
 
-    for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"):
+    for name in ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                 "TORCH_FR_DUMP_TEMP_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/lustre/mine/trace_")
+    monkeypatch.setattr(hangs, "_torch_version", lambda: (2, 13))
     settings = hangs.flight_recorder_env(str(tmp_path))
-    assert settings == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    # The buffer under torch 2.11+'s own name (the NCCL name warns there).
+    assert settings == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
                         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/lustre/mine/trace_",
                         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "flight" / "nccl_trace_rank_")}
+    assert hangs.buffer_size_variable((2, 10)) == "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    # A user's own buffer size, under either name, is left as it is and nothing is added.
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE")
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")
+    settings = hangs.flight_recorder_env(str(tmp_path))
+    assert settings["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500" and "TORCH_FR_BUFFER_SIZE" not in settings
 
 
 def test_attention_choice(monkeypatch):
