@@ -39,6 +39,7 @@ from .nccl_evidence import prove_transport
 from .nccl_logs import nccl_debug_env
 from .nic_inventory import NicInventory
 from ..workload import faults
+from ..workload.compile_cache import cache_env
 from ..workload.config import CollectivesConfig, TrainConfig
 from ..workload.result import CollectivesResult, TrainResult
 
@@ -161,6 +162,9 @@ class Measurer:
         # Launches whose ranks failed first on each node, by case, and who hears of a node left out for it.
         self._first_failures: dict[str, list[str]] = {}
         self.on_left_out: Callable[[str, str], None] | None = None
+        # Where compiled graphs are kept for every launch (workload/compile_cache.py): the run
+        # directory's compile-cache, on the storage every node shares; None: each node's default.
+        self.compile_cache: Path | None = None
 
     def key(self, case: Case) -> str:
         """Cache key: the case plus every setting that changes the measurement."""
@@ -245,7 +249,9 @@ class Measurer:
             sharding=case.layout,
             fabric=self._fabric_record(case),
         )
-        return self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path))
+        # Compiled graphs shared by every launch, node and night (workload/compile_cache.py).
+        cache = cache_env(self.compile_cache) if self.compile_cache is not None else {}
+        return self._run(case, "pytest_fabric.workload.train", config, run_dir, Path(config.progress_path), env=cache)
 
     def _memory_refusal(self, case: Case, batch: int, seq: int) -> str:
         """One line naming what to change when the shape cannot fit the GPU (memory.refusal); "" on
@@ -287,7 +293,7 @@ class Measurer:
         return {**fabric.settings(), "nccl_env": self.cluster.nccl_env(fabric), "crosses_fabric": case.crosses_fabric}
 
     def _run(self, case: Case, module: str, config: Any, run_dir: Path, progress_file: Path | None,
-             kind: Any = None) -> LaunchRecord:
+             kind: Any = None, env: dict[str, str] | None = None) -> LaunchRecord:
         """Launch ``module`` with ``config`` on ``case``'s nodes; a record with the result or the error
         (``kind``: the result's type, with ``from_dict``; default by the config's type)."""
         s = self.settings
@@ -308,7 +314,7 @@ class Measurer:
             job_id=re.sub(r"[^A-Za-z0-9]", "", case.id)[:40] + str(int(time.time())),
             # NCCL's own logs are the proof of which transport ran (ignored by gloo on CPU); GRAPH
             # carries port speeds before NCCL 2.27, needed where a speed is declared.
-            env=nccl_debug_env(nccl_logs, graph=bool(inventory and inventory.gbit_per_nic)),
+            env={**nccl_debug_env(nccl_logs, graph=bool(inventory and inventory.gbit_per_nic)), **(env or {})},
             # Harness self-tests (workload/faults.py, checked by the plugin): a node that never joins.
             links_down=tuple(sorted(faults.nodes_left_out(faults.from_env(), fabric.name))),
             links_cut=tuple((i, Path(faults.cut_request(run_dir, i)))

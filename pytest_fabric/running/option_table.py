@@ -52,7 +52,8 @@ OPTIONS: list[tuple[str, str, str | None]] = [
     ("steps", "measured training steps per launch at least, after warm-up (default 10)", "10"),
     ("measure-seconds", "after --steps, each launch measures until this many seconds of measured steps, the same "
                         "window for every launch (default 6; 0: exactly --steps steps)", "6"),
-    ("warmup-steps", "warm-up steps per launch, excluded from the figures (default 2)", "2"),
+    ("warmup-steps", "warm-up steps per launch at least, excluded from the figures; from 2, warm-up goes on until "
+                     "two consecutive steps agree within 10%%, at most 10 steps (default 2)", "2"),
     ("batch-size", "micro-batch per rank (default: the model's own)", None),
     ("seq-len", "sequence length (default: the model's own)", None),
     ("launch-timeout", "seconds one launch may take before every rank is killed (default 300)", "300"),

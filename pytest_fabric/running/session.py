@@ -28,6 +28,7 @@ from ..physics.floor import Floor, impossible_payloads, run_floor, transport_hin
 from ..deciding.gates import DEFAULT_AHEAD, DEFAULT_WITHIN, GateOutcome
 from ..measuring.link_rate import LinkRate, link_rate
 from ..measuring.measure import Measurer
+from ..workload.compile_cache import CACHE_DIR
 from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
 from ..core.models import get_model
 from ..physics.comparison import comparison_line, predicted_contradiction
@@ -156,6 +157,8 @@ class FabricSession:
                                       self.directory / "launches", progress=progress_writer(self.config),
                                       nodes=self.node_facts)
             self._measurer.on_left_out = self._left_out
+            # Beside the sessions' directories, under --run-dir: shared by nodes and nights.
+            self._measurer.compile_cache = self.directory.parent / CACHE_DIR
         return self._measurer
 
     def _left_out(self, node: str, why: str) -> None:

@@ -137,6 +137,9 @@ class TrainResult(LaunchFacts):
     peak_memory_bytes_per_rank: list[int] = field(default_factory=list)
     # The node each global rank ran on (as the launcher named it, e.g. "node1/198.18.0.2"); [] before.
     rank_hosts: list[str] = field(default_factory=list)
+    # Compiled runs: global rank 0's compile-cache hits and misses over the run
+    # (compile_cache.cache_counts: fxgraph_hit, fxgraph_miss, autograd_hit, autograd_miss); {} eager.
+    compile_cache: dict[str, int] = field(default_factory=dict)
     # Each rank's GPU at the end of the run, where NVML gives it: temperature_c, ecc_uncorrected.
     rank_gpu_health: list[dict[str, int]] = field(default_factory=list)
     first_loss: float | None = None

@@ -33,8 +33,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..core.models import MFU_CONVENTION
-from . import faults, fsdp, hangs, metrics, signals, weights
-from .window import measuring_done
+from . import compile_cache, faults, fsdp, hangs, metrics, signals, weights
+from .window import measuring_done, warmup_done
 from .config import ConfigError, TrainConfig
 from .result import CollectivesResult, StepSignals, TrainResult, write_result
 
@@ -171,6 +171,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
     losses: list[torch.Tensor] = []  # read after the loop: reading a loss would wait for the GPU
     compute_dtype = None  # what the forward really ran in, as the logits show
     stopped, step = "", 0
+    warming = not warmup_done(warmup, min_steps=cfg.warmup_steps)
     while not stopped:
         faults.at_step(injected, rank, step, cfg.fabric.get("name"), os.path.dirname(cfg.result_path))
         sync()
@@ -193,9 +194,10 @@ def run(cfg: TrainConfig) -> TrainResult | None:
         row = sampler.step_row(elapsed, before, sampler.cpu())
         view = _step_view(row, rank, world, device)
         losses.append(loss.detach())
-        phase = "warmup" if step < cfg.warmup_steps else "measure"
-        if phase == "warmup":
+        phase = "warmup" if warming else "measure"
+        if warming:
             warmup.append(view.step_s)
+            warming = not warmup_done(warmup, min_steps=cfg.warmup_steps)
         else:
             measured.append(view)
             step_ends.append(round(ended, 4))
@@ -264,6 +266,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
             tied_parameters=built["tied_parameters"],
             activation_checkpointing=cfg.activation_checkpointing,
             compile=built["compile"],
+            compile_cache=compile_cache.cache_counts(),
             optimizer=f"adamw {optimizer_kind}",
             weights=source.source,
             timeouts=timeouts,

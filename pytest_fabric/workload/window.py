@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["measuring_done"]
+# Warm-up ends once two consecutive steps agree within this share (compile done, the allocator's
+# pools and the caches settled)...
+STEADY_WITHIN = 0.10
+# ...after at least the steps asked for, and at most this many warm-up steps in all.
+MAX_WARMUP_STEPS = 10
+
+__all__ = ["STEADY_WITHIN", "MAX_WARMUP_STEPS", "measuring_done", "warmup_done"]
 
 
 def measuring_done(step_s: Sequence[float], *, min_steps: int, max_steps: int, measure_s: float) -> str:
@@ -28,3 +34,18 @@ def measuring_done(step_s: Sequence[float], *, min_steps: int, max_steps: int, m
     if not measure_s or sum(step_s) >= measure_s:
         return "time cap"
     return ""
+
+
+def warmup_done(step_s: Sequence[float], *, min_steps: int) -> bool:
+    """Whether warm-up may end after these warm-up steps (the all-reduced step times, so every rank
+    decides alike): at least ``min_steps``; from two on, until the last two agree within
+    ``STEADY_WITHIN`` of the faster, at most ``MAX_WARMUP_STEPS`` (or ``min_steps`` if more). The same
+    rule for every launch, judged before the first measured step: a step that still compiles, or
+    fills the allocator's pools, is never measured. 0 or 1 asked for: exactly that many."""
+    n = len(step_s)
+    if n < min_steps:
+        return False
+    if min_steps < 2 or n >= max(MAX_WARMUP_STEPS, min_steps):
+        return True
+    a, b = step_s[-2], step_s[-1]
+    return abs(a - b) <= STEADY_WITHIN * min(a, b)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_fabric.workload.window import measuring_done
+from pytest_fabric.workload.window import MAX_WARMUP_STEPS, measuring_done, warmup_done
 from helpers import FakeCluster, emulated_unavailable, lognormal, needs, session_directory
 
 from pytest_fabric import Case, LaunchSettings
@@ -135,3 +135,22 @@ def test_a_planted_stall_is_named_on_the_verdict_line_and_both_sides_measure_one
     assert windows == {2.0}
     assert {r["case"]["fabric"] for r in records.values()} == {"ib", "ib2"}
     assert "ib steps stall" in result.stdout.str()
+
+
+def test_warm_up_ends_once_two_steps_agree():
+    """A compiled first step (30 s), an allocator still filling (0.6 s), then steady steps: warm-up
+    stops at the first pair within 10%, never before the steps asked for."""
+    steps = [30.0, 0.6, 0.41, 0.40, 0.40]
+    ends = [n for n in range(1, len(steps) + 1) if warmup_done(steps[:n], min_steps=2)]
+    assert ends[0] == 4  # 0.41 then 0.40: the first agreeing pair
+    assert not warmup_done([0.40, 0.40], min_steps=3) and warmup_done([0.40, 0.40, 0.41], min_steps=3)
+    # 10% of the faster step: 0.40 and 0.44 agree, 0.40 and 0.45 do not.
+    assert warmup_done([0.40, 0.44], min_steps=2) and not warmup_done([0.40, 0.45], min_steps=2)
+
+
+def test_warm_up_is_capped_and_zero_or_one_step_is_exact():
+    never_steady = [1.0 if i % 2 else 2.0 for i in range(MAX_WARMUP_STEPS + 3)]
+    first = next(n for n in range(1, len(never_steady) + 1) if warmup_done(never_steady[:n], min_steps=2))
+    assert first == MAX_WARMUP_STEPS
+    assert warmup_done([], min_steps=0) and warmup_done([5.0], min_steps=1) and not warmup_done([], min_steps=1)
+    assert warmup_done([2.0] * 12, min_steps=12) and not warmup_done([2.0, 1.0] * 5 + [2.0], min_steps=12)
