@@ -71,25 +71,16 @@ def wall_times(records: Mapping[str, Any]) -> dict[str, list[float]]:
 def expected_launch_s(case: Case, tonight: Mapping[str, Sequence[float]], before: Mapping[str, Sequence[float]],
                       cluster_kind: str) -> tuple[float, str]:
     """(seconds, where from) one launch of ``case`` is expected to take: the median of tonight's
-    launches of it, else of those this cluster measured before (the baseline's saved night), else of
-    tonight's or earlier launches of the same kind, else ``DEFAULT_LAUNCH_S``'s guess. The one seam a
+    launches of it, else of those this cluster measured before (--night-costs, the baseline's saved
+    night), else ``DEFAULT_LAUNCH_S``'s guess (another configuration's launches are no guide: a slow
+    fabric's launch takes twice a fast one's). The one seam a
     per-phase breakdown refines (a compile cache hit makes the second launch cheaper)."""
     kind = launch_kind(case)
     for label, times in (("tonight", tonight), ("measured before", before)):
         if times.get(case.id):
             return statistics.median(times[case.id]), f"{label} ({len(times[case.id])} launch(es))"
-    for label, times in (("tonight", tonight), ("measured before", before)):
-        same = [s for cid, values in times.items() if _kind_of_id(cid) == kind for s in values]
-        if same:
-            return statistics.median(same), f"{label}, other {kind} launches ({len(same)})"
     guesses = DEFAULT_LAUNCH_S.get(cluster_kind, DEFAULT_LAUNCH_S["slurm"])
     return guesses[kind], f"a guess for the {cluster_kind} cluster"
-
-
-def _kind_of_id(cid: str) -> str:
-    """A launch kind from a case id (``collectives-n2-ib``, ``links-n2-ib``, ``qwen2-tiny-n2-eth``)."""
-    return next((kind for kind, model in (("bandwidth", BANDWIDTH), ("links", LINKS)) if cid.startswith(f"{model}-")),
-                "train")
 
 
 @dataclass

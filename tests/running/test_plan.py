@@ -20,10 +20,8 @@ def test_tonights_launches_come_first_then_this_clusters_earlier_ones_then_a_sta
     assert expected_launch_s(TRAIN, {TRAIN.id: [10.0, 12.0, 30.0]}, {TRAIN.id: [50.0]}, "emulated") == \
         (12.0, "tonight (3 launch(es))")
     assert expected_launch_s(TRAIN, {}, {TRAIN.id: [50.0]}, "emulated") == (50.0, "measured before (1 launch(es))")
-    # Another training configuration measured: its wall time stands in, said so.
-    seconds, source = expected_launch_s(TRAIN, {}, {"llama-wide-n2-ib": [20.0]}, "slurm")
-    assert (seconds, source) == (20.0, "measured before, other train launches (1)")
-    seconds, source = expected_launch_s(TRAIN, {}, {}, "slurm")
+    # Only another configuration measured: the stated guess.
+    seconds, source = expected_launch_s(TRAIN, {"llama-wide-n2-eth": [40.0]}, {"llama-wide-n2-ib": [20.0]}, "slurm")
     assert seconds == DEFAULT_LAUNCH_S["slurm"]["train"] and "guess" in source
     # A collectives launch is not priced from training launches.
     bandwidth = Case(BANDWIDTH, 2, "ib")
