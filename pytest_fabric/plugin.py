@@ -22,6 +22,7 @@ from .running.fixtures import CompareFixture, MeasureFixture, link_rate_or_skip
 from .running.link_fixtures import LinkNode, LinkPairs, LinksFixture, link_cases, link_nodes
 from .history.junit import SECTION, gate_lines, measurement_lines, testcase_text
 from .running.matrix import expand
+from .running import plan as night_plan
 from .measuring.link_rate import LinkRate
 from .measuring.measurement import BandwidthMeasurement, Measurement
 from .deciding.references import References
@@ -166,8 +167,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         for line in fabric.expectation_lines():
             terminal.write_line(f"fabric: {line}")
     launches = any(name in LAUNCHING_FIXTURES for item in session.items for name in getattr(item, "fixturenames", ()))
+    if launches:
+        night_plan.announce(session, fabric)
     if launches and not session.config.option.collectonly and not hasattr(session.config, "workerinput"):
         fabric.prepared_cluster()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A test's launches are done: no longer work left for --night-budget (``plan.finished``)."""
+    fabric = item.config.stash.get(SESSION_KEY, None)
+    if fabric is not None:
+        night_plan.finished(fabric, item.nodeid)
 
 
 # -- parametrization -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from ..core.redact import redact_file
 from .tables import straggler_report
 from .terminal import bandwidth_table, cost_lines, summary_tables
 from ..history.nights import SessionNight, save_results, session_night
+from ..running import plan as night_plan
 from ..running.session import FabricSession
 from ..core.storage import is_storage_error, storage_problem
 from ..deciding.verdicts import INCONCLUSIVE, counts, undecided_night
@@ -174,7 +175,8 @@ class FabricReporter:
             return
         identity = {"cluster": fabric.cluster.describe(), "cluster_kind": fabric.cluster.name,
                     "nodes": fabric.nodes, "gpus_per_node": fabric.options.settings.gpus_per_node,
-                    "fabrics": list(fabric.options.fabrics), "nodes_left_out": fabric.nodes_left_out()}
+                    "fabrics": list(fabric.options.fabrics), "nodes_left_out": fabric.nodes_left_out(),
+                    "plan": night_plan.record(fabric)}
         night = self.night
         save_results(fabric.options.save, night.records, identity, night.run.verdicts, fabric.options.prices, night.run)
 
@@ -195,6 +197,8 @@ class FabricReporter:
                       for word, n in counts(word for word, _, _ in self.outcomes.values()).items()})
         if self.undecided:
             facts["fabric.undecided"] = self.undecided
+        if (plan := night_plan.load_plan(fabric)) is not None:
+            facts.update(plan.properties())
         if left_out := fabric.nodes_left_out():
             facts["fabric.nodes_left_out"] = "; ".join(f"{node}: {why}" for node, why in left_out.items())
         # Each gate predicted to fail before the night, by its test's name.

@@ -23,6 +23,7 @@ from ..physics.hostbound import host_bound
 from ..measuring.measurement import BandwidthMeasurement, Measurement, MeasurementError, configuration_tokens_per_s
 from ..history.setups import identity_from_records, identity_mismatch
 from ..measuring.link_rate import LinkRate, missing_rate
+from . import plan
 from .session import ERRORED_KEY, MEASURED_KEY, NOTES_KEY, OUTCOMES_KEY, FabricSession
 from ..deciding.contrasts import (Interval, NoisePrior, Verdict, ahead_gate, configuration_value, contrast_interval, fabric_time_sample, within_gate)
 from ..deciding.sequential import SequentialGate
@@ -108,8 +109,21 @@ class CompareFixture:
     def _gate(self, threshold: float, direction: str, cases: Sequence[Case],
               prior: NoisePrior | None = None) -> SequentialGate:
         o = self._session.options
-        return SequentialGate(threshold, direction, start=o.repeats, budget=o.max_repeats,
+        # --night-budget: the most rounds set before the first look (plan.gate_rounds), never during it.
+        most, why = plan.gate_rounds(self._session, self._item.nodeid) if o.night_budget else (o.max_repeats, "")
+        if why:
+            self._item.stash.setdefault(NOTES_KEY, []).append(f"night budget: {why}")
+        return SequentialGate(threshold, direction, start=o.repeats, budget=max(o.repeats, most),
                               prior=prior or self._session.noise(cases), family=self._session.family())
+
+    def _budget_note(self, outcome: GateOutcome, rounds: Rounds[Measurement]) -> GateOutcome:
+        """An inconclusive gate stopped by the night's budget says what more time would have given."""
+        if outcome.verdict is not Verdict.INCONCLUSIVE or not self._session.options.night_budget:
+            return outcome
+        note = plan.undecided_note(self._session, self._item.nodeid, len(rounds.runs[0]))
+        if not note:
+            return outcome
+        return replace(outcome, extra="; ".join(filter(None, [outcome.extra, note])))
 
     def _rounds(self, cases: Sequence[Case], signs: Sequence[float], gate: SequentialGate, per_gpu: bool = False,
                 fixed: tuple[float, float] = (0.0, 0.0),
@@ -139,6 +153,7 @@ class CompareFixture:
         if parity and outcome.verdict is Verdict.PASS and (reason := host_bound(runs_a + runs_b)):
             outcome = replace(outcome, verdict=Verdict.INCONCLUSIVE,  # hostbound.py's rule
                               extra="; ".join(filter(None, [reason, outcome.extra])))
+        outcome = self._budget_note(outcome, rounds)
         predicted = self._session.predicted(a, b, runs_a, runs_b, outcome.interval)
         # Measured, floor and predicted side by side.
         predicted = "\n".join([predicted, *(self._session.floor_line(runs) for runs in (runs_a, runs_b))])
@@ -239,6 +254,7 @@ class CompareFixture:
                               result.interval, result.verdict, values, unit, f"[{case.id}]", gate.prior,
                               rounds.notes(),
                               "; ".join(filter(None, [stall_note([("tonight", tonight)]), extra])), gate.family)
+        outcome = self._budget_note(outcome, rounds)
         self._item.stash.setdefault(OUTCOMES_KEY, []).append(outcome)
         apply_verdict(outcome, o.inconclusive)
         return outcome

@@ -27,6 +27,7 @@ from ..deciding.references import References
 from ..history.baselines import Baseline
 from ..deciding.sequential import FAMILY_RULES
 from ..deciding.rounds import RERUNS
+from ..deciding.budget import parse_duration
 from ..measuring.nic_inventory import parse_inventory
 from ..core.case import SHARDINGS
 from ..core.units import GIB
@@ -243,6 +244,8 @@ class FabricOptions:
     regression_threshold: float = 0.10
     repeats: int = 2
     max_repeats: int = 6
+    night_budget: float | None = None  # --night-budget, seconds (running/plan.py)
+    night_costs: str | None = None  # --night-costs: launch wall times measured before (running/plan.py)
     throughput_launches: int = 1
     inconclusive: str = "xfail"
     reruns: int = RERUNS  # disturbed rounds a gate may launch again (rounds.run_rounds)
@@ -344,6 +347,11 @@ def parse(config: pytest.Config) -> FabricOptions:
     if max_repeats < repeats:
         raise pytest.UsageError(f"--max-repeats {max_repeats} is below --repeats {repeats}; "
                                 f"give --max-repeats >= --repeats")
+    budget = _raw(config, "night-budget")
+    try:
+        night_budget = parse_duration(budget) if budget is not None else None
+    except ValueError as exc:
+        raise pytest.UsageError(f"--night-budget: {exc}") from None
     hostfile = _raw(config, "hostfile")
     _check_file(hostfile, "hostfile", "write one host per line")
     ssh_config = _raw(config, "ssh-config")
@@ -373,6 +381,8 @@ def parse(config: pytest.Config) -> FabricOptions:
         regression_threshold=regression_threshold,
         repeats=repeats,
         max_repeats=max_repeats,
+        night_budget=night_budget,
+        night_costs=_raw(config, "night-costs"),
         throughput_launches=_int(config, "throughput-launches", 1),
         inconclusive=_choice(config, "inconclusive"),
         reruns=_int(config, "reruns", 0),

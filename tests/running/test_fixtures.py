@@ -75,7 +75,7 @@ def said(item) -> list[str]:
 def options(**kw):
     defaults = dict(repeats=3, max_repeats=6, reruns=2, inconclusive="xfail", baseline=None,
                     regression_threshold=0.10, regression_on="scaling", flops_per_rank=None, settings=LaunchSettings(),
-                    floor_tolerance=0.10, family_wise="bonferroni")
+                    floor_tolerance=0.10, family_wise="bonferroni", night_budget=None)
     return SimpleNamespace(**{**defaults, **kw})
 
 

@@ -1,0 +1,117 @@
+"""The night's plan: a launch's expected cost, the plan printed before the first launch, --night-budget
+read and refused, and (slow) a real gate whose rounds the budget caps."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from helpers import emulated_unavailable
+
+from pytest_fabric.core.case import BANDWIDTH, Case
+from pytest_fabric.running.plan import DEFAULT_LAUNCH_S, NightPlan, expected_launch_s, wall_times
+
+UNAVAILABLE = emulated_unavailable()
+
+TRAIN = Case("qwen2-tiny", 2, "eth")
+
+
+def test_tonights_launches_come_first_then_this_clusters_earlier_ones_then_a_stated_guess():
+    assert expected_launch_s(TRAIN, {TRAIN.id: [10.0, 12.0, 30.0]}, {TRAIN.id: [50.0]}, "emulated") == \
+        (12.0, "tonight (3 launch(es))")
+    assert expected_launch_s(TRAIN, {}, {TRAIN.id: [50.0]}, "emulated") == (50.0, "measured before (1 launch(es))")
+    # Only another configuration measured: the stated guess.
+    seconds, source = expected_launch_s(TRAIN, {"llama-wide-n2-eth": [40.0]}, {"llama-wide-n2-ib": [20.0]}, "slurm")
+    assert seconds == DEFAULT_LAUNCH_S["slurm"]["train"] and "guess" in source
+    # A collectives launch is not priced from training launches.
+    bandwidth = Case(BANDWIDTH, 2, "ib")
+    assert expected_launch_s(bandwidth, {TRAIN.id: [5.0]}, {}, "emulated") == (
+        DEFAULT_LAUNCH_S["emulated"]["bandwidth"], "a guess for the emulated cluster")
+
+
+def test_wall_times_read_from_launch_records():
+    records = {"a": {"case": {"model": "qwen2-tiny", "nodes": 2, "fabric": "eth"}, "result": {"launch_s": 14.5}},
+               "b": {"case": {"model": "qwen2-tiny", "nodes": 2, "fabric": "eth"}, "result": {}},
+               "c": {"case": {"model": "qwen2-tiny", "nodes": 2, "fabric": "eth"}, "error": "died"}}
+    assert wall_times(records) == {TRAIN.id: [14.5]}
+
+
+def test_plan_lengths_and_lines():
+    plan = NightPlan(0.0, 300.0, 2, 6,
+                     gates=[{"nodeid": "t::g", "name": "g", "sides": ["a", "b"], "round_s": 30.0, "allotted": 4}],
+                     others=[{"case": "c", "kind": "train", "launches": 2, "launch_s": 10.0, "nodeids": ["t::c"]}],
+                     costs={"a": [15.0, "tonight (1 launch(es))"]})
+    assert plan.lengths() == (80.0, 140.0)
+    lines = plan.lines()
+    assert lines[0].startswith("plan: 1 gate(s), 2 other launch(es); expected 1 min 20 s with first looks only, "
+                               "at most 2 min 20 s; --night-budget 5 min")
+    assert "gate g: 2 to 4 rounds of 2 launches (--max-repeats 6), ~15 s per launch" in lines[1]
+    assert plan.properties()["fabric.plan.gate.g"] == "2 to 4 rounds, ~30 s a round"
+    assert NightPlan.from_dict(plan.to_dict()) == plan
+
+
+SUITE = """
+import pytest
+
+
+@pytest.mark.fabric_comparison
+@pytest.mark.fabric_matrix(models=["qwen2-tiny"], fabrics=["eth"], min_nodes=2)
+def test_gate(fabric_case, fabric_compare):
+    fabric_compare.within(fabric_case, fabric_case.with_fabric("ib"), rel=0.0001)
+
+
+@pytest.mark.fabric_comparison
+@pytest.mark.fabric_matrix(models=["qwen2-tiny"], fabrics=["ib2"], min_nodes=2)
+def test_same_link(fabric_case, fabric_compare):
+    # ib2 is ib (A/A) held within 0.01%: the interval straddles the threshold, the gate runs to its most.
+    fabric_compare.within(fabric_case, fabric_case.with_fabric("ib"), rel=0.0001)
+"""
+
+QUICK = ["--steps", "2", "--measure-seconds", "0", "--warmup-steps", "1", "--batch-size", "1", "--seq-len", "32",
+         "--launch-timeout", "180", "-p", "no:cacheprovider"]
+
+
+@pytest.mark.parametrize("value", ["soon", "45min", "0s"])
+def test_a_bad_budget_is_a_usage_error(pytester, value):
+    pytester.makepyfile(test_generated=SUITE)
+    result = pytester.runpytest_subprocess("--collect-only", "--night-budget", value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--night-budget" in result.stderr.str() and "45m, 1h30m or 2700s" in result.stderr.str()
+
+
+def test_the_plan_is_printed_at_collection_and_a_budget_without_room_is_refused(pytester):
+    pytester.makepyfile(test_generated=SUITE)
+    result = pytester.runpytest_subprocess("--collect-only", "--nodes", "2", "--fabrics", "ib,eth", "--cluster",
+                                           "local", "--night-budget", "10m")
+    output = result.stdout.str()
+    assert "fabric: plan: 1 gate(s)" in output
+    assert "gate test_gate[qwen2-tiny-n2-eth]: 2 to 6 rounds" in output
+    small = pytester.runpytest_subprocess("--collect-only", "--nodes", "2", "--fabrics", "ib,eth", "--cluster",
+                                          "local", "--night-budget", "20s")
+    assert small.ret == pytest.ExitCode.USAGE_ERROR
+    assert re.search(r"does not hold the first looks.*give --night-budget \d+m or more", small.stderr.str())
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("needs_emulated")
+def test_a_real_gate_is_capped_by_the_budget_and_the_plan_comes_before_the_first_launch(pytester, monkeypatch):
+    tmp = pytester.path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    pytester.makepyfile(test_generated=SUITE)
+    # Guessed launches of 14 s: a round 28 s, first look 56 s; 100 s leaves one round more (3 of 6).
+    result = pytester.runpytest_subprocess("--nodes", "2", "--fabrics", "ib,ib2", "-o", "fabric_define=ib2: ib",
+                                           "--inconclusive", "warn", "--night-budget", "100s", "-k", "test_same_link", "-rA",
+                                           *QUICK, timeout=500)
+    output = result.stdout.str()
+    plan = output.index("fabric: plan: 1 gate(s)")
+    first_launch = output.index("[fabric] qwen2-tiny-n2-")
+    assert plan < first_launch, "the plan came after the first launch"
+    assert "gate test_same_link[qwen2-tiny-n2-ib2]: 2 to 3 rounds" in output
+    # Set again when the gate started (the time the node check took is gone): 2 or 3 rounds, and the gate
+    # took exactly those, undecided, and said what --max-repeats would have allowed.
+    said = re.search(r"inconclusive after (\d) rounds, the most the night's budget allowed; (\d) more round", output)
+    assert said, output
+    allowed = int(said.group(1))
+    assert allowed in (2, 3) and int(said.group(2)) == 6 - allowed
+    assert f"over {allowed}+{allowed} launches" in output and "would have been allowed by --max-repeats 6" in output
