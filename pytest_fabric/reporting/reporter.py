@@ -159,12 +159,16 @@ class FabricReporter:
         return night
 
     @functools.cached_property
+    def link_records(self) -> dict[str, Any]:
+        """The link test's launches (a store of their own, measuring/pair_measure.py)."""
+        links = ResultStore(self.fabric.directory / LINKS_STORE_DIR)
+        return links.all() if links.holds_records() else {}
+
+    @functools.cached_property
     def launch_time(self) -> NightLaunchTime | None:
         """Where the night's launch time went (history/launch_time.py): every launch of the session's
         store and of the link test's, and the session's wall from this pytest process's start to now."""
-        links = ResultStore(self.fabric.directory / LINKS_STORE_DIR)
-        launches = [*self.night.launches.values(),
-                    *(launch_records(links.all(), "link store").values() if links.holds_records() else ())]
+        launches = [*self.night.launches.values(), *launch_records(self.link_records, "link store").values()]
         started = process_start_unix()
         return night_launch_time(launches, None if started is None else time.time() - started)
 
@@ -193,7 +197,8 @@ class FabricReporter:
         night = self.night
         spent = self.launch_time
         save_results(fabric.options.save, night.records, identity, night.run.verdicts, fabric.options.prices, night.run,
-                     extra={"launch_time": spent.to_dict()} if spent else None)
+                     extra={**({"launch_time": spent.to_dict()} if spent else {}),
+                            **({"link_records": self.link_records} if self.link_records else {})})
 
     def _suite_properties(self) -> dict[str, str]:
         fabric, o = self.fabric, self.fabric.options
