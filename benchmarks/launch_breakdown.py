@@ -18,8 +18,8 @@ from pytest_fabric.core.case import BANDWIDTH, LINKS
 from pytest_fabric.history.launch_time import PHASES, records_launch_time
 
 
-def _kind(key: str, record: dict) -> str:
-    case = str(record.get("case", key))
+def _kind(key: str) -> str:
+    case = key  # the store's key starts with the case id
     return "links" if case.startswith(LINKS) else "collectives" if case.startswith(BANDWIDTH) else "training"
 
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     kinds: dict[str, dict] = {}
     for key, record in records.items():
-        kinds.setdefault(_kind(key, record), {})[key] = record
+        kinds.setdefault(_kind(key), {})[key] = record
     by_kind = {kind: records_launch_time(rs) for kind, rs in sorted(kinds.items())}
     by_kind = {k: v for k, v in by_kind.items() if v is not None}
     header = f"{'phase':10} {'night s':>9} {'share':>7}" + "".join(f" {k + ' s':>13}" for k in by_kind)
@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"session: {saved['session_s']:.1f} s wall, {saved['outside_launches_s']:.1f} s of it outside launches "
               f"(pytest's start, collection, node check, gates, reports); launches + outside = "
               f"{night.wall_s + saved['outside_launches_s']:.1f} s")
+    waited = sum(m["launch_started"] - m["machine_asked"] for r in records.values() if isinstance(r, dict)
+                 and isinstance(m := (r.get("result") or {}).get("launch_marks") or {}, dict) and "machine_asked" in m)
+    print(f"waited for this machine while another session's launch held it: {waited:.1f} s (part of outside launches)")
     print()
     print(f"{'launch':60} " + " ".join(f"{p[:8]:>8}" for p in PHASES))
     for key, record in records.items():
