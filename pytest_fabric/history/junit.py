@@ -188,7 +188,8 @@ def launch_time_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
     phases = launch_line(night.phases)
     if night.launches > 1:
         phases = phases.replace("launch ", f"{night.launches} launches ", 1)
-    return [f"{launches[0].case.id}: {phases}; measured steps {night.measured_fraction:.0%}"]
+    fraction = f"; measured steps {night.measured_fraction:.0%}" if "measured" in night.phases else ""
+    return [f"{launches[0].case.id}: {phases}{fraction}"]
 
 
 def _largest_payload(name: str, lines: Mapping[str, str]) -> bool:

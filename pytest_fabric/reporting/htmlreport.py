@@ -233,7 +233,7 @@ def _launch_time_section(doc: Document, records: Mapping[str, Any]) -> None:
     doc.heading("Where launch time went")
     doc.para(f"{night.launches} launches, {night.wall_s:.1f} s of launch wall time; measured steps "
              f"{night.measured_fraction:.1%} of it. Each launch's phases add up to its wall, from before the cluster "
-             "built anything to after its clean-up (docs/cost.md)"
+             "built anything to after its clean-up (docs/launch-time.md)"
              + (f"; {night.untimed} launches recorded no breakdown." if night.untimed else "."))
     wall = night.wall_s
     doc.table(["phase", "seconds", "share"], [[name, f"{s:.1f}", f"{s / wall:.1%}"] for name, s in night.ordered()])
