@@ -36,10 +36,11 @@ from ..deciding.gates import GateOutcome, machine_fields
 from ..physics.hostbound import (configuration_mfu, link_bytes_per_step, mfu_peak, model_bytes_per_step,
                                  peak_memory_gib)
 from ..core.models import MFU_CONVENTION
-from ..measuring.measurement import BandwidthMeasurement, Measurement, configuration_tokens_per_s
+from ..measuring.measurement import BandwidthMeasurement, LaunchRecord, Measurement, configuration_tokens_per_s
 from ..core.redact import redact_file
 from .junit_read import junit_suites
 from .nights import configuration_stragglers
+from .launch_time import launch_line, night_launch_time
 from ..deciding.verdicts import INCONCLUSIVE_PREFIX, verdict_line
 from ..workload.result import TrainResult
 
@@ -156,8 +157,10 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], no
                     lines.append(f"{first.case.id}: {value:.1f} tokens/s over {len(group)} launches "
                                  f"({', '.join(f'{m.tokens_per_s:.1f}' for m in group)}"
                                  + (f"; {aside} disturbed, not counted" if aside else "") + f"), {first.gpus} GPU(s)")
+                    lines.extend(launch_time_lines(group))
                     continue
             lines.append(first.summary())
+            lines.extend(launch_time_lines(group))
         for (model, nodes, fabric), value in values.items():
             ref = values.get((model, nodes, REFERENCE_FABRIC))
             if ref and fabric != REFERENCE_FABRIC:
@@ -173,6 +176,20 @@ def testcase_text(measurements: Sequence[Measurement | BandwidthMeasurement], no
         lines.extend(f"{k}={v}" for k, v in gate_lines(outcome).items()
                      if k.rpartition(".")[2] not in _LEFT_OUT_GATE_FIELDS)
     return "\n".join(lines)
+
+
+def launch_time_lines(launches: Sequence[Measurement | BandwidthMeasurement]) -> list[str]:
+    """Where the configuration's launch time went (history/launch_time.py): one launch's phases, or
+    several launches' summed; none where no launch was timed. A gate's test leaves them out for its
+    output's length: the suite properties carry the night's."""
+    night = night_launch_time(LaunchRecord(m.case, result=m.result) for m in launches)
+    if night is None:
+        return []
+    phases = launch_line(night.phases)
+    if night.launches > 1:
+        phases = phases.replace("launch ", f"{night.launches} launches ", 1)
+    fraction = f"; measured steps {night.measured_fraction:.0%}" if "measured" in night.phases else ""
+    return [f"{launches[0].case.id}: {phases}{fraction}"]
 
 
 def _largest_payload(name: str, lines: Mapping[str, str]) -> bool:

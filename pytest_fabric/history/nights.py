@@ -241,7 +241,7 @@ def session_night(records: Mapping[str, Any], fabrics: Sequence[str]) -> Session
 
 def save_results(path: Path | str, store_records: Mapping[str, Any], identity: Mapping[str, Any],
                  verdicts: Sequence[Mapping[str, Any]] = (), prices: Mapping[str, float] | None = None,
-                 run: SavedRun | None = None) -> None:
+                 run: SavedRun | None = None, extra: Mapping[str, Any] | None = None) -> None:
     """Write one night: per-case launch values, bandwidth, verdicts and the identity, as JSON.
 
     ``prices`` (USD per GPU-hour by fabric) go along, so that a report prices the night by default.
@@ -250,7 +250,8 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
     the caller's values win). The raw store records go along too: the step times and NCCL settings
     behind each number are what one reads when a night looks wrong. Written atomically: a reader
     never sees half a file. ``run``: the night already built from ``store_records`` with the same
-    fabrics (``session_night``), whose cases, links and errors are written as they are.
+    fabrics (``session_night``), whose cases, links and errors are written as they are. ``extra``:
+    more top-level keys (the night's ``launch_time``, history/launch_time.py).
     """
     full = {**identity_from_records(store_records), "created": _now(), "pytest_fabric": VERSION,
             "harness_host": platform.node()}
@@ -278,6 +279,7 @@ def save_results(path: Path | str, store_records: Mapping[str, Any], identity: M
         "errors": errors,
         "prices": {f: float(p) for f, p in sorted((prices or {}).items())},
         "records": dict(store_records),
+        **(extra or {}),
     })
 
 

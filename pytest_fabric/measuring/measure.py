@@ -35,6 +35,7 @@ from .measurement import (BandwidthMeasurement, LaunchKey, LaunchRecord, Measure
                           block_name)
 from ..core.storage import is_storage_error, storage_problem
 from .store import ResultStore
+from .launch_time import launch_breakdown, read_marks
 from .nccl_evidence import prove_transport
 from .nccl_logs import nccl_debug_env
 from .nic_inventory import NicInventory
@@ -324,11 +325,14 @@ class Measurer:
         )
         self.launched.append(case)
         ticker = self._ticker(case, progress_file) if progress_file else None
+        asked = time.time()  # another session's launch on this machine may hold it (_machine_slot)
         with self._machine_slot(case):
+            started = time.time()  # before the cluster builds anything (launch_time.py)
             try:
                 outcome = self.cluster.launch(request, on_tick=ticker)
             except ClusterUnavailable as exc:  # too few healthy nodes; nodes held by another session too long
                 return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {exc}")
+            returned = time.time()
         if not outcome.ok:
             self._node_failed(outcome.failed_node, case)
             return LaunchRecord.failure(case, f"{case.id} on the {self.cluster.name} cluster: {outcome.describe()}")
@@ -348,6 +352,10 @@ class Measurer:
         result.cluster = self.cluster.describe()
         result.launch_s = round(outcome.elapsed_s, 2)
         result.run_dir = str(run_dir)
+        ended = time.time()
+        result.launch_time = launch_breakdown(result, run_dir, started, returned, ended)
+        result.launch_marks = {"machine_asked": round(asked, 4), "launch_started": round(started, 4), **read_marks(run_dir),
+                               "launch_returned": round(returned, 4), "launch_ended": round(ended, 4)}
         return LaunchRecord(case, self.cluster.name, result)
 
     def _node_failed(self, node: str | None, case: Case) -> None:

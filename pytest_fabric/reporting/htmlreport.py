@@ -27,6 +27,7 @@ from typing import Any
 from .dashboards import GateRow, Tables, build_tables, mfu_convention
 from ..history.night_model import ResultsError, SavedRun, verdict_case
 from ..history.nights import load_records
+from ..history.launch_time import records_launch_time
 from ..history.setups import identity_mismatch
 from .report_document import (NO_MATPLOTLIB, PLOTS_DIR, Document, Written, matplotlib_figure, slug,
                               write_document)
@@ -151,7 +152,8 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
 
     Figure = matplotlib_figure()
     by_model = group_by_model(run.cases.values())
-    tables = build_tables(run, _records(runs))
+    records = _records(runs)
+    tables = build_tables(run, records)
     doc.heading("Throughput")
     if not by_model:
         doc.para("No training measurements.")
@@ -216,10 +218,25 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     if prices:
         _cost_section(doc, run, fabrics, ref, prices, notes, saved)
 
+    _launch_time_section(doc, records)
     if run.errors:
         doc.heading("Failed launches")
         doc.bullets(run.errors)
     return write_document(directory, doc, "report", plots, notes)
+
+
+def _launch_time_section(doc: Document, records: Mapping[str, Any]) -> None:
+    """Where the night's launch time went (history/launch_time.py), summed over its launches."""
+    night = records_launch_time(records)
+    if night is None:
+        return
+    doc.heading("Where launch time went")
+    doc.para(f"{night.launches} launches, {night.wall_s:.1f} s of launch wall time; measured steps "
+             f"{night.measured_fraction:.1%} of it. Each launch's phases add up to its wall, from before the cluster "
+             "built anything to after its clean-up (docs/launch-time.md)"
+             + (f"; {night.untimed} launches recorded no breakdown." if night.untimed else "."))
+    wall = night.wall_s
+    doc.table(["phase", "seconds", "share"], [[name, f"{s:.1f}", f"{s / wall:.1%}"] for name, s in night.ordered()])
 
 
 def _cost_section(doc: Document, run: SavedRun, fabrics: Sequence[str],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,12 @@ from ..history.junit import SECTION, add_to_junit, suite_properties
 from ..core.redact import redact_file
 from .tables import straggler_report
 from .terminal import bandwidth_table, cost_lines, summary_tables
-from ..history.nights import SessionNight, save_results, session_night
+from ..history.nights import SessionNight, launch_records, save_results, session_night
+from ..history.launch_time import NightLaunchTime, night_launch_time
+from ..measuring.pair_measure import STORE_DIR as LINKS_STORE_DIR
+from ..measuring.store import ResultStore
 from ..running import plan as night_plan
+from ..workload.marks import process_start_unix
 from ..running.session import FabricSession
 from ..core.storage import is_storage_error, storage_problem
 from ..deciding.verdicts import INCONCLUSIVE, counts, undecided_night
@@ -154,6 +159,20 @@ class FabricReporter:
         night.run.verdicts = self._night_verdicts()
         return night
 
+    @functools.cached_property
+    def link_records(self) -> dict[str, Any]:
+        """The link test's launches (a store of their own, measuring/pair_measure.py)."""
+        links = ResultStore(self.fabric.directory / LINKS_STORE_DIR)
+        return links.all() if links.holds_records() else {}
+
+    @functools.cached_property
+    def launch_time(self) -> NightLaunchTime | None:
+        """Where the night's launch time went (history/launch_time.py): every launch of the session's
+        store and of the link test's, and the session's wall from this pytest process's start to now."""
+        launches = [*self.night.launches.values(), *launch_records(self.link_records, "link store").values()]
+        started = process_start_unix()
+        return night_launch_time(launches, None if started is None else time.time() - started)
+
     def _dashboards(self) -> None:
         """--fabric-metrics, --fabric-benchmark-json and, under GitHub Actions, the job summary."""
         o = self.fabric.options
@@ -178,7 +197,10 @@ class FabricReporter:
                     "fabrics": list(fabric.options.fabrics), "nodes_left_out": fabric.nodes_left_out(),
                     "plan": night_plan.record(fabric)}
         night = self.night
-        save_results(fabric.options.save, night.records, identity, night.run.verdicts, fabric.options.prices, night.run)
+        spent = self.launch_time
+        save_results(fabric.options.save, night.records, identity, night.run.verdicts, fabric.options.prices, night.run,
+                     extra={**({"launch_time": spent.to_dict()} if spent else {}),
+                            **({"link_records": self.link_records} if self.link_records else {})})
 
     def _suite_properties(self) -> dict[str, str]:
         fabric, o = self.fabric, self.fabric.options
@@ -204,6 +226,8 @@ class FabricReporter:
         # Each gate predicted to fail before the night, by its test's name.
         facts.update({f"fabric.predicted_to_fail.{nodeid.rpartition('::')[2]}": message
                       for nodeid, message in sorted(self.contradictions.items())})
+        if self.launch_time is not None:
+            facts.update(self.launch_time.properties())
         return suite_properties([*self.night.measured, *self.night.bandwidth], facts)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -238,6 +262,8 @@ class FabricReporter:
                 terminalreporter.write_line(line)
         for line in errors:
             terminalreporter.write_line(f"failed launch: {line}")
+        if self.launch_time is not None:
+            terminalreporter.write_line(f"fabric: {self.launch_time.line()}")
         if fabric.gates:
             terminalreporter.write_line(family_line(fabric.options.family_wise, fabric.family()))
         terminalreporter.write_line(f"launch logs and results: {fabric.directory}")

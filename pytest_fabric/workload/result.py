@@ -106,6 +106,16 @@ class LaunchFacts:
     run_dir: str | None = None
     transport: dict[str, Any] | None = None  # the NCCL log evidence (nccl_evidence.py), GPU runs
     transport_problem: str | None = None
+    # Where the launch's wall time went (measuring/launch_time.py): phase name -> seconds, in launch
+    # order (startup, imports, init, build, compile, warmup, between, measured, finish, teardown,
+    # harness; collectives and link launches: startup, imports, program, teardown, harness); the phases
+    # add up to the launch's wall, from before the cluster built anything to after its clean-up.
+    # None: recorded before launches were timed.
+    launch_time: dict[str, float] | None = None
+    # The clock readings behind it (Unix seconds): the harness's machine_asked (before waiting for
+    # another session's launch on this machine), launch_started, launch_returned, launch_ended and
+    # global rank 0's marks (workload/marks.py).
+    launch_marks: dict[str, float] | None = None
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..core.models import MFU_CONVENTION
-from . import compile_cache, faults, fsdp, hangs, metrics, signals, weights
+from . import compile_cache, faults, fsdp, hangs, marks, metrics, signals, weights
 from .window import measuring_done, warmup_done
 from .config import ConfigError, TrainConfig
 from .result import CollectivesResult, StepSignals, TrainResult, write_result
@@ -141,6 +141,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                             device_id=device if device.type == "cuda" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     _warm_up(device)
+    marks.mark("init")
     mesh = device_mesh(init_device_mesh, device.type, world, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), cfg.sharding)
 
     spec = ModelSpec(cfg.model["name"], cfg.model["arch"], cfg.model["config"], "")
@@ -151,6 +152,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                               cfg.activation_checkpointing, cfg.seed, rank, compiled=cfg.compiled(device.type))
     source.state_dict = None  # rank 0's full copy: sharding has broadcast it
     optimizer, optimizer_kind = fsdp.adamw(model.parameters(), device)
+    marks.mark("built")
 
     batch = make_batch(cfg.seed, rank, cfg.batch_size, cfg.seq_len, spec.config["vocab_size"]).to(device)
     tokens_per_step = cfg.batch_size * cfg.seq_len * world * cfg.grad_accum
@@ -205,6 +207,7 @@ def run(cfg: TrainConfig) -> TrainResult | None:
                                            max_steps=cfg.max_steps, measure_s=cfg.measure_s)
         step += 1
         progress.step(phase, step, view.step_s, tokens_per_step, cfg.warmup_steps + cfg.steps)
+    marks.mark("steps_done")
 
     memory, memory_kind = metrics.peak_memory(device)
     ranks: list[Any] = [None] * world
@@ -335,12 +338,14 @@ def _mfu_note(device: torch.device, gpu_names: list[str], peak: metrics.Peak | N
 
 @record  # torchrun's failure summary then names the rank's exception, not just its exit code
 def main(argv: list[str] | None = None) -> int:
+    marks.mark("entry")  # where a launch's time goes (marks.py)
     _dump_stacks_on_sigusr1()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="TrainConfig JSON written by the harness")
     args = parser.parse_args(argv)
     try:
         cfg = TrainConfig.load(args.config)
+        marks.begin(os.path.dirname(cfg.result_path))
         hangs.install(os.path.dirname(cfg.result_path))  # stacks and flight recorder into the run directory
         with recording():
             run(cfg)
@@ -371,11 +376,13 @@ def rank_main(argv: list[str] | None, description: str, load: Callable[[str], An
     """A measuring rank program's main (collectives.py, pairs.py): its config, its stacks and flight
     recorder into the run directory (hangs.py), then the program; a Python exception that ends it is
     recorded there before it propagates (to torchrun's ``@record`` on the caller)."""
+    marks.mark("entry")
     _dump_stacks_on_sigusr1()
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--config", required=True, help="the config JSON written by the harness")
     cfg = load(parser.parse_args(argv).config)
     run_dir = os.path.dirname(cfg.result_path)
+    marks.begin(run_dir)
     hangs.install(run_dir)
     hangs.flight_recorder_env(run_dir)
     with recording():
@@ -409,6 +416,7 @@ def _exit_now(code: int) -> None:
     active exception", SIGABRT) in about one launch in twenty, turning a good measurement into a
     failed launch. Everything the harness reads is written and flushed before this point.
     """
+    marks.write()  # global rank 0's marks, the last thing it does
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
