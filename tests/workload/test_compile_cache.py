@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,20 @@ def test_the_caches_go_under_the_shared_directory_unless_the_user_set_them():
     assert cache_env(root, {}) == {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
                                    "TRITON_CACHE_DIR": str(root / "triton")}
     assert cache_env(root, {"TRITON_CACHE_DIR": "/home/me/triton"}) == {"TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
+    assert cache_env(root, {"TORCHINDUCTOR_CACHE_DIR": "/lustre/me/inductor"}) == {"TRITON_CACHE_DIR": str(root / "triton")}
+
+
+def test_torchs_own_default_in_the_environment_is_not_the_users_choice(monkeypatch):
+    """Inductor writes <tmp>/torchinductor_<user> into os.environ once a process has compiled (its
+    cache_dir()), and a harness started by such a process inherits it: that is no reason to leave the
+    cache on each node's own /tmp."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    cache_dir()  # what a compile in this process does
+    inherited = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    assert inherited and Path(inherited).parent == Path(tempfile.gettempdir())
+    assert "TORCHINDUCTOR_CACHE_DIR" in cache_env(Path("/shared/cc"), {"TORCHINDUCTOR_CACHE_DIR": inherited})
 
 
 def test_counts_are_read_from_torchs_counters(monkeypatch):
