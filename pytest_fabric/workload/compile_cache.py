@@ -17,7 +17,6 @@ result: a launch whose graphs came from the cache shows hits and no misses.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -38,9 +37,9 @@ def _set_by_user(name: str, environ: Mapping[str, str]) -> bool:
     value = environ.get(name)
     if value is None:
         return False
-    default = name == "TORCHINDUCTOR_CACHE_DIR" and Path(value).name.startswith("torchinductor_") \
-        and Path(value).parent == Path(tempfile.gettempdir())
-    return not default
+    # Torch names it after the temp directory of the process that compiled, which need not be this
+    # one's (TMPDIR differs): its name is what marks it.
+    return not (name == "TORCHINDUCTOR_CACHE_DIR" and Path(value).name.startswith("torchinductor_"))
 
 
 def cache_counts() -> dict[str, int]:
