@@ -3,13 +3,16 @@ read and refused, and (slow) a real gate whose rounds the budget caps."""
 
 from __future__ import annotations
 
+import json
 import re
+from types import SimpleNamespace
 
 import pytest
 from helpers import emulated_unavailable
 
 from pytest_fabric.core.case import BANDWIDTH, Case
-from pytest_fabric.running.plan import DEFAULT_LAUNCH_S, NightPlan, expected_launch_s, wall_times
+from pytest_fabric.running.plan import (DEFAULT_LAUNCH_S, PROGRESS_FILE, NightPlan, expected_launch_s, undecided_note,
+                                        wall_times)
 
 UNAVAILABLE = emulated_unavailable()
 
@@ -50,6 +53,21 @@ def test_plan_lengths_and_lines():
     assert NightPlan.from_dict(plan.to_dict()) == plan
 
 
+
+def test_a_gate_left_undecided_at_its_allotted_rounds_says_what_max_repeats_would_have_given(tmp_path):
+    (tmp_path / PROGRESS_FILE).write_text(json.dumps({"started": {"t::g": [3, "why", 28.0], "t::h": [6, "", 28.0]}}))
+    session = SimpleNamespace(options=SimpleNamespace(night_budget=100.0, max_repeats=6), directory=tmp_path)
+    note = undecided_note(session, "t::g", 3)
+    assert note.startswith("inconclusive after 3 rounds, the most the night's budget allowed; 3 more round(s), about ")
+    assert "would have been allowed by --max-repeats 6" in note
+    # Stopped before its allotment (decided, or a failed launch), allotted all --max-repeats allows, not planned,
+    # or no budget: nothing to say.
+    assert undecided_note(session, "t::g", 2) == ""
+    assert undecided_note(session, "t::h", 6) == ""
+    assert undecided_note(session, "t::other", 3) == ""
+    session.options.night_budget = None
+    assert undecided_note(session, "t::g", 3) == ""
+
 SUITE = """
 import pytest
 
@@ -63,7 +81,7 @@ def test_gate(fabric_case, fabric_compare):
 @pytest.mark.fabric_comparison
 @pytest.mark.fabric_matrix(models=["qwen2-tiny"], fabrics=["ib2"], min_nodes=2)
 def test_same_link(fabric_case, fabric_compare):
-    # ib2 is ib (A/A) held within 0.01%: the interval straddles the threshold, the gate runs to its most.
+    # ib2 is ib (A/A) held within 0.01%: the interval mostly straddles the threshold, so the gate runs to its most.
     fabric_compare.within(fabric_case, fabric_case.with_fabric("ib"), rel=0.0001)
 """
 
@@ -108,10 +126,17 @@ def test_a_real_gate_is_capped_by_the_budget_and_the_plan_comes_before_the_first
     first_launch = output.index("[fabric] qwen2-tiny-n2-")
     assert plan < first_launch, "the plan came after the first launch"
     assert "gate test_same_link[qwen2-tiny-n2-ib2]: 2 to 3 rounds" in output
-    # Set again when the gate started (the time the node check took is gone): 2 or 3 rounds, and the gate
-    # took exactly those, undecided, and said what --max-repeats would have allowed.
+    # Set again when the gate started (the time the node check took is gone): 2 or 3 rounds, and the gate took
+    # no more. Whether it decided is not asserted: an A/A over two 20 ms steps per launch on this bench can
+    # land wholly outside 0.01% at the first look; where it ran to its most, it said what --max-repeats allowed.
+    allotted = re.search(r"night budget: (\d) of the 6 rounds --max-repeats allows, set from the night's budget", output)
+    assert allotted, output
+    allowed = int(allotted.group(1))
+    assert allowed in (2, 3)
+    taken = re.search(r"ib2/ib = [\d.]+, [\d.]+% CI \[[\d.]+, [\d.]+\] over (\d)\+(\d) launches", output)
+    assert taken, output
+    assert 2 <= int(taken.group(1)) <= allowed and int(taken.group(2)) == int(taken.group(1))
     said = re.search(r"inconclusive after (\d) rounds, the most the night's budget allowed; (\d) more round", output)
-    assert said, output
-    allowed = int(said.group(1))
-    assert allowed in (2, 3) and int(said.group(2)) == 6 - allowed
-    assert f"over {allowed}+{allowed} launches" in output and "would have been allowed by --max-repeats 6" in output
+    if said:
+        assert int(said.group(1)) == allowed and int(said.group(2)) == 6 - allowed
+        assert "would have been allowed by --max-repeats 6" in output
