@@ -238,9 +238,8 @@ def run_bare(args: argparse.Namespace, work: Path, index: int) -> Run:
                     torchrun,
                     "--nnodes", str(args.nodes), "--nproc-per-node", str(args.gpus_per_node),
                     "--node-rank", str(i),
-                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{head}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
+                    "--rdzv-backend", "static", "--rdzv-endpoint", f"{head}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
                     "--local-addr", node.address,
-                    *(["--rdzv-conf", "is_host=true"] if i == 0 else []),
                     "-m", "pytest_fabric.workload.train", "--config", str(here / "config.json"),
                 ]
                 with open(here / f"{node.name}.log", "wb") as log:

@@ -187,10 +187,10 @@ def launch_on_held_nodes(locks: Sequence[tuple[str, NodeLock]], head: str, reque
 
 
 def store_timeout(deadline_s: float) -> int:
-    """Seconds a node's agent keeps trying to reach the rendezvous store (torch's ``read_timeout``,
-    60 by default): a third of the launch deadline, between 20 and 60. A node that cannot reach node 0
-    (its link is down, a firewall) then gives up on its own, with its exit code and its own log,
-    well before the deadline kills every node; a node that starts late still has 20 s to connect."""
+    """Seconds a node's agent keeps trying to reach node 0's rendezvous store (the static rendezvous's
+    ``timeout``, 600 by default): a third of the launch deadline, between 20 and 60. A node that cannot reach node 0 (its link is down, a firewall) then gives up on its own,
+    with its exit code and its own log, well before the deadline kills every node; a node that starts
+    late still has 20 s to connect."""
     return int(min(60, max(20, deadline_s // 3)))
 
 
@@ -201,26 +201,29 @@ def torchrun_argv(
     local_addr: str,
     rdzv_port: int = RDZV_PORT,
 ) -> list[str]:
-    """One node's torchrun command: c10d rendezvous hosted on node 0, no restarts, bounded joins."""
-    join_timeout = max(30, int(request.deadline_s))
-    conf = f"join_timeout={join_timeout},read_timeout={store_timeout(request.deadline_s)}"
-    # Say who hosts the rendezvous store. Left to guess, torch makes every agent whose address
-    # matches the endpoint try to host it (all of them on the local cluster's loopback: node 1 could
-    # bind first and node 0 then fail with EADDRINUSE), and none when the hostname does not resolve
-    # to the local address.
-    conf += ",is_host=true" if node_rank == 0 else ",is_host=false"
+    """One node's torchrun command: the static rendezvous (node ranks given, the store on node 0), no restarts.
+
+    The nodes of a launch are known before it starts, and a failed launch is never restarted, so the
+    dynamic (c10d) rendezvous buys nothing here and costs every launch: its agents poll the shared state
+    with one-second sleeps (``_Action.SYNC`` in torch's dynamic_rendezvous.py) after a random delay of up
+    to 0.3 s. The static one is torchrun's own default, and what a Slurm batch script gives it
+    (``--node-rank=$SLURM_NODEID``): node 0's agent hosts the store and each agent connects to it. Node 0
+    hosts it by its node rank, so agents that share an address (the local cluster's loopback) cannot
+    both try. The store's ``timeout`` bounds node 0's wait for the others (the launch's deadline: a node
+    that never comes is reported from its own log, not node 0's) and another node's tries to reach node 0
+    (``store_timeout``: it fails first, on its own). torchrun's monitor interval is its own default (0.1 s)."""
+    timeout = max(30, int(request.deadline_s)) if node_rank == 0 else store_timeout(request.deadline_s)
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={request.nodes}",
         f"--nproc-per-node={request.procs_per_node}",
         f"--node-rank={node_rank}",
-        "--rdzv-backend=c10d",
+        "--rdzv-backend=static",
         f"--rdzv-endpoint={rdzv_host}:{rdzv_port}",
         f"--rdzv-id={request.job_id}",
-        f"--rdzv-conf={conf}",
+        f"--rdzv-conf=timeout={timeout}",
         f"--local-addr={local_addr}",
         "--max-restarts=0",
-        "--monitor-interval=0.5",
         *request.program,
     ]
 

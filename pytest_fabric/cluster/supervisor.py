@@ -17,6 +17,7 @@ lines (a stack dump, garbage) have pushed them out of its tail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -254,7 +255,10 @@ def supervise(
                 break
             if on_tick is not None:
                 on_tick(now - start)
-            time.sleep(tick_s)
+            # Wake when a process ends (the last one ends the launch at once), or at the next tick.
+            running = next(p for p, c in zip((p for _, p, _ in started), codes) if c is None)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                running.wait(timeout=tick_s)
     finally:
         killed = _stop_all(started, min(TERM_GRACE_S, 0.4 * stop_budget_s(deadline_s)))
         if previous is not None:

@@ -51,30 +51,36 @@ def test_two_local_nodes_train_and_comparisons_are_skipped(pytester, monkeypatch
     assert record["result"]["world_size"] == 2 and record["cluster"] == "local"
 
 
-def test_only_node_0_hosts_the_rendezvous_store(tmp_path):
-    # Left to guess, torch lets every agent on 127.0.0.1 try to host it: one of them fails EADDRINUSE.
+def test_every_node_joins_the_static_rendezvous_hosted_by_node_0(tmp_path):
+    # The nodes are known before the launch: each is given its node rank, and node 0 hosts the store by
+    # it (agents that share an address cannot both try), without the dynamic rendezvous's polling.
     from pytest_fabric.cluster.base import LaunchRequest, torchrun_argv
     from pytest_fabric.core.fabrics import get_fabric
 
     request = LaunchRequest(nodes=3, procs_per_node=1, fabric=get_fabric("eth"), program=["-m", "x"],
                             workdir=tmp_path, deadline_s=60, job_id="j")
-    confs = [next(a for a in torchrun_argv(request, i, "127.0.0.1", "127.0.0.1") if a.startswith("--rdzv-conf="))
-             for i in range(3)]
-    assert confs[0].endswith(",is_host=true")
-    assert confs[1].endswith(",is_host=false") and confs[2].endswith(",is_host=false")
+    argvs = [torchrun_argv(request, i, "127.0.0.1", "127.0.0.1", rdzv_port=29411) for i in range(3)]
+    for i, argv in enumerate(argvs):
+        assert "--rdzv-backend=static" in argv and f"--node-rank={i}" in argv
+        assert "--rdzv-endpoint=127.0.0.1:29411" in argv and "--nnodes=3" in argv
+        assert argv[-2:] == ["-m", "x"]
 
 
 @pytest.mark.parametrize(("deadline_s", "expected"), [(75, 25), (30, 20), (1800, 60), (150, 50)])
 def test_a_node_gives_up_reaching_the_store_well_inside_the_deadline(tmp_path, deadline_s, expected):
-    # torch's default (60 s, plus its retry backoff) outlived a 75 s deadline: the node that could not
-    # join was killed with the others instead of failing on its own.
+    # torch's default (600 s for the static rendezvous) outlives any deadline: the node that could not
+    # join would be killed with the others instead of failing on its own.
     from pytest_fabric.cluster.base import LaunchRequest, torchrun_argv
     from pytest_fabric.core.fabrics import get_fabric
 
     request = LaunchRequest(nodes=2, procs_per_node=1, fabric=get_fabric("eth"), program=["-m", "x"],
                             workdir=tmp_path, deadline_s=deadline_s, job_id="j")
     (conf,) = [a for a in torchrun_argv(request, 1, "h", "h") if a.startswith("--rdzv-conf=")]
-    assert f"read_timeout={expected}," in conf
+    assert conf == f"--rdzv-conf=timeout={expected}"
+    # Node 0, which hosts the store, waits for the others until the deadline: the node that cannot
+    # reach it fails first, and the report names it from its own log.
+    (host,) = [a for a in torchrun_argv(request, 0, "h", "h") if a.startswith("--rdzv-conf=")]
+    assert host == f"--rdzv-conf=timeout={max(30, deadline_s)}"
 
 
 @pytest.mark.parametrize(("cores", "nodes", "per_node", "expected"), [
