@@ -188,7 +188,7 @@ def launch_time_lines(launches: Sequence[Measurement | BandwidthMeasurement]) ->
     phases = launch_line(night.phases)
     if night.launches > 1:
         phases = phases.replace("launch ", f"{night.launches} launches ", 1)
-    fraction = f"; measured steps {night.measured_fraction:.0%}" if "measured" in night.phases else ""
+    fraction = f"; measuring {night.measured_fraction:.0%}" if "measured" in night.phases else ""
     return [f"{launches[0].case.id}: {phases}{fraction}"]
 
 

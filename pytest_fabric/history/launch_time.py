@@ -76,7 +76,7 @@ class NightLaunchTime:
         wall = self.wall_s
         parts = [f"{name} {s:.1f} s ({s / wall:.0%})" for name, s in _ordered(self.phases) if s >= 0.05]
         text = (f"launch time: {self.launches} launch{'es' if self.launches != 1 else ''}, {wall:.1f} s: "
-                + ", ".join(parts) + f"; measured steps {self.measured_fraction:.1%} of launch wall")
+                + ", ".join(parts) + f"; measuring (steps, timed collectives) {self.measured_fraction:.1%} of launch wall")
         if self.session_s is not None:
             text += f"; session {self.session_s:.1f} s, {self.outside_s:.1f} s of it outside launches"
         if self.untimed:

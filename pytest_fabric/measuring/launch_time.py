@@ -15,14 +15,16 @@ build      the model built on the meta device, sharded, weights set, the optimiz
 compile    compiled runs only: the first warm-up step's excess over the median measured step
 warmup     the warm-up steps' own time (less what ``compile`` took)
 between    time in the step loop outside any step: the per-step signals all-reduce, progress lines
-measured   the measured steps' own time (the sum of the step times the result records)
+measured   the measured steps' own time (the sum of the step times the result records); in a
+           program without steps, its timed windows (``measured_s``: the timed collectives)
 finish     after the last step: peak memory gathered, the result written, the group destroyed
 teardown   rank 0's exit -> the cluster's launch returned (the other processes, the agents, clean-up)
 harness    the result read and checked by the harness
 =========  ===========================================================================================
 
-A collectives or link launch has ``program`` (``main`` to exit) in place of init ... finish. A mark
-that is missing (a program without it) leaves its phase at 0 and the next phase takes its time.
+A collectives or link launch has ``program`` (``main`` to exit, less its timed windows) and
+``measured`` in place of init ... finish. A mark that is missing (a program without it) leaves its
+phase at 0 and the next phase takes its time.
 Rank 0's clock is its node's: on a real cluster it can differ from the harness's by the nodes' NTP
 offset (milliseconds); a negative phase is read as 0 (the clamping above).
 """
@@ -35,11 +37,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..workload.marks import MARKS_FILE
+from ..workload.marks import MARKS_FILE, MEASURED
 
 TRAIN_PHASES = ("startup", "imports", "init", "build", "compile", "warmup", "between", "measured", "finish",
                 "teardown", "harness")
-PROGRAM_PHASES = ("startup", "imports", "program", "teardown", "harness")
+PROGRAM_PHASES = ("startup", "imports", "program", "measured", "teardown", "harness")
 
 
 def read_marks(run_dir: Path) -> dict[str, float]:
@@ -80,6 +82,8 @@ def breakdown(marks: Mapping[str, float], started: float, returned: float, ended
         spans = _clamped([("startup", marks.get("process_start")), ("imports", marks.get("entry")),
                           ("program", marks.get("exit")), ("teardown", returned), ("harness", ended)],
                          started, ended)
+        spans["measured"] = min(max(0.0, marks.get(MEASURED, 0.0)), spans["program"])
+        spans["program"] -= spans["measured"]
         return {name: round(spans[name], 3) for name in PROGRAM_PHASES}
     spans = _clamped([("startup", marks.get("process_start")), ("imports", marks.get("entry")),
                       ("init", marks.get("init")), ("build", marks.get("built")), ("loop", marks.get("steps_done")),

@@ -231,8 +231,8 @@ def _launch_time_section(doc: Document, records: Mapping[str, Any]) -> None:
     if night is None:
         return
     doc.heading("Where launch time went")
-    doc.para(f"{night.launches} launches, {night.wall_s:.1f} s of launch wall time; measured steps "
-             f"{night.measured_fraction:.1%} of it. Each launch's phases add up to its wall, from before the cluster "
+    doc.para(f"{night.launches} launches, {night.wall_s:.1f} s of launch wall time; measuring (steps, timed "
+             f"collectives) {night.measured_fraction:.1%} of it. Each launch's phases add up to its wall, from before the cluster "
              "built anything to after its clean-up (docs/launch-time.md)"
              + (f"; {night.untimed} launches recorded no breakdown." if night.untimed else "."))
     wall = night.wall_s

@@ -26,6 +26,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .config import CollectivesConfig
 from .result import CollectiveRow, CollectivesResult
+from . import marks
 from .train import finish, rank_main
 from ..core.units import gbyte_per_s
 
@@ -105,6 +106,7 @@ def run(cfg: CollectivesConfig) -> CollectivesResult | None:
             for _ in range(iters):
                 _run_op(op, buf, out)
             sync()
+            marks.measured(time.perf_counter() - start)
             elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
             seconds = float(elapsed.item())

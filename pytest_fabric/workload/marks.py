@@ -12,6 +12,9 @@ the supervisor's return, launch end) and turns consecutive marks into the launch
 - ``steps_done``: after the last measured step and its signals (training only);
 - ``exit``: after the result is written and the process group destroyed.
 
+A program without training steps (collectives, link pairs) also adds up its timed windows, the time
+it spends measuring, as ``measured_s`` (seconds, not a point in time).
+
 Plain standard library; no torch, no pytest.
 """
 
@@ -26,7 +29,10 @@ from ..core.atomic import write_text
 MARKS_FILE = "marks.json"
 MARK_NAMES = ("process_start", "entry", "init", "built", "steps_done", "exit")
 
+MEASURED = "measured_s"
+
 _marks: dict[str, float] = {}
+_measured: list[float] = []  # a program's timed windows (``measured``)
 _where: list[str] = []  # the run directory, once the config names it (global rank 0 only)
 
 
@@ -52,6 +58,11 @@ def mark(name: str) -> None:
     _marks[name] = round(time.time(), 4)
 
 
+def measured(seconds: float) -> None:
+    """A timed window of ``seconds`` (a program without steps: its timed collectives)."""
+    _measured.append(seconds)
+
+
 def begin(run_dir: str) -> None:
     """The program knows its run directory: global rank 0 (torchrun's ``RANK``) will write its marks
     there at ``write``; the process's start is read now."""
@@ -69,7 +80,10 @@ def write() -> None:
     if not _where:
         return
     mark("exit")
+    written = dict(sorted(_marks.items(), key=lambda kv: kv[1]))
+    if _measured:
+        written[MEASURED] = round(sum(_measured), 4)
     try:
-        write_text(os.path.join(_where[0], MARKS_FILE), json.dumps(dict(sorted(_marks.items(), key=lambda kv: kv[1]))))
+        write_text(os.path.join(_where[0], MARKS_FILE), json.dumps(written))
     except OSError:
         pass

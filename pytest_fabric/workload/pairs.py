@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from .collectives import bus_factor
 from .pair_types import LinksConfig, LinksResult, PairRow
+from . import marks
 from .train import finish, rank_main
 from ..core.units import gbyte_per_s
 
@@ -102,6 +103,7 @@ def run(cfg: LinksConfig) -> LinksResult | None:
     if rank == 0:
         rows = []
         for found in itertools.chain.from_iterable(gathered):
+            marks.measured(sum(found["times_s"]))  # every pair's timed iterations, rank 0 in them or not
             median = statistics.median(found["times_s"])
             algbw = gbyte_per_s(found["bytes"], median)
             busbw = algbw * bus_factor("all_reduce", found["ranks"])

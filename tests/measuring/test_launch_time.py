@@ -56,7 +56,17 @@ def test_a_missing_mark_gives_its_time_to_the_next_phase():
 def test_a_program_without_steps_has_one_program_phase():
     phases = breakdown({"process_start": 101.0, "entry": 102.0, "exit": 110.0}, 100.0, 111.0, 111.5)
     assert list(phases) == list(PROGRAM_PHASES)
-    assert phases == {"startup": 1.0, "imports": 1.0, "program": 8.0, "teardown": 1.0, "harness": 0.5}
+    assert phases == {"startup": 1.0, "imports": 1.0, "program": 8.0, "measured": 0.0, "teardown": 1.0,
+                      "harness": 0.5}
+
+
+def test_a_programs_timed_windows_are_its_measured_time_within_its_program():
+    marks = {"process_start": 101.0, "entry": 102.0, "exit": 110.0, "measured_s": 5.5}
+    phases = breakdown(marks, 100.0, 111.0, 111.5)
+    assert phases["program"] == 2.5 and phases["measured"] == 5.5
+    assert sum(phases.values()) == pytest.approx(11.5)
+    # Never more than the program it was timed in.
+    assert breakdown({**marks, "measured_s": 50.0}, 100.0, 111.0, 111.5)["measured"] == 8.0
 
 
 def test_times_out_of_order_are_refused():
