@@ -62,7 +62,7 @@ def run_rounds(launch: Callable[[int, int], T], sides: int, gate: SequentialGate
                signs: Sequence[float], sample: Callable[[T], Sample], disturbed: Callable[[T], str],
                fixed: tuple[float, float] = (0.0, 0.0), reruns: int = RERUNS,
                combine: Callable[[Sequence[T]], Sample] | None = None,
-               name: Callable[[int, T], str] | None = None) -> Rounds[T]:
+               name: Callable[[int, T], str] | None = None, launch_cap: int | None = None) -> Rounds[T]:
     """Launch rounds until ``gate.start`` rounds are counted and a look decides, or ``gate.budget``
     rounds are counted.
 
@@ -71,7 +71,10 @@ def run_rounds(launch: Callable[[int, int], T], sides: int, gate: SequentialGate
     ``sample``: a launch's (log value, within-launch variance), signed by ``signs`` in the contrast;
     ``combine``: instead, one sample from a round's launches (side order). ``disturbed``: why a
     launch is disturbed as a whole ("" when it is not): such a round is launched again while the
-    gate has re-runs left. ``name(side, launch)``: how a note names a launch."""
+    gate has re-runs left. ``name(side, launch)``: how a note names a launch. ``launch_cap``: the most
+    rounds launched, re-runs included (a night's budget pays for launches, not counted rounds): a
+    disturbed round is launched again only while the first look still fits in it, and once that many
+    have been launched, the gate stops at its next look; the first look is had in any case."""
     runs: list[list[T]] = [[] for _ in range(sides)]
     result: Rounds[T] = Rounds(runs, None)  # type: ignore[arg-type]
     left = reruns
@@ -83,7 +86,10 @@ def run_rounds(launch: Callable[[int, int], T], sides: int, gate: SequentialGate
         why = [(j, d) for j, g in enumerate(round_) if (d := disturbed(g))]
         if why:
             text = "; ".join(f"{name(j, round_[j]) if name else f'side {j}'} launch {number}: {d}" for j, d in why)
-            if left > 0:
+            # Under a cap, a re-run only where the first look still fits: the rounds launched, this
+            # re-run's and those the first look still needs.
+            room = launch_cap is None or number + gate.start - len(runs[0]) <= launch_cap
+            if left > 0 and room:
                 left -= 1
                 result.reruns.append(text)
                 continue
@@ -91,9 +97,9 @@ def run_rounds(launch: Callable[[int, int], T], sides: int, gate: SequentialGate
         for j, g in enumerate(round_):
             runs[j].append(g)
         counted = len(runs[0])
-        spent = counted >= gate.budget
-        if not spent and counted < gate.start:
+        if counted < gate.start:
             continue
+        spent = counted >= gate.budget or (launch_cap is not None and number >= launch_cap)
         groups = ([(+1.0, [combine(r) for r in zip(*runs)])] if combine else
                   [(sign, [sample(m) for m in launches]) for sign, launches in zip(signs, runs)])
         result.look = gate.look(groups, fixed, blocked=True, launches=counted)

@@ -120,7 +120,7 @@ class CompareFixture:
         """An inconclusive gate stopped by the night's budget says what more time would have given."""
         if outcome.verdict is not Verdict.INCONCLUSIVE or not self._session.options.night_budget:
             return outcome
-        note = plan.undecided_note(self._session, self._item.nodeid, len(rounds.runs[0]))
+        note = plan.undecided_note(self._session, self._item.nodeid, rounds.launched)
         if not note:
             return outcome
         return replace(outcome, extra="; ".join(filter(None, [outcome.extra, note])))
@@ -136,7 +136,8 @@ class CompareFixture:
 
         return run_rounds(launch, len(cases), gate, signs=signs, sample=lambda m: m.sample(per_gpu),
                           disturbed=lambda m: m.disturbed, fixed=fixed, reruns=self._session.options.reruns,
-                          combine=combine, name=lambda j, m: m.case.id)
+                          combine=combine, name=lambda j, m: m.case.id,
+                          launch_cap=gate.budget if self._session.options.night_budget else None)
 
     def _compare(self, a: Case, b: Case, gate_spec: tuple[float, str], requirement: str,
                  parity: bool = False) -> GateOutcome:
