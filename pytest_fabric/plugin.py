@@ -32,6 +32,8 @@ from .running.session import (CONTRADICTION_KEY, ERRORED_KEY, MEASURED_KEY, NO_F
 from .deciding.verdicts import INCONCLUSIVE, headline, outcome_of
 from .workload import faults
 
+PLAN_SHOWN_KEY = pytest.StashKey[bool]()  # xdist's controller showed the night's plan
+
 
 # -- options and configuration ---------------------------------------------------------------
 
@@ -154,12 +156,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 LAUNCHING_FIXTURES = {"fabric_measure", "fabric_compare", "fabric_cluster", "fabric_links"}
 
 
+@pytest.hookimpl(tryfirst=True)  # on an xdist worker, before xdist reports the collection: the plan is saved
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The selected comparisons are set against the model (``check_expectations``), and what it
     predicts to fail is said. Where any selected test launches, every node is checked now, before the first test
     (``FabricSession.check_nodes``): a session its nodes refuse (a run directory no node sees) ends
     here in one line. Under xdist the controller collects nothing, and the first worker to launch
-    checks the nodes."""
+    checks the nodes; the night's plan is made by the first worker to collect and shown by the
+    controller (``pytest_xdist_node_collection_finished``)."""
     fabric = session.config.stash[SESSION_KEY]
     fabric.check_expectations(session.items)  # the selected ones: what -k and -m left
     terminal = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -171,6 +175,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         night_plan.announce(session, fabric)
     if launches and not session.config.option.collectonly and not hasattr(session.config, "workerinput"):
         fabric.prepared_cluster()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """xdist's controller: the night's plan, which the first worker to collect saved before it said
+    so (``plan.announce``), shown once, before any worker is given a test."""
+    fabric = node.config.stash.get(SESSION_KEY, None)
+    terminal = node.config.pluginmanager.get_plugin("terminalreporter")
+    if fabric is None or terminal is None or node.config.stash.get(PLAN_SHOWN_KEY, False):
+        return
+    plan = night_plan.load_plan(fabric)
+    if plan is not None:
+        node.config.stash[PLAN_SHOWN_KEY] = True
+        for line in plan.lines():
+            terminal.write_line(f"fabric: {line}")
 
 
 @pytest.hookimpl(trylast=True)

@@ -288,6 +288,14 @@ def test_xdist_runs_the_same_ids_as_a_plain_collection(xdist_run, pytester):
     assert "[gw0]" in xdist_run.output and "[gw1]" in xdist_run.output
 
 
+def test_xdist_controller_shows_the_nights_plan_once_before_any_test_runs(xdist_run):
+    # The first worker to collect makes the plan; the controller, which collects nothing, shows it.
+    out = xdist_run.output
+    assert len(re.findall(r"fabric: plan: 0 gate\(s\), \d+ other launch\(es\)", out)) == 1, out
+    assert out.index("fabric: plan: ") < out.index("PASSED")
+    assert "fabric: plan: launch costs from: " in out
+
+
 def test_xdist_launches_each_configuration_once(xdist_run):
     assert xdist_run.launched_cases == ["qwen2-tiny-n2-eth", "qwen2-tiny-n2-ib"]
     assert len(xdist_run.records) == 2
