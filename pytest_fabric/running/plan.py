@@ -54,13 +54,20 @@ def launch_kind(case: Case) -> str:
     return {BANDWIDTH: "bandwidth", LINKS: "links"}.get(case.model, "train")
 
 
+def launched(case: Case) -> Case:
+    """The configuration a launch of ``case`` runs: one node never crosses the fabric, so the one-node
+    cases of every fabric are one launch (the store's key, ``Measurer.key``, says the same)."""
+    return case if case.crosses_fabric else Case(case.model, case.nodes, "any", case.layout)
+
+
 def wall_times(records: Mapping[str, Any]) -> dict[str, list[float]]:
-    """Case id -> the launch wall times (``launch_s``) of store or saved-night ``records``."""
+    """Launched case id (``launched``) -> the launch wall times (``launch_s``) of store or saved-night
+    ``records``."""
     out: dict[str, list[float]] = {}
     for record in records.values():
         try:
             seconds = record["result"].get("launch_s")
-            cid = Case(**record["case"]).id
+            cid = launched(Case(**record["case"])).id
         except (KeyError, TypeError, AttributeError):
             continue
         if isinstance(seconds, (int, float)) and seconds > 0:
@@ -180,6 +187,7 @@ def make_plan(session: FabricSession, items: Sequence[pytest.Item]) -> NightPlan
     costs: dict[str, list[Any]] = {}
 
     def cost(case: Case) -> float:
+        case = launched(case)
         if case.id not in costs:
             costs[case.id] = list(expected_launch_s(case, tonight, before, session.cluster.name))
         return costs[case.id][0]
@@ -191,7 +199,7 @@ def make_plan(session: FabricSession, items: Sequence[pytest.Item]) -> NightPlan
         names = getattr(item, "fixturenames", ())
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "fabric_compare" in names and isinstance(case := params.get("fabric_case"), Case):
-            sides = _sides(item, case)
+            sides = [launched(c) for c in _sides(item, case)]
             gate_cases.update(c.id for c in sides)
             plan.gates.append({"nodeid": item.nodeid, "name": item.nodeid.rpartition("::")[2], "sides": [c.id for c in sides],
                                "round_s": sum(cost(c) for c in sides), "allotted": o.max_repeats})
@@ -201,6 +209,7 @@ def make_plan(session: FabricSession, items: Sequence[pytest.Item]) -> NightPlan
             case = getattr(case, "case", case)
             if not isinstance(case, Case) or (name == "fabric_case" and "fabric_measure" not in names):
                 continue
+            case = launched(case)
             launches = o.throughput_launches if name == "fabric_case" else 1
             entry = others.setdefault(case.id, {"case": case.id, "kind": launch_kind(case), "launches": launches,
                                                 "launch_s": cost(case), "nodeids": []})

@@ -110,6 +110,25 @@ def test_the_plan_is_printed_at_collection_and_a_budget_without_room_is_refused(
     assert re.search(r"does not hold the first looks.*give --night-budget \d+m or more", small.stderr.str())
 
 
+ONE_NODE = """
+import pytest
+
+
+@pytest.mark.fabric_matrix(models=["qwen2-tiny"], fabrics=["ib", "eth"], nodes=[1, 2])
+def test_step(fabric_case, fabric_measure):
+    fabric_measure(fabric_case)
+"""
+
+
+def test_the_one_node_cases_of_every_fabric_are_planned_as_the_one_launch_they_are(pytester):
+    pytester.makepyfile(test_generated=ONE_NODE)
+    result = pytester.runpytest_subprocess("--collect-only", "--nodes", "2", "--fabrics", "ib,eth", "--cluster", "local")
+    output = result.stdout.str()
+    assert "fabric: plan: 0 gate(s), 3 other launch(es)" in output, output
+    assert "plan: qwen2-tiny-n1-any: 1 launch(es) (train)" in output
+    assert "plan: qwen2-tiny-n2-ib: 1 launch(es)" in output and "plan: qwen2-tiny-n2-eth: 1 launch(es)" in output
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("needs_emulated")
 def test_a_real_gate_is_capped_by_the_budget_and_the_plan_comes_before_the_first_launch(pytester, monkeypatch):
