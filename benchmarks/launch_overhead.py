@@ -4,11 +4,12 @@
 
 Runs ``pytest suites/ --nodes N`` (the README's main job) once on COMMIT (a git worktree made for it)
 and once on this checkout, one after the other, each with its own run directory and a saved night,
-and prints each night's launch phases (docs/launch-time.md) side by side: seconds, share of launch
-wall, after over before; the fraction of launch wall in measured training steps (the same definition
-on both sides), and in any measuring (training steps and timed collectives: a checkout that does not
-mark its timed collectives counts them as program); the median training launch's overhead (its wall
-less its measured steps); the session's wall. Run it with nothing else on the machine: the launches of
+and prints each night's launch phases (docs/launch-time.md) side by side where both recorded them:
+seconds, share of launch wall, after over before. Then what any checkout records, the same definition
+on both sides: the measured training steps (the results' step times) over the launches' ``launch_s``
+(the supervisor's wall of each launch, from the first process started to the last ended), over all
+launches and over the training launches; the median training launch's overhead (its launch_s less
+its measured steps); the session's wall. Run it with nothing else on the machine: the launches of
 both runs share its cores with whatever else runs.
 """
 
@@ -24,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_fabric.core.case import BANDWIDTH, LINKS
 from pytest_fabric.history.launch_time import PHASES, records_launch_time
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,40 +48,46 @@ def run_night(checkout: Path, name: str, out: Path, nodes: int, extra: list[str]
     return {"data": data, "wall_s": wall, "code": code}
 
 
-def _kind(key: str) -> str:
-    return "links" if key.startswith(LINKS) else "collectives" if key.startswith(BANDWIDTH) else "training"
-
-
 def figures(night: dict) -> dict:
-    """The night's phases summed, its training launches' alone, and the median training launch's overhead."""
+    """The night's phases summed (None where its launches recorded none), and the like-for-like figures
+    any checkout records: measured training steps (the results' step times) over the launches'
+    ``launch_s`` (the supervisor's wall of each launch), and the median training launch's overhead."""
     records = {**night["data"]["records"], **(night["data"].get("link_records") or {})}
-    every = records_launch_time(records)
-    training = {k: r for k, r in records.items() if _kind(k) == "training"}
-    steps = records_launch_time(training)
-    overheads = [sum(p.values()) - p.get("measured", 0.0) for r in training.values()
-                 if isinstance(p := (r.get("result") or {}).get("launch_time"), dict)]
-    return {"every": every, "steps_s": steps.phases.get("measured", 0.0) if steps else 0.0,
-            "overhead": statistics.median(overheads) if overheads else float("nan"),
-            "training_launches": len(overheads), "wall_s": night["wall_s"]}
+    results = [r.get("result") or {} for r in records.values() if isinstance(r, dict)]
+    steps = [sum(res.get("step_s") or []) for res in results]
+    walls = [res.get("launch_s") or 0.0 for res in results]
+    training = [(s, w) for s, w, res in zip(steps, walls, results) if res.get("step_s") and w]
+    return {"every": records_launch_time(records), "steps_s": sum(steps), "launch_s": sum(walls),
+            "training": training, "overhead": statistics.median(w - s for s, w in training),
+            "wall_s": night["wall_s"]}
 
 
 def table(before: dict, after: dict, names: tuple[str, str]) -> list[str]:
     b, a = figures(before), figures(after)
-    lines = [f"{'phase':10} {names[0] + ' s':>12} {'share':>7} {names[1] + ' s':>12} {'share':>7} {'after/before':>13}"]
-    for phase in PHASES:
-        x, y = b["every"].phases.get(phase, 0.0), a["every"].phases.get(phase, 0.0)
-        if x or y:
-            ratio = f"{y / x:13.2f}" if x else f"{'-':>13}"
-            lines.append(f"{phase:10} {x:12.1f} {x / b['every'].wall_s:7.1%} {y:12.1f} {y / a['every'].wall_s:7.1%} {ratio}")
-    bw, aw = b["every"].wall_s, a["every"].wall_s
+    lines = []
+    if b["every"] and a["every"]:
+        lines.append(f"{'phase':10} {names[0] + ' s':>14} {'share':>7} {names[1] + ' s':>14} {'share':>7} "
+                     f"{'after/before':>13}")
+        for phase in PHASES:
+            x, y = b["every"].phases.get(phase, 0.0), a["every"].phases.get(phase, 0.0)
+            if x or y:
+                ratio = f"{y / x:13.2f}" if x else f"{'-':>13}"
+                lines.append(f"{phase:10} {x:14.1f} {x / b['every'].wall_s:7.1%} {y:14.1f} {y / a['every'].wall_s:7.1%} "
+                             f"{ratio}")
+        lines.append(f"{'launches':10} {b['every'].wall_s:14.1f} {1:7.1%} {a['every'].wall_s:14.1f} {1:7.1%} "
+                     f"{a['every'].wall_s / b['every'].wall_s:13.2f}")
+        lines.append(f"measuring (steps and timed collectives), share of launch wall (phases): "
+                     f"{b['every'].measured_fraction:.1%} before, {a['every'].measured_fraction:.1%} after")
+    else:
+        lines.append(f"(phases: {'before' if not b['every'] else 'after'} recorded none; the like-for-like figures below)")
+    share = [x["steps_s"] / x["launch_s"] for x in (b, a)]
+    training = [sum(s for s, _ in x["training"]) / sum(w for _, w in x["training"]) for x in (b, a)]
     lines += [
-        f"{'launches':10} {bw:12.1f} {1:7.1%} {aw:12.1f} {1:7.1%} {aw / bw:13.2f}",
-        f"launches: {b['every'].launches} before, {a['every'].launches} after "
-        f"({b['training_launches']} and {a['training_launches']} training)",
-        f"measured training steps, share of launch wall: {b['steps_s'] / bw:.1%} before, {a['steps_s'] / aw:.1%} after",
-        f"measuring (steps and timed collectives), share of launch wall: {b['every'].measured_fraction:.1%} before, "
-        f"{a['every'].measured_fraction:.1%} after",
-        f"median training launch's overhead (its wall less its measured steps): {b['overhead']:.2f} s before, "
+        f"training launches: {len(b['training'])} before, {len(a['training'])} after",
+        f"measured training steps, share of all launches' launch_s: {share[0]:.1%} before, {share[1]:.1%} after",
+        f"measured training steps, share of the training launches' launch_s: {training[0]:.1%} before, "
+        f"{training[1]:.1%} after",
+        f"median training launch's overhead (launch_s less its measured steps): {b['overhead']:.2f} s before, "
         f"{a['overhead']:.2f} s after ({a['overhead'] / b['overhead']:.2f}x)",
         f"session wall: {b['wall_s']:.1f} s before, {a['wall_s']:.1f} s after ({a['wall_s'] / b['wall_s']:.2f}x)",
     ]
