@@ -299,15 +299,19 @@ def load_results(path: Path | str) -> SavedRun:
                        "or a JUnit XML file written by pytest --junitxml")
 
 
-def load_records(path: Path | str) -> dict[str, Any]:
+def load_records(path: Path | str, links: bool = False) -> dict[str, Any]:
     """The raw launch records (step times and what ran) of a ``save_results`` file or a session's
-    store; ResultsError for anything else (JUnit and baselines keep only tokens/s)."""
+    store; ResultsError for anything else (JUnit and baselines keep only tokens/s). ``links``: a
+    saved night's link-test launches too (``link_records``: their own store's)."""
     path = Path(path)
     text = _read_text(path)
     data = None if text.lstrip().startswith("<") else _parse_json(text, path)
     if isinstance(data, dict) and data.get("format") == RESULTS_FORMAT:
         _check_version(data, path)
+        extra = data.get("link_records") if links and isinstance(data.get("link_records"), dict) else {}
         data = data.get("records")
+        if isinstance(data, dict) and extra:
+            data = {**data, **extra}
     elif isinstance(data, dict) and "format" not in data and data:
         _runs_from_store(data, None, str(path))  # validates every record
     else:

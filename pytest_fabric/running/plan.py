@@ -165,7 +165,7 @@ def _history(session: FabricSession) -> dict[str, list[float]]:
     o = session.options
     if o.night_costs:
         try:
-            times = wall_times(load_records(o.night_costs))
+            times = wall_times(load_records(o.night_costs, links=True))
         except (ResultsError, OSError, ValueError) as exc:
             raise pytest.UsageError(f"--night-costs {o.night_costs}: {exc}; give a night saved with --fabric-save "
                                     f"or a session's results directory") from None
@@ -174,7 +174,7 @@ def _history(session: FabricSession) -> dict[str, list[float]]:
                                     f"night saved with --fabric-save by this version")
         return times
     try:
-        return wall_times(load_records(o.baseline_path)) if o.baseline_path else {}
+        return wall_times(load_records(o.baseline_path, links=True)) if o.baseline_path else {}
     except (ResultsError, OSError, ValueError):
         return {}
 

@@ -110,6 +110,20 @@ def test_the_plan_is_printed_at_collection_and_a_budget_without_room_is_refused(
     assert re.search(r"does not hold the first looks.*give --night-budget \d+m or more", small.stderr.str())
 
 
+def test_a_saved_nights_link_launches_price_the_link_test(tmp_path):
+    from pathlib import Path
+
+    from pytest_fabric.history.nights import load_records
+
+    night = json.loads((Path(__file__).parents[2] / "fixtures" / "dashboards" / "night.json").read_text())
+    night["link_records"] = {"links-n2-ib#abc": {"case": {"model": "links", "nodes": 2, "fabric": "ib"}, "cluster": "emulated",
+                                                 "result": {"launch_s": 3.5}}}
+    path = tmp_path / "night.json"
+    path.write_text(json.dumps(night))
+    assert "links-n2-ib#abc" not in load_records(path)
+    assert wall_times(load_records(path, links=True))["links-n2-ib"] == [3.5]
+
+
 ONE_NODE = """
 import pytest
 
