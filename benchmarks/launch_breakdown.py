@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                   + "".join(f" {v.phases.get(name, 0.0):13.1f}" for v in by_kind.values()))
     print(f"{'launches':10} {night.wall_s:9.1f} {1:7.1%}" + "".join(f" {v.wall_s:13.1f}" for v in by_kind.values()))
     print(f"launches: {night.launches} ({', '.join(f'{k} {v.launches}' for k, v in by_kind.items())}); "
-          f"measured steps {night.measured_fraction:.1%} of launch wall")
+          f"measuring (steps, timed collectives) {night.measured_fraction:.1%} of launch wall")
     saved = data.get("launch_time") or {}
     if "session_s" in saved:
         print(f"session: {saved['session_s']:.1f} s wall, {saved['outside_launches_s']:.1f} s of it outside launches "
