@@ -162,14 +162,15 @@ def test_a_real_gate_is_capped_by_the_budget_and_the_plan_comes_before_the_first
     # Set again when the gate started (the time the node check took is gone): 2 or 3 rounds, and the gate took
     # no more. Whether it decided is not asserted: an A/A over two 20 ms steps per launch on this bench can
     # land wholly outside 0.01% at the first look; where it ran to its most, it said what --max-repeats allowed.
+    # The allotment is in the test's notes (shown with a verdict's report) or in the inconclusive line.
     allotted = re.search(r"night budget: (\d) of the 6 rounds --max-repeats allows, set from the night's budget", output)
-    assert allotted, output
-    allowed = int(allotted.group(1))
+    said = re.search(r"inconclusive after (\d) rounds, the most the night's budget allowed; (\d) more round", output)
+    assert allotted or said, output
+    allowed = int((allotted or said).group(1))
     assert allowed in (2, 3)
     taken = re.search(r"ib2/ib = [\d.]+, [\d.]+% CI \[[\d.]+, [\d.]+\] over (\d)\+(\d) launches", output)
     assert taken, output
     assert 2 <= int(taken.group(1)) <= allowed and int(taken.group(2)) == int(taken.group(1))
-    said = re.search(r"inconclusive after (\d) rounds, the most the night's budget allowed; (\d) more round", output)
     if said:
         assert int(said.group(1)) == allowed and int(said.group(2)) == 6 - allowed
         assert "would have been allowed by --max-repeats 6" in output
