@@ -143,7 +143,7 @@ def _baseline(args: argparse.Namespace) -> int:
     from .history.baselines import build_baseline, save_baseline
 
     _output_file(args.out, "OUT")
-    baseline = build_baseline(_load(args.nights))
+    baseline = build_baseline(_load(args.nights), _launch_costs(args.nights))
     if not baseline["cases"]:
         raise _UserError("the nights hold no training measurements to make a baseline from")
     save_baseline(args.out, baseline)
@@ -153,8 +153,28 @@ def _baseline(args: argparse.Namespace) -> int:
         dropped = [n["night"] for n in c["nights"] if not n["kept"]]
         print(f"{cid}: {c['center']:.1f} tokens/s +- {c['spread']:.1f} over {c['kept']} night(s)"
               + (f"; dropped as outlier(s): {', '.join(dropped)}" if dropped else ""))
-    print(f"wrote {args.out} from {len(args.nights)} night(s)")
+    costs = baseline["launch_costs"]
+    print(f"wrote {args.out} from {len(args.nights)} night(s)"
+          + (f"; launch costs of {len(costs)} configuration(s) kept for the plan of later nights" if costs else ""))
     return 0
+
+
+def _launch_costs(paths: Sequence[str]) -> dict[str, list[float]]:
+    """The launch wall times of every night among ``paths`` that keeps its launch records (a saved night
+    or a session's store, the link test's launches too; JUnit keeps none), per launched configuration."""
+    from .history.launch_time import wall_times
+    from .history.night_model import ResultsError
+    from .history.nights import load_records
+
+    costs: dict[str, list[float]] = {}
+    for path in paths:
+        try:
+            records = load_records(path, links=True)
+        except ResultsError:
+            continue
+        for cid, times in wall_times(records).items():
+            costs.setdefault(cid, []).extend(times)
+    return costs
 
 
 def _predict(args: argparse.Namespace) -> int:

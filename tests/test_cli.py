@@ -122,6 +122,48 @@ def test_baseline(capsys, tmp_path):
     assert_one_line_error(code, err, "nope.json")
 
 
+def test_the_reports_launch_time_counts_the_link_tests_launches(capsys, tmp_path):
+    path = saved(tmp_path)
+    data = json.loads(path.read_text())
+    timed = {"startup": 1.0, "imports": 1.0, "program": 1.0, "measured": 2.0, "teardown": 1.0, "harness": 0.0}
+    key, record = next((k, r) for k, r in data["records"].items() if k.startswith("collectives-"))
+    data["records"] = {key: {**record, "result": {**record["result"], "launch_time": timed}}}
+    link = {"case": {"model": "links", "nodes": 2, "fabric": "ib"}, "cluster": "emulated",
+            "result": {**record["result"], "launch_time": {**timed, "measured": 0.5}}}
+    data["link_records"] = {"links-n2-ib#abc": link}
+    path.write_text(json.dumps(data))
+    code, _, err = run(capsys, "report", str(path), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "2 launches, 10.5 s of launch wall time; measuring (steps, timed collectives) 23.8% of it" in text
+
+
+def test_a_baseline_keeps_its_nights_launch_costs_for_the_plan(capsys, tmp_path):
+    paths = nights(tmp_path, [1.0, 1.0])
+    for i, path in enumerate(paths):  # launches that recorded their wall time: 10 s the first night, 11 s the next
+        data = json.loads(path.read_text())
+        for record in data["records"].values():
+            if "result" in record:
+                record["result"]["launch_s"] = 10.0 + i
+        path.write_text(json.dumps(data))
+    out_path = tmp_path / "baseline.json"
+    code, out, err = run(capsys, "baseline", str(out_path), *map(str, paths))
+    assert code == 0, err
+    costs = load_baseline(out_path)["launch_costs"]
+    launches = len(IB_LAUNCHES)
+    assert costs["qwen2-tiny-n2-ib"] == [10.0] * launches + [11.0] * launches
+    assert costs["qwen2-tiny-n1-any"] == [10.0, 11.0]  # one launch serves every fabric's one-node case
+    assert "launch costs of" in out
+    # The plan of a later night reads them (--night-costs, or the --fabric-baseline).
+    from types import SimpleNamespace
+
+    from pytest_fabric.running.plan import _history
+    session = SimpleNamespace(options=SimpleNamespace(night_costs=str(out_path), baseline_path=None))
+    assert _history(session)["qwen2-tiny-n2-eth"] == [10.0] * launches + [11.0] * launches
+    session.options.night_costs, session.options.baseline_path = None, str(out_path)
+    assert _history(session)["qwen2-tiny-n1-any"] == [10.0, 11.0]
+
+
 def test_predict_prints_what_predict_computes(capsys):
     code, out, err = run(capsys, "predict", "--model", "llama-3.1-70b", "--nodes", "4", "--gpus-per-node", "8",
                          "--batch", "1", "--seq", "4096", "--fast-gbit", "3200", "--slow-gbit", "200",

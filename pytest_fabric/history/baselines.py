@@ -21,16 +21,19 @@ from ..deciding.across_nights import RobustCenter, robust_baseline
 from ..deciding.contrasts import NoisePrior, pooled_noise
 from ..deciding.regression import BaselineTerms
 
-__all__ = ["MIN_LEARNED_NOISE", "Baseline", "baseline_for", "baseline_nights", "baseline_noise", "build_baseline",
-           "launch_noise", "load_baseline", "night_labels", "save_baseline"]
+__all__ = ["MIN_LEARNED_NOISE", "Baseline", "baseline_for", "baseline_launch_costs", "baseline_nights", "baseline_noise",
+           "build_baseline", "launch_noise", "load_baseline", "night_labels", "save_baseline"]
 
 
-def build_baseline(runs: Sequence[SavedRun]) -> dict[str, Any]:
+def build_baseline(runs: Sequence[SavedRun], launch_costs: Mapping[str, Sequence[float]] | None = None
+                   ) -> dict[str, Any]:
     """Per case, the robust center of the nights' mean tokens/s (``across_nights.robust_baseline``).
 
     Each night contributes one value per case (``CaseResult.mean`` of its counted launches); a night that is an
     outlier among the others is dropped and named in ``nights``. ``warnings`` lists set-up
-    differences between the latest night and each earlier one.
+    differences between the latest night and each earlier one. ``launch_costs``: each launched
+    configuration's launch wall times in those nights (``launch_time.wall_times``), kept so that a
+    later night's plan prices its launches from this cluster's (--fabric-baseline).
     """
     if not runs:
         raise ValueError("a baseline needs at least one night")
@@ -60,6 +63,7 @@ def build_baseline(runs: Sequence[SavedRun]) -> dict[str, Any]:
     return {"format": BASELINE_FORMAT, "version": FORMAT_VERSION, "created": _now(), "cases": cases,
             "identities": [run.identity for run in runs], "nights": labels,
             "launch_noise": noise,
+            "launch_costs": {cid: [round(t, 2) for t in times] for cid, times in sorted((launch_costs or {}).items())},
             "sources": [str(run.source) if run.source else None for run in runs], "warnings": warnings}
 
 
@@ -83,6 +87,13 @@ def load_baseline(path: Path | str) -> dict[str, Any]:
         raise ResultsError(f"{path}: not a pytest-fabric baseline (format {found!r}); expected "
                            f"\"format\": \"{BASELINE_FORMAT}\", as written by `pytest-fabric baseline`")
     return _validated_baseline(data, path)
+
+
+def baseline_launch_costs(baseline: Mapping[str, Any]) -> dict[str, list[float]]:
+    """A built baseline's launch wall times per launched configuration ({} where it kept none: built
+    before they were kept, or from JUnit)."""
+    costs = baseline.get("launch_costs") or {}
+    return {str(cid): [float(t) for t in times] for cid, times in costs.items()}
 
 
 def baseline_for(baseline: Mapping[str, Any], case_id: str) -> RobustCenter | None:

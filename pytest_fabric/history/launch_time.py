@@ -1,7 +1,9 @@
 """Where a night's launch time went: each launch's phases (``measuring/launch_time.py``, kept with its
 result as ``launch_time``) summed over the night, the share of launch wall time spent in measured
 steps, and the session's wall outside launches (pytest's start, collection, node checks, gates,
-reports), as the terminal, the JUnit suite properties, the saved night and the report show them.
+reports), as the terminal, the JUnit suite properties, the saved night and the report show them;
+and each configuration's launch wall times (``wall_times``), which a night's plan prices its
+launches from and a baseline keeps (``launch_costs``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.case import Case
 from ..measuring.launch_time import PROGRAM_PHASES, TRAIN_PHASES
 from ..measuring.measurement import LaunchRecord
 
@@ -19,6 +22,27 @@ from ..measuring.measurement import LaunchRecord
 PHASES = (*TRAIN_PHASES[:2], "program", *TRAIN_PHASES[2:])
 assert set(PROGRAM_PHASES) <= set(PHASES)
 PROPERTY_PREFIX = "fabric.launch_time."
+
+
+def launched(case: Case) -> Case:
+    """The configuration a launch of ``case`` runs: one node never crosses the fabric, so the one-node
+    cases of every fabric are one launch (the store's key, ``Measurer.key``, says the same)."""
+    return case if case.crosses_fabric else Case(case.model, case.nodes, "any", case.layout)
+
+
+def wall_times(records: Mapping[str, Any]) -> dict[str, list[float]]:
+    """Launched case id (``launched``) -> the launch wall times (``launch_s``) of store or saved-night
+    ``records``."""
+    out: dict[str, list[float]] = {}
+    for record in records.values():
+        try:
+            seconds = record["result"].get("launch_s")
+            cid = launched(Case(**record["case"])).id
+        except (KeyError, TypeError, AttributeError):
+            continue
+        if isinstance(seconds, (int, float)) and seconds > 0:
+            out.setdefault(cid, []).append(float(seconds))
+    return out
 
 
 def launch_line(phases: Mapping[str, float]) -> str:

@@ -480,6 +480,11 @@ def _validated_baseline(data: dict[str, Any], path: Path) -> dict[str, Any]:
     identities = data.get("identities", [])
     if not isinstance(identities, list) or not all(isinstance(i, dict) for i in identities):
         raise ResultsError(f"{path}: \"identities\" must be a list of objects")
+    costs = data.get("launch_costs", {})
+    if not isinstance(costs, dict) or not all(
+            isinstance(t, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in t)
+            for t in costs.values()):
+        raise ResultsError(f"{path}: \"launch_costs\" must map configurations to launch wall times (seconds > 0)")
     return data
 
 

@@ -99,13 +99,14 @@ def _verdict_cells(v: Mapping[str, Any], tables: Tables) -> list[str]:
             "; ".join(f"{g.threshold:.3f}" for g in gates) or "-", str(v.get("message", ""))]
 
 
-def _records(runs: Sequence[SavedRun]) -> dict[str, Any]:
-    """The launch records behind the nights that keep them (saved nights, stores): busbw per payload."""
+def _records(runs: Sequence[SavedRun], links: bool = False) -> dict[str, Any]:
+    """The launch records behind the nights that keep them (saved nights, stores): busbw per payload;
+    ``links``: the link test's launches too (where their time went)."""
     records: dict[str, Any] = {}
     for run in runs:
         if run.source is not None and run.kind in ("results", "store"):
             try:
-                records.update(load_records(run.source))
+                records.update(load_records(run.source, links=links))
             except ResultsError:
                 continue
     return records
@@ -218,7 +219,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     if prices:
         _cost_section(doc, run, fabrics, ref, prices, notes, saved)
 
-    _launch_time_section(doc, records)
+    _launch_time_section(doc, _records(runs, links=True))
     if run.errors:
         doc.heading("Failed launches")
         doc.bullets(run.errors)
@@ -232,8 +233,8 @@ def _launch_time_section(doc: Document, records: Mapping[str, Any]) -> None:
         return
     doc.heading("Where launch time went")
     doc.para(f"{night.launches} launches, {night.wall_s:.1f} s of launch wall time; measuring (steps, timed "
-             f"collectives) {night.measured_fraction:.1%} of it. Each launch's phases add up to its wall, from before the cluster "
-             "built anything to after its clean-up (docs/launch-time.md)"
+             f"collectives) {night.measured_fraction:.1%} of it. Each launch's phases add up to its wall, from "
+             "before the cluster built anything to after its clean-up (docs/launch-time.md)"
              + (f"; {night.untimed} launches recorded no breakdown." if night.untimed else "."))
     wall = night.wall_s
     doc.table(["phase", "seconds", "share"], [[name, f"{s:.1f}", f"{s / wall:.1%}"] for name, s in night.ordered()])

@@ -67,9 +67,9 @@ OPTIONS: list[tuple[str, str, str | None]] = [
     ("night-budget", "the night's wall time, such as 45m, 1h30m or 2700s: each comparison's most launches per side "
                      "are set from it before its first look, so that the night ends in time (never below --repeats, "
                      "never above --max-repeats; the plan printed before the first launch says how many)", None),
-    ("night-costs", "a night saved with --fabric-save (or a session's results directory) on this cluster: the plan "
-                    "takes each launch's expected wall time from its launches (default: the --fabric-baseline's saved "
-                    "night where it has them, else a stated guess per launch kind)", None),
+    ("night-costs", "a night saved with --fabric-save (or a session's results directory, or a baseline built "
+                    "from such nights) on this cluster: the plan takes each launch's expected wall time from its "
+                    "launches (default: the --fabric-baseline's, else a stated guess per launch kind)", None),
     ("reruns", "rounds a comparison may launch again because one of its launches was disturbed as a whole "
                f"(most steps taken by something outside the job); after these a disturbed round counts and the "
                f"verdict says so (default {RERUNS})", str(RERUNS)),

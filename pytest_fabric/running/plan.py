@@ -27,6 +27,8 @@ from ..core.atomic import write_text
 from ..core.case import BANDWIDTH, LINKS, Case
 from ..core.fabrics import REFERENCE_FABRIC
 from ..deciding.budget import BudgetTooSmall, GateWork, allot, format_duration
+from ..history.baselines import baseline_launch_costs, load_baseline
+from ..history.launch_time import launched, wall_times
 from ..history.nights import load_records
 from ..history.night_model import ResultsError
 
@@ -52,27 +54,6 @@ DEFAULT_LAUNCH_S: dict[str, dict[str, float]] = {
 
 def launch_kind(case: Case) -> str:
     return {BANDWIDTH: "bandwidth", LINKS: "links"}.get(case.model, "train")
-
-
-def launched(case: Case) -> Case:
-    """The configuration a launch of ``case`` runs: one node never crosses the fabric, so the one-node
-    cases of every fabric are one launch (the store's key, ``Measurer.key``, says the same)."""
-    return case if case.crosses_fabric else Case(case.model, case.nodes, "any", case.layout)
-
-
-def wall_times(records: Mapping[str, Any]) -> dict[str, list[float]]:
-    """Launched case id (``launched``) -> the launch wall times (``launch_s``) of store or saved-night
-    ``records``."""
-    out: dict[str, list[float]] = {}
-    for record in records.values():
-        try:
-            seconds = record["result"].get("launch_s")
-            cid = launched(Case(**record["case"])).id
-        except (KeyError, TypeError, AttributeError):
-            continue
-        if isinstance(seconds, (int, float)) and seconds > 0:
-            out.setdefault(cid, []).append(float(seconds))
-    return out
 
 
 def expected_launch_s(case: Case, tonight: Mapping[str, Sequence[float]], before: Mapping[str, Sequence[float]],
@@ -159,22 +140,32 @@ def _sides(item: pytest.Item, case: Case) -> list[Case]:
     return [case, case.with_fabric(REFERENCE_FABRIC)]
 
 
+def _costs(path) -> dict[str, list[float]]:
+    """The launch wall times ``path`` holds: a saved night's or a session store's launch records, or the
+    launch costs a built baseline kept (``pytest-fabric baseline``); ResultsError where it is neither."""
+    try:
+        return wall_times(load_records(path, links=True))
+    except ResultsError:
+        return baseline_launch_costs(load_baseline(path))
+
+
 def _history(session: FabricSession) -> dict[str, list[float]]:
-    """Launch wall times this cluster measured before: --night-costs's records (UsageError where it has
-    none), else the --fabric-baseline's where it is a saved night."""
+    """Launch wall times this cluster measured before: --night-costs's (UsageError where it has none),
+    else the --fabric-baseline's (``_costs``)."""
     o = session.options
     if o.night_costs:
         try:
-            times = wall_times(load_records(o.night_costs, links=True))
+            times = _costs(o.night_costs)
         except (ResultsError, OSError, ValueError) as exc:
-            raise pytest.UsageError(f"--night-costs {o.night_costs}: {exc}; give a night saved with --fabric-save "
-                                    f"or a session's results directory") from None
+            raise pytest.UsageError(f"--night-costs {o.night_costs}: {exc}; give a night saved with --fabric-save, "
+                                    f"a session's results directory or a baseline") from None
         if not times:
             raise pytest.UsageError(f"--night-costs {o.night_costs}: no launch there records its wall time; give a "
-                                    f"night saved with --fabric-save by this version")
+                                    f"night saved with --fabric-save, or a baseline built from such nights, by this "
+                                    f"version")
         return times
     try:
-        return wall_times(load_records(o.baseline_path, links=True)) if o.baseline_path else {}
+        return _costs(o.baseline_path) if o.baseline_path else {}
     except (ResultsError, OSError, ValueError):
         return {}
 

@@ -11,8 +11,8 @@ import pytest
 from helpers import emulated_unavailable
 
 from pytest_fabric.core.case import BANDWIDTH, Case
-from pytest_fabric.running.plan import (DEFAULT_LAUNCH_S, PROGRESS_FILE, NightPlan, expected_launch_s, undecided_note,
-                                        wall_times)
+from pytest_fabric.history.launch_time import wall_times
+from pytest_fabric.running.plan import DEFAULT_LAUNCH_S, PROGRESS_FILE, NightPlan, expected_launch_s, undecided_note
 
 UNAVAILABLE = emulated_unavailable()
 
