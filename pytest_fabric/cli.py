@@ -60,7 +60,7 @@ def _cleanup(_: argparse.Namespace) -> int:
 # -- after the night ---------------------------------------------------------------------------
 
 def _load(paths: Sequence[str]):
-    from .history.nights import load_results
+    from .history.night_files import load_results
 
     return [load_results(p) for p in paths]
 
@@ -164,7 +164,7 @@ def _launch_costs(paths: Sequence[str]) -> dict[str, list[float]]:
     or a session's store, the link test's launches too; JUnit keeps none), per launched configuration."""
     from .history.launch_time import wall_times
     from .history.night_model import ResultsError
-    from .history.nights import load_records
+    from .history.night_files import load_records
 
     costs: dict[str, list[float]] = {}
     for path in paths:
@@ -207,7 +207,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from .history.calibration import configurations, study, study_lines
-    from .history.nights import load_records
+    from .history.night_files import load_records
 
     gbit = _per_fabric("--gbit", args.gbit, "FABRIC=GBIT with a positive rate per node", "eth=100")
     efficiency = None

@@ -27,7 +27,8 @@ from pytest_fabric.deciding.gates import GateOutcome
 from pytest_fabric.history.junit import suite_properties
 from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
 from pytest_fabric.measuring.measurement import BandwidthMeasurement, Measurement
-from pytest_fabric.history.nights import load_results, save_results
+from pytest_fabric.history.night_files import load_results
+from pytest_fabric.history.nights import save_results
 from pytest_fabric.deciding.contrasts import Interval, NoisePrior, Verdict
 from pytest_fabric.workload.config import TrainConfig
 from pytest_fabric.workload.result import (CollectiveRow, CollectivesResult, StepSignals, TrainResult,

@@ -14,7 +14,7 @@ from helpers import (ETH_LAUNCHES, IB_LAUNCHES, IDENTITY, REPO, VERDICTS, assert
 from pytest_fabric.core.models import get_model
 from pytest_fabric.physics.step_model import JobShape, predict_penalty
 from pytest_fabric.history.baselines import load_baseline
-from pytest_fabric.history.nights import load_results
+from pytest_fabric.history.night_files import load_results
 
 
 @pytest.fixture(autouse=True)

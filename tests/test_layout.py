@@ -60,8 +60,8 @@ def mod(short: str) -> str:
 def test_the_layout_is_read_from_the_whole_package():
     assert {"pytest_fabric.plugin", "pytest_fabric.cluster.base", "pytest_fabric.workload.train"} <= set(MODULES)
     assert "pytest_fabric.running.session" in GRAPH["pytest_fabric.plugin"]
-    # Imports inside functions count: nights.load_results imports junit lazily, and that edge is seen.
-    assert "pytest_fabric.history.junit_read" in GRAPH["pytest_fabric.history.nights"]
+    # Imports inside functions count: night_files.load_results imports junit lazily, and that edge is seen.
+    assert "pytest_fabric.history.junit_read" in GRAPH["pytest_fabric.history.night_files"]
 
 
 def test_the_table_model_reads_the_night_model_only():
@@ -165,7 +165,8 @@ def test_a_measurement_takes_four_forms_from_the_ranks_to_junit():
                                                             "pytest_fabric.reporting.dashboards"}
     # ... and a session's night is built from its store in one place, once: the reporter's
     # ``night``, which the terminal, the suite properties, dashboards, cost lines and --fabric-save take.
-    assert _callers("run_from_store") == {"pytest_fabric.history.nights"}
+    # (A store file read back as a night, night_files.load_results, goes through the same builder.)
+    assert _callers("run_from_store") == {"pytest_fabric.history.nights", "pytest_fabric.history.night_files"}
     assert _callers("session_night") == {"pytest_fabric.reporting.reporter"}
     assert _calls("pytest_fabric.reporting.reporter", "session_night") == 1
 

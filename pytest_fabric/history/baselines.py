@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .night_model import ResultsError, SavedRun
-from .nights import (BASELINE_FORMAT, FORMAT_VERSION, _now, _parse_json, _read_text, _validated_baseline,
-                     _write_json_atomically, load_results)
+from .night_files import _parse_json, _read_text, _validated_baseline, load_results
+from .nights import BASELINE_FORMAT, FORMAT_VERSION, _now, _write_json_atomically
 from .setups import identity_mismatch
 from ..deciding.across_nights import RobustCenter, robust_baseline
 from ..deciding.contrasts import NoisePrior, pooled_noise

@@ -26,7 +26,7 @@ from typing import Any
 
 from .dashboards import GateRow, Tables, build_tables, mfu_convention
 from ..history.night_model import ResultsError, SavedRun, verdict_case
-from ..history.nights import load_records
+from ..history.night_files import load_records
 from ..history.launch_time import records_launch_time
 from ..history.setups import identity_mismatch
 from .report_document import (NO_MATPLOTLIB, PLOTS_DIR, Document, Written, matplotlib_figure, slug,

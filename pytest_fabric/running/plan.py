@@ -29,7 +29,7 @@ from ..core.fabrics import REFERENCE_FABRIC
 from ..deciding.budget import BudgetTooSmall, GateWork, allot, format_duration
 from ..history.baselines import baseline_launch_costs, load_baseline
 from ..history.launch_time import launched, wall_times
-from ..history.nights import load_records
+from ..history.night_files import load_records
 from ..history.night_model import ResultsError
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import pytest
 from helpers import REPO, emulated_unavailable, slow_rank_site
 from junitparser import JUnitXml
 
-from pytest_fabric.history.nights import load_results
+from pytest_fabric.history.night_files import load_results
 
 UNAVAILABLE = emulated_unavailable()
 

@@ -22,7 +22,7 @@ from pytest_fabric.history.calibration import (EFFICIENCY_GRID, Configuration, c
 from pytest_fabric.core.models import get_model
 from pytest_fabric.physics.step_model import JobShape, Observation, predict_step
 from pytest_fabric.history.night_model import ResultsError
-from pytest_fabric.history.nights import load_records
+from pytest_fabric.history.night_files import load_records
 
 FIXTURE = REPO / "fixtures" / "calibration" / "synthetic-night.json"
 FLOPS, OVERHEAD, EFFICIENCY = 2e10, 0.05, 0.9

@@ -26,7 +26,8 @@ from pytest_fabric.history.junit import testcase_text as text_of
 from pytest_fabric.history.baselines import (baseline_for, baseline_noise, build_baseline,
                                              load_baseline, save_baseline)
 from pytest_fabric.history.night_model import CaseResult, ResultsError, SavedRun
-from pytest_fabric.history.nights import BASELINE_FORMAT, RESULTS_FORMAT, load_results, save_results
+from pytest_fabric.history.night_files import load_results
+from pytest_fabric.history.nights import BASELINE_FORMAT, RESULTS_FORMAT, save_results
 from pytest_fabric.history.setups import identity_mismatch
 from pytest_fabric.deciding.contrasts import NoisePrior
 from pytest_fabric.workload.result import (

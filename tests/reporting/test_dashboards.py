@@ -22,7 +22,7 @@ from pytest_fabric.history.junit_read import load_junit
 from pytest_fabric.history.junit import testcase_text as text_of  # not collected as a test
 from pytest_fabric.measuring.measurement import Measurement
 from pytest_fabric.core.case import Case
-from pytest_fabric.history.nights import load_records, load_results
+from pytest_fabric.history.night_files import load_records, load_results
 
 FIXTURES = REPO / "fixtures" / "dashboards"
 PARITY = "suites/test_parity.py::test_within_5_percent_of_ib[qwen2-tiny-n2-eth]"

@@ -84,7 +84,7 @@ def test_one_night_says_the_same_in_every_output(pytester, monkeypatch, junit_sc
     # One number and one launch count per configuration, in every output: the gate's line (whose
     # ratio is the ratio of the values it shows), the terminal table, JUnit, the saved night, the
     # metrics, the Bencher JSON and the job summary.
-    from pytest_fabric.history.nights import load_results
+    from pytest_fabric.history.night_files import load_results
 
     line = re.search(r"eth/ib = ([\d.]+), .* over (\d+)\+(\d+) launches.*; eth ([\d.]+) vs ib ([\d.]+) tokens/s",
                      text)  # the gate's verdict line, as its testcase carries it

@@ -16,7 +16,8 @@ from pytest_fabric.history.junit import merge_junit
 from pytest_fabric.reporting.htmlreport import write_report
 from pytest_fabric.reporting.trend import write_trend
 from pytest_fabric.history.night_model import ResultsError
-from pytest_fabric.history.nights import load_results, save_results
+from pytest_fabric.history.night_files import load_results
+from pytest_fabric.history.nights import save_results
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # qwen2-tiny on two nodes in session_store: each configuration's value, the geometric mean of its launches.

@@ -21,7 +21,7 @@ import pytest
 from helpers import REPO
 
 from pytest_fabric.reporting.htmlreport import write_report
-from pytest_fabric.history.nights import load_results
+from pytest_fabric.history.night_files import load_results
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 

@@ -113,7 +113,7 @@ def test_the_plan_is_printed_at_collection_and_a_budget_without_room_is_refused(
 def test_a_saved_nights_link_launches_price_the_link_test(tmp_path):
     from pathlib import Path
 
-    from pytest_fabric.history.nights import load_records
+    from pytest_fabric.history.night_files import load_records
 
     night = json.loads((Path(__file__).parents[2] / "fixtures" / "dashboards" / "night.json").read_text())
     night["link_records"] = {"links-n2-ib#abc": {"case": {"model": "links", "nodes": 2, "fabric": "ib"}, "cluster": "emulated",

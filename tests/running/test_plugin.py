@@ -20,7 +20,7 @@ from lxml import etree
 
 from pytest_fabric import FABRICS, Case, Measurement
 from pytest_fabric.history.baselines import build_baseline
-from pytest_fabric.history.nights import load_results
+from pytest_fabric.history.night_files import load_results
 
 UNAVAILABLE = emulated_unavailable()
 
