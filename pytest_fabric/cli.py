@@ -160,19 +160,18 @@ def _baseline(args: argparse.Namespace) -> int:
 
 
 def _launch_costs(paths: Sequence[str]) -> dict[str, list[float]]:
-    """The launch wall times of every night among ``paths`` that keeps its launch records (a saved night
-    or a session's store, the link test's launches too; JUnit keeps none), per launched configuration."""
-    from .history.launch_time import wall_times
+    """The launch wall times of every input that keeps them (``baselines.launch_costs``; JUnit keeps
+    none), per launched configuration."""
+    from .history.baselines import launch_costs
     from .history.night_model import ResultsError
-    from .history.night_files import load_records
 
     costs: dict[str, list[float]] = {}
     for path in paths:
         try:
-            records = load_records(path, links=True)
+            kept = launch_costs(path)
         except ResultsError:
             continue
-        for cid, times in wall_times(records).items():
+        for cid, times in kept.items():
             costs.setdefault(cid, []).extend(times)
     return costs
 

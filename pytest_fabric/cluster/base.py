@@ -188,9 +188,10 @@ def launch_on_held_nodes(locks: Sequence[tuple[str, NodeLock]], head: str, reque
 
 def store_timeout(deadline_s: float) -> int:
     """Seconds a node's agent keeps trying to reach node 0's rendezvous store (the static rendezvous's
-    ``timeout``, 600 by default): a third of the launch deadline, between 20 and 60. A node that cannot reach node 0 (its link is down, a firewall) then gives up on its own,
-    with its exit code and its own log, well before the deadline kills every node; a node that starts
-    late still has 20 s to connect."""
+    ``timeout``, 600 by default): a third of the launch deadline, between 20 and 60. A node that
+    cannot reach node 0 (its link is down, a firewall) then gives up on its own, with its exit code
+    and its own log, well before the deadline kills every node; a node that starts late still has
+    20 s to connect."""
     return int(min(60, max(20, deadline_s // 3)))
 
 

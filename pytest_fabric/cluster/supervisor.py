@@ -256,7 +256,7 @@ def supervise(
             if on_tick is not None:
                 on_tick(now - start)
             # Wake when a process ends (the last one ends the launch at once), or at the next tick.
-            running = next(p for p, c in zip((p for _, p, _ in started), codes) if c is None)
+            running = next(proc for (_, proc, _), code in zip(started, codes) if code is None)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 running.wait(timeout=tick_s)
     finally:

@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from .night_model import ResultsError, SavedRun
-from .night_files import _parse_json, _read_text, _validated_baseline, load_results
+from .launch_time import wall_times
+from .night_files import _parse_json, _read_text, _validated_baseline, load_records, load_results
 from .nights import BASELINE_FORMAT, FORMAT_VERSION, _now, _write_json_atomically
 from .setups import identity_mismatch
 from ..deciding.across_nights import RobustCenter, robust_baseline
 from ..deciding.contrasts import NoisePrior, pooled_noise
 from ..deciding.regression import BaselineTerms
 
-__all__ = ["MIN_LEARNED_NOISE", "Baseline", "baseline_for", "baseline_launch_costs", "baseline_nights", "baseline_noise",
-           "build_baseline", "launch_noise", "load_baseline", "night_labels", "save_baseline"]
+__all__ = ["MIN_LEARNED_NOISE", "Baseline", "baseline_for", "baseline_nights", "baseline_noise", "build_baseline",
+           "launch_costs", "launch_noise", "load_baseline", "night_labels", "save_baseline"]
 
 
 def build_baseline(runs: Sequence[SavedRun], launch_costs: Mapping[str, Sequence[float]] | None = None
@@ -89,11 +90,15 @@ def load_baseline(path: Path | str) -> dict[str, Any]:
     return _validated_baseline(data, path)
 
 
-def baseline_launch_costs(baseline: Mapping[str, Any]) -> dict[str, list[float]]:
-    """A built baseline's launch wall times per launched configuration ({} where it kept none: built
-    before they were kept, or from JUnit)."""
-    costs = baseline.get("launch_costs") or {}
-    return {str(cid): [float(t) for t in times] for cid, times in costs.items()}
+def launch_costs(path: Path | str) -> dict[str, list[float]]:
+    """The launch wall times ``path`` holds per launched configuration (``launch_time.wall_times``): a
+    saved night's or a session store's launch records, the link test's too, or those a built baseline
+    kept ({} where it kept none); ResultsError where it is none of these (JUnit keeps no launch times)."""
+    try:
+        return wall_times(load_records(path, links=True))
+    except ResultsError:
+        costs = load_baseline(path).get("launch_costs") or {}
+        return {str(cid): [float(t) for t in times] for cid, times in costs.items()}
 
 
 def baseline_for(baseline: Mapping[str, Any], case_id: str) -> RobustCenter | None:

@@ -1,9 +1,9 @@
 """Where a night's launch time went: each launch's phases (``measuring/launch_time.py``, kept with its
-result as ``launch_time``) summed over the night, the share of launch wall time spent in measured
-steps, and the session's wall outside launches (pytest's start, collection, node checks, gates,
+result as ``launch_time``) summed over the night, the share of launch wall time spent measuring
+(training steps, timed collectives), and the session's wall outside launches (pytest's start, collection, node checks, gates,
 reports), as the terminal, the JUnit suite properties, the saved night and the report show them;
 and each configuration's launch wall times (``wall_times``), which a night's plan prices its
-launches from and a baseline keeps (``launch_costs``).
+launches from and a baseline keeps (``baselines.launch_costs``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from ..core.case import Case
 from ..measuring.launch_time import PROGRAM_PHASES, TRAIN_PHASES
 from ..measuring.measurement import LaunchRecord
 
-# Every phase in launch order (a training launch's, with a collectives launch's ``program`` in place
-# of init ... finish).
+# Every phase in launch order (a training launch's, with a collectives or link launch's ``program``
+# and ``measured`` in place of init ... finish).
 PHASES = (*TRAIN_PHASES[:2], "program", *TRAIN_PHASES[2:])
 assert set(PROGRAM_PHASES) <= set(PHASES)
 PROPERTY_PREFIX = "fabric.launch_time."

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .dashboards import GateRow, Tables, build_tables, mfu_convention
+from ..core.case import LINKS
 from ..history.night_model import ResultsError, SavedRun, verdict_case
 from ..history.night_files import load_records
 from ..history.launch_time import records_launch_time
@@ -99,14 +100,14 @@ def _verdict_cells(v: Mapping[str, Any], tables: Tables) -> list[str]:
             "; ".join(f"{g.threshold:.3f}" for g in gates) or "-", str(v.get("message", ""))]
 
 
-def _records(runs: Sequence[SavedRun], links: bool = False) -> dict[str, Any]:
-    """The launch records behind the nights that keep them (saved nights, stores): busbw per payload;
-    ``links``: the link test's launches too (where their time went)."""
+def _records(runs: Sequence[SavedRun]) -> dict[str, Any]:
+    """The launch records behind the nights that keep them (saved nights, stores), the link test's
+    launches too: busbw per payload, where the launch time went."""
     records: dict[str, Any] = {}
     for run in runs:
         if run.source is not None and run.kind in ("results", "store"):
             try:
-                records.update(load_records(run.source, links=links))
+                records.update(load_records(run.source, links=True))
             except ResultsError:
                 continue
     return records
@@ -154,7 +155,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     Figure = matplotlib_figure()
     by_model = group_by_model(run.cases.values())
     records = _records(runs)
-    tables = build_tables(run, records)
+    tables = build_tables(run, {key: r for key, r in records.items() if not key.startswith(LINKS)})
     doc.heading("Throughput")
     if not by_model:
         doc.para("No training measurements.")
@@ -219,7 +220,7 @@ def write_report(runs: Sequence[SavedRun], directory: Path | str, prices: Mappin
     if prices:
         _cost_section(doc, run, fabrics, ref, prices, notes, saved)
 
-    _launch_time_section(doc, _records(runs, links=True))
+    _launch_time_section(doc, records)
     if run.errors:
         doc.heading("Failed launches")
         doc.bullets(run.errors)

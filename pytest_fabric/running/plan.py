@@ -27,9 +27,8 @@ from ..core.atomic import write_text
 from ..core.case import BANDWIDTH, LINKS, Case
 from ..core.fabrics import REFERENCE_FABRIC
 from ..deciding.budget import BudgetTooSmall, GateWork, allot, format_duration
-from ..history.baselines import baseline_launch_costs, load_baseline
+from ..history.baselines import launch_costs
 from ..history.launch_time import launched, wall_times
-from ..history.night_files import load_records
 from ..history.night_model import ResultsError
 
 if TYPE_CHECKING:
@@ -140,22 +139,13 @@ def _sides(item: pytest.Item, case: Case) -> list[Case]:
     return [case, case.with_fabric(REFERENCE_FABRIC)]
 
 
-def _costs(path) -> dict[str, list[float]]:
-    """The launch wall times ``path`` holds: a saved night's or a session store's launch records, or the
-    launch costs a built baseline kept (``pytest-fabric baseline``); ResultsError where it is neither."""
-    try:
-        return wall_times(load_records(path, links=True))
-    except ResultsError:
-        return baseline_launch_costs(load_baseline(path))
-
-
 def _history(session: FabricSession) -> dict[str, list[float]]:
     """Launch wall times this cluster measured before: --night-costs's (UsageError where it has none),
-    else the --fabric-baseline's (``_costs``)."""
+    else the --fabric-baseline's (``baselines.launch_costs``)."""
     o = session.options
     if o.night_costs:
         try:
-            times = _costs(o.night_costs)
+            times = launch_costs(o.night_costs)
         except (ResultsError, OSError, ValueError) as exc:
             raise pytest.UsageError(f"--night-costs {o.night_costs}: {exc}; give a night saved with --fabric-save, "
                                     f"a session's results directory or a baseline") from None
@@ -165,7 +155,7 @@ def _history(session: FabricSession) -> dict[str, list[float]]:
                                     f"version")
         return times
     try:
-        return _costs(o.baseline_path) if o.baseline_path else {}
+        return launch_costs(o.baseline_path) if o.baseline_path else {}
     except (ResultsError, OSError, ValueError):
         return {}
 
@@ -311,8 +301,9 @@ def record(session: FabricSession) -> dict[str, Any] | None:
 
 def announce(session: pytest.Session, fabric: FabricSession) -> NightPlan:
     """The night's plan, made once before the first launch: by this process, or under xdist by the
-    first worker to get here (the others read it from the session's directory); printed where a
-    terminal is (xdist's controller collects nothing: there the saved night and JUnit carry it)."""
+    first worker to get here (the others read it from the session's directory); printed here where
+    this process has the terminal (under xdist the controller shows the saved plan, plugin.py's
+    ``pytest_xdist_node_collection_finished``)."""
     worker = hasattr(session.config, "workerinput")
     with fabric.store.locked() if worker else contextlib.nullcontext():
         plan = load_plan(fabric) if worker else None
